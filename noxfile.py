@@ -1,0 +1,148 @@
+"""Task runner for the rl-* workspace (nox with the uv backend).
+
+Plain ``nox`` runs the default sessions: lint, typecheck, every ``test-<package>``, isolation and
+integration. Environments are synced from the committed ``uv.lock`` (``--locked``): a stale lock
+fails instead of being rewritten.
+
+Sessions:
+    test-<package>   that package's unit tests, in an environment holding only the package, its
+                     declared dependencies and its ``test`` group (an undeclared import fails)
+    lint             ruff check + ruff format --check
+    typecheck        mypy (strict for rl-advantages, rl-losses, rl-kernels)
+    isolation        wheels of the torch-only packages in fresh venvs: import, compute, and no
+                     transformers/peft/accelerate/datasets
+    integration      tests_integration/ (not slow)
+    slow             every test marked ``slow``
+    bench            tools/bench/ benchmarks (medians and ratios; see tools/bench/README.md)
+    docs             mkdocs build --strict
+    build-<package>  wheel + sdist into dist/<package> with --no-sources, installed in a fresh venv
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "tools"))
+
+import release  # noqa: E402  (tools/release.py: build, smoke and package helpers)
+
+nox.needs_version = ">=2025.5"
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_venv = "yes"
+
+PACKAGES = release.packages()
+#: Packages that must install with torch and nothing heavier (DEVELOPERS.md).
+TORCH_ONLY = ["rl-advantages", "rl-losses", "rl-kernels"]
+#: What a torch-only package must never pull in.
+FORBIDDEN_IN_TORCH_ONLY = ["transformers", "peft", "accelerate", "datasets"]
+#: Sources type-checked by mypy (tests are exercised by pytest instead).
+TYPED_SOURCES = [
+    *(f"packages/{p}/src" for p in PACKAGES),
+    "tools/rl-testing/src",
+    "tools/release.py",
+    "noxfile.py",
+]
+
+
+def sync(session: nox.Session, *args: str) -> None:
+    """Sync the session venv from uv.lock with exactly the given packages/groups."""
+    session.run_install(
+        "uv",
+        "sync",
+        "--locked",
+        "--exact",
+        "--no-default-groups",
+        *args,
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+    )
+
+
+def _test_session(package: str, directory: str) -> None:
+    @nox.session(name=f"test-{package}", tags=["test"])
+    def test(session: nox.Session) -> None:
+        sync(session, "--package", package, "--group", "test")
+        session.run("uv", "pip", "list", "--python", session.virtualenv.location, silent=False)
+        session.run("pytest", f"{directory}/tests", "-m", "not slow", *session.posargs)
+
+
+for _pkg in PACKAGES:
+    _test_session(_pkg, f"packages/{_pkg}")
+_test_session("rl-testing", "tools/rl-testing")
+
+
+@nox.session(tags=["lint"])
+def lint(session: nox.Session) -> None:
+    sync(session, "--only-group", "lint")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(tags=["lint"])
+def typecheck(session: nox.Session) -> None:
+    sync(session, "--all-packages", "--group", "typecheck", "--group", "test")
+    session.run("mypy", *TYPED_SOURCES)
+
+
+@nox.session
+def isolation(session: nox.Session) -> None:
+    """Each torch-only package's wheel, alone in a fresh venv, imports, computes, stays light."""
+    work = Path(session.create_tmp()).resolve() / "isolation"
+    for package in TORCH_ONLY:
+        wheel_dir = work / "dist" / package
+        release.build(package, wheel_dir)
+        got = release.smoke(
+            package, dist=wheel_dir, forbidden=FORBIDDEN_IN_TORCH_ONLY, work=work / package
+        )
+        ours = sorted(n for n in got if n.startswith("rl-"))
+        session.log(f"{package}: {len(got)} distributions installed; ours: {ours}")
+        expected = sorted([package, *release.workspace_deps(package)])
+        if ours != expected:
+            session.error(f"{package}: expected workspace packages {expected}, got {ours}")
+
+
+@nox.session
+def integration(session: nox.Session) -> None:
+    sync(session, "--all-packages", "--group", "test")
+    session.run("pytest", "tests_integration", "-m", "not slow", *session.posargs)
+
+
+@nox.session(default=False)
+def slow(session: nox.Session) -> None:
+    sync(session, "--all-packages", "--group", "test")
+    dirs = [f"packages/{p}/tests" for p in PACKAGES]
+    session.run(
+        "pytest", *dirs, "tools/rl-testing/tests", "tests_integration", "-m", "slow",
+        *session.posargs,
+        success_codes=[0, 5],  # 5: nothing is marked slow yet
+    )  # fmt: skip
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    sync(session, "--all-packages", "--group", "test")
+    session.run("python", "tools/bench/run.py", *session.posargs)
+
+
+@nox.session(default=False)
+def docs(session: nox.Session) -> None:
+    sync(session, "--all-packages", "--group", "docs")
+    session.run(
+        "mkdocs", "build", "--strict", "--site-dir", "site", *session.posargs,
+        env={"NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+
+
+def _build_session(package: str) -> None:
+    @nox.session(name=f"build-{package}", default=False, venv_backend="none", tags=["build"])
+    def build(session: nox.Session) -> None:
+        wheel, sdist = release.build(package)
+        release.smoke(package)
+        session.log(f"built and installed in fresh venvs: {wheel.name}, {sdist.name}")
+
+
+for _pkg in PACKAGES:
+    _build_session(_pkg)
