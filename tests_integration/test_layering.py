@@ -39,7 +39,9 @@ def _norm(name: str) -> str:
 
 def declared(package: str) -> set[str]:
     meta = tomllib.loads((ROOT / "packages" / package / "pyproject.toml").read_text())
-    return {_norm(re.split(r"[\s<>=!~;\[(]", d, maxsplit=1)[0]) for d in meta["project"]["dependencies"]}
+    return {
+        _norm(re.split(r"[\s<>=!~;\[(]", d, maxsplit=1)[0]) for d in meta["project"]["dependencies"]
+    }
 
 
 def imported_top_levels(src: Path, root: Path = ROOT) -> dict[str, list[str]]:
@@ -96,4 +98,3 @@ def test_scanner_sees_imports(tmp_path: Path) -> None:
         "def f():\n    import peft\n"
     )
     assert set(imported_top_levels(tmp_path, tmp_path)) == {"torch", "transformers", "peft"}
-

@@ -13,7 +13,15 @@ import release
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = {".git", ".venv", ".nox", "dist", "site", ".pytest_cache", ".mypy_cache", ".ruff_cache",
         ".hypothesis", "__pycache__"}  # fmt: skip
-GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "commit.gpgsign=false"]
+GIT = [
+    "git",
+    "-c",
+    "user.name=t",
+    "-c",
+    "user.email=t@example.invalid",
+    "-c",
+    "commit.gpgsign=false",
+]
 
 
 def _copy_workspace(dest: Path) -> Path:

@@ -6,9 +6,8 @@ Extend this as the package's API grows; it must not import anything from the wor
 
 import importlib.util
 
-import torch
-
 import rl_kernels
+import torch
 
 FORBIDDEN = ("transformers", "peft", "accelerate", "datasets")
 

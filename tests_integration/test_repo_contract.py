@@ -1,0 +1,65 @@
+"""The repository's promises to users, checked on the files: README commands, CI, package layout."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = sorted(p.name for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").is_file())
+MAIN_JOB = "uv run rl-train demo"
+TEST_COMMAND = "uv run nox"
+
+
+def _bash_blocks(markdown: str) -> list[str]:
+    return [b.strip() for b in re.findall(r"```bash\n(.*?)```", markdown, flags=re.DOTALL)]
+
+
+def test_readme_quick_start_gives_exactly_two_commands() -> None:
+    readme = (ROOT / "README.md").read_text()
+    quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    assert _bash_blocks(quick) == [MAIN_JOB, TEST_COMMAND]
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    script = (ROOT / ".ci/run").read_text().splitlines()
+    commands = [ln.strip() for ln in script if ln.strip() and not ln.strip().startswith("#")]
+    assert commands[-1] == TEST_COMMAND
+    assert any("pip install" in c and "uv" in c for c in commands), ".ci/run must install uv"
+
+
+def test_workspace_lists_every_member() -> None:
+    root = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "project" not in root, "the workspace root is virtual and never built"
+    sources = root["tool"]["uv"]["sources"]
+    for name in [*PACKAGES, "rl-testing"]:
+        assert sources[name] == {"workspace": True}, name
+    assert set(PACKAGES) == {
+        "rl-advantages", "rl-losses", "rl-kernels", "rl-adapters",
+        "rl-rollout", "rl-envs", "rl-algos", "rl-train",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_package_layout(package: str) -> None:
+    d = ROOT / "packages" / package
+    module = package.replace("-", "_")
+    meta = tomllib.loads((d / "pyproject.toml").read_text())
+    project = meta["project"]
+    assert "version" in project and "version" not in project.get("dynamic", [])
+    assert re.fullmatch(r"\d+\.\d+\.\d+\S*", project["version"])
+    assert project["requires-python"] == ">=3.11"
+    assert meta["build-system"]["build-backend"] in {"uv_build", "hatchling.build"}
+    assert "test" in meta["dependency-groups"]
+    for dep in project["dependencies"]:
+        if dep.startswith("rl-"):
+            assert re.search(r">=[\d.]+,<\d+", dep), f"{package}: sibling {dep!r} needs a range"
+    readme = (d / "README.md").read_text()
+    assert f"pip install {package}" in readme
+    assert f"import {module}" in readme
+    assert "## [Unreleased]" in (d / "CHANGELOG.md").read_text()
+    assert (d / "src" / module / "py.typed").is_file()
+    init = (d / "src" / module / "__init__.py").read_text()
+    assert "__all__" in init and "__version__" in init
+    assert any((d / "tests").glob("test_*.py"))
