@@ -40,6 +40,8 @@ TORCH_ONLY = ["rl-advantages", "rl-losses", "rl-kernels"]
 #: What a torch-only package must never pull in.
 FORBIDDEN_IN_TORCH_ONLY = ["transformers", "peft", "accelerate", "datasets"]
 #: Sources type-checked by mypy (tests are exercised by pytest instead).
+#: Line-coverage floors per package (``--cov-fail-under``); every package reports coverage.
+COVERAGE_FLOOR = {"rl-advantages": 95}
 TYPED_SOURCES = [
     *(f"packages/{p}/src" for p in PACKAGES),
     "tools/rl-testing/src",
@@ -66,7 +68,11 @@ def _test_session(package: str, directory: str) -> None:
     def test(session: nox.Session) -> None:
         sync(session, "--package", package, "--group", "test")
         session.run("uv", "pip", "list", "--python", session.virtualenv.location, silent=False)
-        session.run("pytest", f"{directory}/tests", "-m", "not slow", *session.posargs)
+        module = package.replace("-", "_")
+        cov = [f"--cov={module}", "--cov-report=term-missing:skip-covered"]
+        if package in COVERAGE_FLOOR:
+            cov.append(f"--cov-fail-under={COVERAGE_FLOOR[package]}")
+        session.run("pytest", f"{directory}/tests", "-m", "not slow", *cov, *session.posargs)
 
 
 for _pkg in PACKAGES:

@@ -1,7 +1,59 @@
-"""rl-advantages."""
+"""rl-advantages: every advantage and return estimator of LLM RL, as pure tensor functions.
+
+Shapes use one glossary: ``B`` prompts, ``G`` samples per prompt, ``N = B*G`` sequences, ``T``
+tokens, ``K`` turns. ``mask`` is True where an element counts; values at masked positions never
+influence a result. Device and dtype follow the inputs. See the README for the conventions
+table (our defaults against AgileRL, TRL, verl and OpenRLHF).
+"""
 
 from importlib.metadata import version as _version
 
+from rl_advantages.group import (
+    dynamic_sampling_mask,
+    gpg,
+    group_relative,
+    group_relative_per_turn,
+    opo,
+    pass_at_k,
+    remax,
+    rloo,
+)
+from rl_advantages.registry import available_estimators, get_estimator, register_estimator
+from rl_advantages.reinforce import kl_in_reward, reinforce_plus_plus, reinforce_plus_plus_baseline
+from rl_advantages.returns import AdvantagesReturns, discounted_returns, gae, rebn
+from rl_advantages.shaping import overlong_penalty
+from rl_advantages.stats import masked_mean, masked_sum, masked_var, whiten
+from rl_advantages.turns import TurnValues, broadcast_to_tokens, pool_to_turns, turn_mask_from_ids
+
 __version__: str = _version("rl-advantages")
 
-__all__ = ["__version__"]
+__all__ = [
+    "AdvantagesReturns",
+    "TurnValues",
+    "__version__",
+    "available_estimators",
+    "broadcast_to_tokens",
+    "discounted_returns",
+    "dynamic_sampling_mask",
+    "gae",
+    "get_estimator",
+    "gpg",
+    "group_relative",
+    "group_relative_per_turn",
+    "kl_in_reward",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "opo",
+    "overlong_penalty",
+    "pass_at_k",
+    "pool_to_turns",
+    "rebn",
+    "register_estimator",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "rloo",
+    "turn_mask_from_ids",
+    "whiten",
+]
