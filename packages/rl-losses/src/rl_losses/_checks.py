@@ -1,0 +1,65 @@
+"""Input validation: every error names the argument, shows shapes, and says what to do."""
+
+from __future__ import annotations
+
+import torch
+
+
+def shape_str(t: torch.Tensor) -> str:
+    """``[3, 4]``-style rendering of a tensor's shape."""
+    return str(list(t.shape))
+
+
+def check_tensor(name: str, x: object) -> torch.Tensor:
+    """Raise ``TypeError`` unless ``x`` is a tensor."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"`{name}` must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def check_2d(name: str, x: torch.Tensor, doc: str = "[N, T]") -> None:
+    """Raise unless ``x`` has two dimensions."""
+    check_tensor(name, x)
+    if x.ndim != 2:
+        raise ValueError(f"`{name}` must have shape {doc}, got shape {shape_str(x)}")
+
+
+def check_same_shape(name: str, x: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    """Raise unless ``x`` has the shape of ``ref``; the message shows both shapes."""
+    check_tensor(name, x)
+    if x.shape != ref.shape:
+        raise ValueError(
+            f"`{name}` has shape {shape_str(x)} but `{ref_name}` has shape {shape_str(ref)}; "
+            "they must match"
+        )
+
+
+def as_mask(mask: torch.Tensor, like_name: str, like: torch.Tensor) -> torch.Tensor:
+    """Validate ``mask`` against ``like`` and return it as bool (True = counts)."""
+    check_same_shape("mask", mask, like_name, like)
+    return mask if mask.dtype == torch.bool else mask != 0
+
+
+def check_finite(name: str, x: torch.Tensor, mask: torch.Tensor) -> None:
+    """Raise unless ``x`` is finite wherever ``mask`` is True (masked values are ignored)."""
+    if not x.is_floating_point():
+        return
+    bad = mask & ~torch.isfinite(x.detach())
+    if bool(bad.any()):
+        first = bad.nonzero()[0].tolist()
+        raise ValueError(
+            f"`{name}` has {int(bad.sum())} non-finite value(s) at valid positions (first at "
+            f"{first}); check the forward pass (fp16 overflow?) or mask those tokens out"
+        )
+
+
+def zero_fill(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``x`` with masked entries replaced by 0 (NaN-safe, zero gradient there)."""
+    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    """Raise unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        options = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"`{name}` must be one of {options}; got {value!r}")

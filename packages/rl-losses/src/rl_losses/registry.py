@@ -1,0 +1,76 @@
+"""A registry of policy objectives so higher layers choose one by a config string."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from rl_losses.policy import (
+    cispo_loss,
+    clip_cov_loss,
+    clipped_surrogate,
+    gmpo_loss,
+    gspo_loss,
+    kl_cov_loss,
+    reinforce_loss,
+    sapo_loss,
+)
+
+__all__ = ["available_policy_losses", "get_policy_loss", "register_policy_loss"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_LOSSES: dict[str, Callable[..., Any]] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[F], F]:
+    """Register a policy objective under ``name`` (decorator).
+
+    The function should follow the common signature ``fn(logprobs, old_logprobs, advantages,
+    mask, **options) -> PolicyLossOutput``.
+
+    Raises:
+        ValueError: If ``name`` is empty or registered already.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"`name` must be a non-empty string, got {name!r}")
+
+    def decorator(fn: F) -> F:
+        if name in _LOSSES:
+            raise ValueError(f"a policy loss named {name!r} is registered already")
+        _LOSSES[name] = fn
+        return fn
+
+    return decorator
+
+
+def get_policy_loss(name: str) -> Callable[..., Any]:
+    """Return the policy objective registered under ``name``.
+
+    Raises:
+        KeyError: For an unknown name; the message lists the known ones.
+    """
+    try:
+        return _LOSSES[name]
+    except KeyError:
+        known = ", ".join(sorted(_LOSSES))
+        raise KeyError(f"unknown policy loss {name!r}; known: {known}") from None
+
+
+def available_policy_losses() -> list[str]:
+    """Names of every registered policy objective, sorted."""
+    return sorted(_LOSSES)
+
+
+_BUILTIN: dict[str, Callable[..., Any]] = {
+    "ppo": clipped_surrogate,
+    "reinforce": reinforce_loss,
+    "gspo": gspo_loss,
+    "cispo": cispo_loss,
+    "sapo": sapo_loss,
+    "gmpo": gmpo_loss,
+    "clip_cov": clip_cov_loss,
+    "kl_cov": kl_cov_loss,
+}
+for _name, _fn in _BUILTIN.items():
+    register_policy_loss(_name)(_fn)
