@@ -1,20 +1,29 @@
-"""Run by `nox -s isolation` with `python -I` in a fresh venv holding only the built wheel of
-rl-kernels and its declared dependencies: import it and do a small real computation.
+"""Run by `nox -s isolation` with `python -I` in a fresh venv holding only the built wheels of
+rl-kernels and rl-losses and their declared dependency (torch): import and compute.
 
-Extend this as the package's API grows; it must not import anything from the workspace's tests.
+It must not import anything from the workspace's tests.
 """
 
 import importlib.util
 
-import rl_kernels
 import torch
 
-FORBIDDEN = ("transformers", "peft", "accelerate", "datasets")
+import rl_kernels as rk
 
+FORBIDDEN = ("transformers", "peft", "accelerate", "datasets")
 present = [name for name in FORBIDDEN if importlib.util.find_spec(name) is not None]
 assert not present, f"rl-kernels must install without {present}"
 
-x = torch.randn(4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-logp = torch.log_softmax(x, dim=-1)
-assert torch.allclose(logp.exp().sum(-1), torch.ones(4, dtype=torch.float64))
-print("rl_kernels", rl_kernels.__version__, "ok")
+gen = torch.Generator().manual_seed(0)
+hidden = torch.randn(2, 5, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+weight = torch.randn(11, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+targets = torch.randint(0, 11, (2, 5), generator=gen)
+mask = torch.ones(2, 5, dtype=torch.bool)
+# chunked log-probs equal the full-logits ones
+logp = rk.fused_logprobs(hidden.reshape(10, 8), weight, targets.reshape(10), chunk_rows=3)
+full = torch.log_softmax(hidden.reshape(10, 8) @ weight.T, -1).gather(1, targets.reshape(10, 1))
+assert torch.allclose(logp, full.squeeze(1), atol=1e-12)
+out = rk.fused_policy_loss(hidden, weight, targets, mask, torch.tensor([1.0, -1.0]), chunk_rows=3)
+out.loss.backward()
+assert hidden.grad is not None and weight.grad is not None
+print("rl_kernels", rk.__version__, "ok:", out.metrics()["loss"])

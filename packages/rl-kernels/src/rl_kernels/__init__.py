@@ -1,7 +1,25 @@
-"""rl-kernels."""
+"""rl-kernels: memory-bounded fused lm_head -> log-prob, entropy and policy loss.
+
+The largest tensor of LLM RL is the logits, ``N*T x V``. These kernels compute per-token
+log-probs, entropies and the whole token-level policy loss from the last hidden states and the
+lm_head weight, chunk by chunk, so full logits never exist in the forward or the backward pass.
+CPU and CUDA, pure torch.
+"""
 
 from importlib.metadata import version as _version
 
+from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, auto_chunk_rows
+from rl_kernels.logprobs import fused_logprobs
+from rl_kernels.policy import FUSED_OBJECTIVES, FusedPolicyLossOutput, fused_policy_loss
+
 __version__: str = _version("rl-kernels")
 
-__all__ = ["__version__"]
+__all__ = [
+    "DEFAULT_MEMORY_BUDGET",
+    "FUSED_OBJECTIVES",
+    "FusedPolicyLossOutput",
+    "__version__",
+    "auto_chunk_rows",
+    "fused_logprobs",
+    "fused_policy_loss",
+]

@@ -1,0 +1,150 @@
+"""``fused_logprobs``: lm_head -> per-token log-prob (and entropy) without full logits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from rl_kernels._checks import check_finite_rows, check_projection, check_targets, shape_str
+from rl_kernels._core import chunk_logits, compute_dtype, logits_grad_, logprob_and_entropy
+from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, auto_chunk_rows
+
+__all__ = ["fused_logprobs"]
+
+
+class _FusedLogProbs(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        temperature: float,
+        chunk: int,
+        with_entropy: bool,
+        upcast: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cd = compute_dtype(hidden.dtype, upcast)
+        w = weight.to(cd)
+        b = bias.to(cd) if bias is not None else None
+        m = hidden.shape[0]
+        logp = hidden.new_empty(m, dtype=cd)
+        lse = hidden.new_empty(m, dtype=cd)
+        ent = hidden.new_empty(m if with_entropy else 0, dtype=cd)
+        for s in range(0, m, chunk):
+            e = min(s + chunk, m)
+            h = hidden[s:e].to(cd)
+            check_finite_rows(h)
+            z = chunk_logits(h, w, b, temperature)
+            lp, ls, en = logprob_and_entropy(z, targets[s:e], with_entropy)
+            logp[s:e], lse[s:e] = lp, ls
+            if en is not None:
+                ent[s:e] = en
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, ent)
+        ctx.temperature, ctx.chunk, ctx.with_entropy, ctx.cd = temperature, chunk, with_entropy, cd
+        ctx.mark_non_differentiable(lse)
+        return logp, ent
+
+    @staticmethod
+    @once_differentiable
+    def backward(
+        ctx: Any, g_logp: torch.Tensor, g_ent: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight, bias, targets, lse, ent = ctx.saved_tensors
+        cd, chunk, temperature = ctx.cd, ctx.chunk, ctx.temperature
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        w = weight.to(cd)
+        b = bias.to(cd) if bias is not None else None
+        grad_h = torch.empty_like(hidden, dtype=cd) if need_h else None
+        grad_w = torch.zeros_like(w) if need_w else None
+        grad_b = torch.zeros_like(b) if (need_b and b is not None) else None
+        use_ent = ctx.with_entropy and g_ent is not None and g_ent.numel() > 0
+        g_logp = g_logp.to(cd)
+        for s in range(0, hidden.shape[0], chunk):
+            e = min(s + chunk, hidden.shape[0])
+            h = hidden[s:e].to(cd)
+            z = chunk_logits(h, w, b, temperature)
+            grad_z = logits_grad_(
+                z,
+                lse[s:e],
+                targets[s:e],
+                g_logp[s:e],
+                ent[s:e] if use_ent else None,
+                g_ent[s:e].to(cd) if use_ent and g_ent is not None else None,
+                temperature,
+            )
+            if grad_h is not None:
+                torch.mm(grad_z, w, out=grad_h[s:e])
+            if grad_w is not None:
+                grad_w.addmm_(grad_z.T, h)
+            if grad_b is not None:
+                grad_b.add_(grad_z.sum(dim=0))
+        return (
+            grad_h.to(hidden.dtype) if grad_h is not None else None,
+            grad_w.to(weight.dtype) if grad_w is not None else None,
+            grad_b.to(bias.dtype) if grad_b is not None else None,
+            None, None, None, None, None,
+        )  # fmt: skip
+
+
+def fused_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_rows: int | None = None,
+    with_entropy: bool = False,
+    *,
+    upcast: bool = True,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    r"""Per-token log-probs (and entropies) straight from hidden states and the lm_head weight.
+
+    .. math:: z = (h W^\top + b) / \tau, \qquad \log p_y = z_y - \log\sum_v e^{z_v}, \qquad
+              H = -\sum_v p_v \log p_v
+
+    computed ``chunk_rows`` rows at a time, in the forward and again in the backward
+    (recomputation), so the ``[M, V]`` logits never exist: the peak extra memory is about two
+    ``[chunk_rows, V]`` tiles. The backward accumulates the gradients of ``hidden``, ``weight``
+    and ``bias`` chunk by chunk (:math:`\partial \log p_y / \partial z = e_y - p`,
+    :math:`\partial H / \partial z = -p (\log p + H)`). The cost is one extra GEMM (the logits
+    are recomputed) against the naive path; :func:`rl_kernels.fused_policy_loss` avoids it.
+
+    Logits and reductions run in fp32 for half-precision inputs (``upcast=True``, the default;
+    this casts ``weight`` to fp32 once, an extra ``V x H`` buffer); ``upcast=False`` keeps the
+    input dtype throughout. Gradients come back in each input's dtype.
+
+    Args:
+        hidden: [M, H] last hidden states (M = N*T flattened tokens).
+        weight: [V, H] lm_head weight.
+        targets: [M] token ids in [0, V).
+        bias: [V] lm_head bias, or None.
+        temperature: Sampling temperature :math:`\tau` > 0 (divide the logits).
+        chunk_rows: Rows per chunk; None sizes it with :func:`rl_kernels.auto_chunk_rows`.
+        with_entropy: Also return the entropy of each row's distribution.
+        upcast: Compute in fp32 (True) or in the input dtype.
+        memory_budget: Bytes for one fp32 logits tile when ``chunk_rows`` is None.
+
+    Returns:
+        ``logprobs`` [M], or ``(logprobs [M], entropies [M])`` with ``with_entropy``.
+    """
+    check_projection(hidden, weight, bias, temperature)
+    if hidden.ndim != 2:
+        raise ValueError(f"`hidden` must have shape [M, H], got {shape_str(hidden)}")
+    if targets.shape != (hidden.shape[0],):
+        raise ValueError(
+            f"`targets` has shape {shape_str(targets)} but `hidden` has shape "
+            f"{shape_str(hidden)}; targets must be [M]"
+        )
+    check_targets(targets, weight.shape[0], None)
+    chunk = auto_chunk_rows(weight.shape[0], memory_budget) if chunk_rows is None else chunk_rows
+    if chunk < 1:
+        raise ValueError(f"`chunk_rows` must be >= 1, got {chunk_rows}")
+    logp, ent = _FusedLogProbs.apply(
+        hidden, weight, bias, targets, float(temperature), int(chunk), with_entropy, upcast
+    )
+    return (logp, ent) if with_entropy else logp
