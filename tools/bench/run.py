@@ -16,15 +16,16 @@ from harness import Row, machine  # noqa: E402
 
 def table(rows: list[Row]) -> str:
     lines = [
-        "| bench | case | variant | median (ms) | IQR (ms) | / plain | / floor |",
-        "|---|---|---|---:|---:|---:|---:|",
+        "| bench | case | variant | median (ms) | IQR (ms) | / plain | / floor | extra |",
+        "|---|---|---|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         base = f"{r.ratio_to_baseline:.2f}" if r.ratio_to_baseline is not None else ""
         low = f"{r.ratio_to_floor:.2f}" if r.ratio_to_floor is not None else ""
         lines.append(
             f"| {r.bench} | {r.case} | {r.variant} | {r.timing.median * 1e3:.3f} "
-            f"| {r.timing.iqr * 1e3:.3f} | {base} | {low} |"
+            f"| {r.timing.iqr * 1e3:.3f} | {base} | {low} "
+            f"| {', '.join(f'{k}={v}' for k, v in r.extra.items())} |"
         )
     return "\n".join(lines)
 

@@ -6,9 +6,8 @@ It must not import anything from the workspace's tests.
 
 import importlib.util
 
-import torch
-
 import rl_kernels as rk
+import torch
 
 FORBIDDEN = ("transformers", "peft", "accelerate", "datasets")
 present = [name for name in FORBIDDEN if importlib.util.find_spec(name) is not None]

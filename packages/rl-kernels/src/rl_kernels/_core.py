@@ -1,4 +1,10 @@
-"""The per-chunk math shared by the fused kernels: logits, log-softmax and its gradient."""
+"""The per-chunk math shared by the fused kernels: logits, log-softmax and its gradient.
+
+Tiles are ``[c, V]``. Without entropies one tile suffices: the logits are turned into
+probabilities in place, then into the logits gradient in place. Entropies need the raw
+logits next to the probabilities (two tiles): computing them from ``log p`` instead would
+give ``0 * -inf`` where a probability underflows.
+"""
 
 from __future__ import annotations
 
@@ -22,43 +28,57 @@ def chunk_logits(
     return z
 
 
-def logprob_and_entropy(
+def softmax_(
     z: torch.Tensor, targets: torch.Tensor, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Log-prob of ``targets``, log-sum-exp and (optionally) entropy of a logits chunk."""
-    lse = torch.logsumexp(z, dim=-1)
-    logp = z.gather(1, targets[:, None]).squeeze(1) - lse
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    r"""Log-prob of ``targets``, log-sum-exp, entropy and probabilities of a logits chunk.
+
+    .. math:: \log p_y = z_y - \mathrm{lse}(z), \qquad H = -\sum_v p_v \log p_v
+
+    Returns:
+        ``(logp [c], lse [c], entropy [c] or None, p [c, V])``. Without ``with_entropy`` the
+        probabilities overwrite ``z``. With it, ``z`` is overwritten by the log-probabilities
+        :math:`z - \mathrm{lse}` (finite even where :math:`p` underflows, and free of the
+        cancellation of :math:`\mathrm{lse} - \sum p z` on peaked rows) and ``p`` is a new tile.
+    """
+    z_target = z.gather(1, targets[:, None]).squeeze(1)
+    top = z.amax(dim=1)
+    z.sub_(top[:, None])
+    p = torch.exp(z) if with_entropy else z.exp_()
+    total = p.sum(dim=1)
+    log_total = torch.log(total)
+    p.div_(total[:, None])
+    lse = top + log_total
     entropy = None
     if with_entropy:
-        p = torch.exp(z - lse[:, None])
-        entropy = lse - (p * z).sum(dim=-1)
-    return logp, lse, entropy
+        logp_all = z.sub_(log_total[:, None])
+        entropy = -torch.linalg.vecdot(p, logp_all)
+    return z_target - lse, lse, entropy, p
 
 
 def logits_grad_(
-    z: torch.Tensor,
-    lse: torch.Tensor,
+    p: torch.Tensor,
+    logp_all: torch.Tensor | None,
     targets: torch.Tensor,
     g_logp: torch.Tensor,
     entropy: torch.Tensor | None,
     g_entropy: torch.Tensor | None,
     temperature: float,
 ) -> torch.Tensor:
-    r"""Gradient w.r.t. the raw logits of one chunk, computed in place of ``z``.
-
-    With :math:`\log p = z - \mathrm{lse}`, :math:`p = e^{\log p}`:
+    r"""Gradient w.r.t. the raw logits of one chunk, computed in place of ``p`` (and ``logp_all``).
 
     .. math:: \frac{\partial \log p_y}{\partial z_k} = \mathbb 1[k = y] - p_k, \qquad
               \frac{\partial H}{\partial z_k} = -p_k(\log p_k + H)
 
-    and the temperature divides both (the logits were ``raw / temperature``).
+    The temperature divides both (the logits were ``raw / temperature``). ``logp_all`` (the
+    chunk's log-probabilities) is needed only for the entropy term.
     """
-    logp_all = z.sub_(lse[:, None])
-    p = torch.exp(logp_all)
     if entropy is not None and g_entropy is not None:
-        # coefficient of -p: g_logp + g_entropy * (log p + H), built in place of log p
-        coeff = logp_all.add_(entropy[:, None]).mul_(g_entropy[:, None]).add_(g_logp[:, None])
-        grad = p.mul_(coeff).neg_()
+        if logp_all is None:
+            raise ValueError("the entropy gradient needs the log-probabilities `logp_all`")
+        # coefficient of -p: g_logp + g_entropy * (log p + H), built in place of logp_all
+        coeff = logp_all.add_(entropy[:, None]).mul_(g_entropy[:, None])
+        grad = p.mul_(coeff.add_(g_logp[:, None])).neg_()
     else:
         grad = p.mul_(g_logp[:, None]).neg_()
     rows = torch.arange(grad.shape[0], device=grad.device)

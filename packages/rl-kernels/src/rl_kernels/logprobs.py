@@ -8,7 +8,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from rl_kernels._checks import check_finite_rows, check_projection, check_targets, shape_str
-from rl_kernels._core import chunk_logits, compute_dtype, logits_grad_, logprob_and_entropy
+from rl_kernels._core import chunk_logits, compute_dtype, logits_grad_, softmax_
 from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, auto_chunk_rows
 
 __all__ = ["fused_logprobs"]
@@ -39,7 +39,7 @@ class _FusedLogProbs(torch.autograd.Function):
             h = hidden[s:e].to(cd)
             check_finite_rows(h)
             z = chunk_logits(h, w, b, temperature)
-            lp, ls, en = logprob_and_entropy(z, targets[s:e], with_entropy)
+            lp, ls, en, _ = softmax_(z, targets[s:e], with_entropy)
             logp[s:e], lse[s:e] = lp, ls
             if en is not None:
                 ent[s:e] = en
@@ -66,10 +66,17 @@ class _FusedLogProbs(torch.autograd.Function):
         for s in range(0, hidden.shape[0], chunk):
             e = min(s + chunk, hidden.shape[0])
             h = hidden[s:e].to(cd)
-            z = chunk_logits(h, w, b, temperature)
+            logits: torch.Tensor | None = chunk_logits(h, w, b, temperature)
+            assert logits is not None
+            ls = lse[s:e]
+            logits.sub_(ls[:, None])  # log-probabilities
+            if use_ent:
+                p = torch.exp(logits)
+            else:
+                p, logits = logits.exp_(), None
             grad_z = logits_grad_(
-                z,
-                lse[s:e],
+                p,
+                logits,
                 targets[s:e],
                 g_logp[s:e],
                 ent[s:e] if use_ent else None,

@@ -30,7 +30,7 @@ from rl_losses import (
 from torch.autograd.function import once_differentiable
 
 from rl_kernels._checks import check_finite_rows, check_projection, check_targets, shape_str
-from rl_kernels._core import chunk_logits, compute_dtype, logits_grad_, logprob_and_entropy
+from rl_kernels._core import chunk_logits, compute_dtype, logits_grad_, softmax_
 from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, auto_chunk_rows
 
 __all__ = ["FUSED_OBJECTIVES", "FusedPolicyLossOutput", "fused_policy_loss"]
@@ -73,7 +73,7 @@ class FusedPolicyLossOutput:
     def metrics(self) -> dict[str, float]:
         """Scalar fields as Python floats."""
         return {
-            f.name: float(getattr(self, f.name))
+            f.name: float(getattr(self, f.name).detach())
             for f in fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor) and getattr(self, f.name).ndim == 0
         }
@@ -150,7 +150,7 @@ class _FusedPolicyLoss(torch.autograd.Function):
             check_finite_rows(h)
             z = chunk_logits(h, w, b, plan.temperature)
             tg = plan.targets[s:e]
-            logp, lse, ent = logprob_and_entropy(z, tg, plan.need_entropy)
+            logp, _lse, ent, p = softmax_(z, tg, plan.need_entropy)
             g_logp, g_ent, part = _chunk_terms(plan, s, e, logp, ent)
             for key, value in part.items():
                 if key == "ratio_max":
@@ -160,7 +160,9 @@ class _FusedPolicyLoss(torch.autograd.Function):
             logp_out[rows] = logp
             if ent_out is not None and ent is not None:
                 ent_out[rows] = ent
-            grad_z = logits_grad_(z, lse, tg, g_logp, ent, g_ent, plan.temperature)
+            grad_z = logits_grad_(
+                p, z if ent is not None else None, tg, g_logp, ent, g_ent, plan.temperature
+            )
             if grad_flat is not None:
                 grad_flat[rows] = grad_z @ w
             if grad_w is not None:

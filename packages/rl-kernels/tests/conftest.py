@@ -1,0 +1,29 @@
+"""Makes ``kernels_testlib.py`` (naive references, input generators and comparison helpers)
+importable from these tests, and runs each test with one intra-op thread.
+
+The workspace runs pytest with ``--import-mode=importlib``, which does not put test folders on
+``sys.path`` (the same trick as tests_integration/conftest.py).
+
+The tensors here are tiny; on a loaded 2-core runner, intra-op thread hand-offs cost tens of
+milliseconds per op (hundreds of seconds over the suite), so every test runs single-threaded
+and the previous setting is restored afterwards.
+"""
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+@pytest.fixture(autouse=True)
+def _single_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

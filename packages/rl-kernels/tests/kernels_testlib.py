@@ -1,0 +1,352 @@
+"""Naive full-logits references, seeded input generators and comparison helpers shared by the
+rl-kernels tests.
+
+The references are exactly the "naive equivalent" of the spec: full ``[M, V]`` logits in fp32
+(``upcast``) or the input dtype, ``log_softmax`` + ``gather`` for log-probs,
+``-(softmax * log_softmax).sum(-1)`` for entropies, and for the policy loss the composition of
+``rl_losses`` functions (``get_policy_loss``, ``rollout_correction``, ``kl_penalty``,
+``entropy_bonus``).
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import rl_losses
+import torch
+
+F32 = torch.float32
+F64 = torch.float64
+# fp32 fused vs fp32 naive: values and gradients.
+TOL32: dict[str, float] = {"rtol": 1e-5, "atol": 1e-6}
+TOL64: dict[str, float] = {"rtol": 1e-10, "atol": 1e-10}
+# Per-token log-probs / entropies: rtol 1e-5 and atol 1e-6 times the largest |logit| (see
+# token_tol).
+# bf16 / fp16 inputs upcast to fp32 vs the fp32 naive on the same (rounded) inputs.
+TOL_LOWP_VALUES: dict[str, float] = {"rtol": 1e-2, "atol": 1e-2}
+TOL_LOWP_GRADS_REL = 2e-2  # atol = this * max |reference gradient|, rtol = this
+
+ROW_KINDS = ("empty", "single", "prefix", "holes", "full")
+AGGREGATIONS = (
+    "token_mean",
+    "seq_mean_token_mean",
+    "seq_mean_token_sum",
+    "seq_mean_token_sum_norm",
+)
+DIAG = ("clip_frac_low", "clip_frac_high", "approx_kl", "ratio_mean", "ratio_max")
+
+# name -> (objective, objective_kwargs); variants chosen so that clipping / capping is active
+# on a fraction of the tokens with the 0.3-std noise between logp and old_logprobs.
+OBJECTIVE_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "ppo": ("ppo", {}),
+    "ppo-clip_high": ("ppo", {"clip_low": 0.2, "clip_high": 0.28}),
+    "ppo-dual_clip": ("ppo", {"clip_low": 0.2, "dual_clip": 1.5}),
+    "ppo-delta": ("ppo", {"clip_low": 0.2, "clip_high": 0.28, "delta": 1.4}),
+    "ppo-ratio_bounds": ("ppo", {"ratio_bounds": (0.7, 1.3)}),
+    "cispo-upper": ("cispo", {"clamp": "upper", "eps_high": 0.2}),
+    "cispo-two_sided": ("cispo", {"clamp": "two_sided", "eps_low": 0.2, "eps_high": 0.3}),
+    "reinforce-logprob": ("reinforce", {"form": "logprob"}),
+    "reinforce-ratio": ("reinforce", {"form": "ratio"}),
+    "sapo": ("sapo", {"tau_pos": 1.0, "tau_neg": 1.05}),
+}
+
+
+# --------------------------------------------------------------------------- random inputs
+
+
+def gen(*key: object) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
+
+
+def randint(g: torch.Generator, low: int, high: int) -> int:
+    """Uniform integer in [low, high)."""
+    return int(torch.randint(low, high, (1,), generator=g).item())
+
+
+def rand(g: torch.Generator) -> float:
+    return float(torch.rand((), generator=g, dtype=F64))
+
+
+def make_mask(g: torch.Generator, n: int, t: int) -> torch.Tensor:
+    """[n, t] bool; consecutive rows cycle through empty / single / prefix / holes / full."""
+    offset = randint(g, 0, len(ROW_KINDS))
+    rows = []
+    for i in range(n):
+        kind = ROW_KINDS[(i + offset) % len(ROW_KINDS)]
+        if kind == "empty":
+            row = [False] * t
+        elif kind == "single":
+            p = randint(g, 0, t)
+            row = [s == p for s in range(t)]
+        elif kind == "prefix":
+            length = randint(g, 1, t + 1)
+            row = [s < length for s in range(t)]
+        elif kind == "holes":
+            row = [bool(b) for b in (torch.rand(t, generator=g) < 0.6).tolist()]
+            if t >= 3:  # a hole between two valid tokens
+                row[0], row[1], row[-1] = True, False, True
+        else:
+            row = [True] * t
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.bool).reshape(n, t)
+
+
+def make_lm_head(
+    g: torch.Generator,
+    lead: tuple[int, ...],
+    h: int,
+    v: int,
+    *,
+    bias: bool,
+    dtype: torch.dtype = F32,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """hidden [*lead, h], weight [v, h], bias [v] or None: leaves requiring grad, in ``dtype``.
+
+    Scaled so that the logits have std ~2 (peaked but not degenerate distributions).
+    """
+    hidden = torch.randn((*lead, h), generator=g, dtype=F64)
+    weight = torch.randn(v, h, generator=g, dtype=F64) * (2.0 / h**0.5)
+    b = torch.randn(v, generator=g, dtype=F64) * 0.5 if bias else None
+    return (
+        hidden.to(dtype).requires_grad_(True),
+        weight.to(dtype).requires_grad_(True),
+        None if b is None else b.to(dtype).requires_grad_(True),
+    )
+
+
+def make_targets(g: torch.Generator, shape: tuple[int, ...], v: int) -> torch.Tensor:
+    return torch.randint(0, v, shape, generator=g, dtype=torch.int64)
+
+
+def garbage(g: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
+    """Finite garbage for invalid positions."""
+    return (torch.randn(shape, generator=g, dtype=F64) * 7.0 + 3.0).to(F32)
+
+
+# --------------------------------------------------------------------------- naive references
+
+
+def naive_logits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    *,
+    upcast: bool = True,
+) -> torch.Tensor:
+    """z = (hidden @ weight.T + bias) / temperature, in fp32 when ``upcast`` (full [M, V])."""
+    if upcast:
+        hidden, weight = hidden.float(), weight.float()
+        bias = None if bias is None else bias.float()
+    z = hidden @ weight.T
+    if bias is not None:
+        z = z + bias
+    return z / temperature
+
+
+def naive_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    *,
+    upcast: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprobs [M], entropies [M]) from the full logits."""
+    z = naive_logits(hidden, weight, bias, temperature, upcast=upcast)
+    ls = torch.log_softmax(z, dim=-1)
+    logp = ls.gather(-1, targets.long()[:, None]).squeeze(-1)
+    ent = -(torch.softmax(z, dim=-1) * ls).sum(-1)
+    return logp, ent
+
+
+@dataclass(frozen=True)
+class NaivePolicy:
+    loss: torch.Tensor
+    policy: Any  # rl_losses.PolicyLossOutput
+    kl: Any  # rl_losses.KLOutput or None
+    entropy: Any  # rl_losses.EntropyOutput
+    logp: torch.Tensor  # [N, T] fp32, differentiable
+    ent: torch.Tensor  # [N, T] fp32, differentiable
+    mask: torch.Tensor  # [N, T] bool
+
+
+def naive_policy_loss(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    old_logprobs: torch.Tensor | None = None,
+    ref_logprobs: torch.Tensor | None = None,
+    sampling_logprobs: torch.Tensor | None = None,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    objective: str = "ppo",
+    aggregation: str = "token_mean",
+    normalizer: float | torch.Tensor | None = None,
+    max_length: int | None = None,
+    kl_coef: float = 0.0,
+    kl_kind: str = "k3",
+    kl_clamp: float | None = None,
+    kl_grad_kind: str | None = None,
+    entropy_coef: float = 0.0,
+    is_weights: torch.Tensor | None = None,
+    correction_level: str = "token",
+    correction_mode: str = "truncate",
+    correction_cap: float = 2.0,
+    correction_lower: float | None = None,
+    **objective_kwargs: Any,
+) -> NaivePolicy:
+    """The spec's naive composition. Masked positions are sanitised first (hidden rows zeroed
+    through ``torch.where``, targets set to 0): they never reach the losses, which is what the
+    spec requires of the fused path, and this keeps NaN there out of the reference's backward.
+    """
+    n, t, h = hidden.shape
+    m = mask.bool()
+    hid = torch.where(m[..., None], hidden, torch.zeros((), dtype=hidden.dtype))
+    tgt = torch.where(m, targets, torch.zeros((), dtype=targets.dtype))
+    logp, ent = naive_logprobs(
+        hid.reshape(n * t, h), weight, tgt.reshape(n * t), bias, temperature, upcast=True
+    )
+    logp, ent = logp.reshape(n, t), ent.reshape(n, t)
+    old = old_logprobs if old_logprobs is not None else logp.detach()
+    if is_weights is not None:
+        w, pmask = is_weights, m
+    elif sampling_logprobs is not None:
+        assert old_logprobs is not None
+        c = rl_losses.rollout_correction(
+            old_logprobs,
+            sampling_logprobs,
+            m,
+            level=correction_level,
+            mode=correction_mode,
+            cap=correction_cap,
+            lower=correction_lower,
+        )
+        w, pmask = c.weights, c.mask
+    else:
+        w, pmask = None, m
+    policy = rl_losses.get_policy_loss(objective)(
+        logp,
+        old,
+        advantages,
+        pmask,
+        level="token",
+        aggregation=aggregation,
+        normalizer=normalizer,
+        max_length=max_length,
+        is_weights=w,
+        **objective_kwargs,
+    )
+    kl = None
+    kl_loss: torch.Tensor | float = 0.0
+    if ref_logprobs is not None:
+        kl = rl_losses.kl_penalty(
+            logp,
+            ref_logprobs,
+            m,
+            kind=kl_kind,
+            coef=kl_coef,
+            clamp=kl_clamp,
+            grad_kind=kl_grad_kind,
+            aggregation=aggregation,
+            normalizer=normalizer,
+            max_length=max_length,
+        )
+        kl_loss = kl.loss
+    entropy = rl_losses.entropy_bonus(
+        ent,
+        m,
+        coef=entropy_coef,
+        aggregation=aggregation,
+        normalizer=normalizer,
+        max_length=max_length,
+    )
+    loss = policy.loss + kl_loss + entropy.loss
+    return NaivePolicy(loss, policy, kl, entropy, logp, ent, m)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def token_tol(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+) -> dict[str, float]:
+    """Tolerance for fp32 per-token log-probs and entropies: rtol 1e-5, atol 1e-6 * max |z|.
+
+    Both quantities are differences of O(|z|) terms (z_t - lse, lse - E[z] or
+    -sum p log p), so any fp32 formula carries an absolute error of a few eps * |z|: on a
+    peaked row (entropy ~ 1e-3, log-prob ~ 0) two correct fp32 paths differ by a few 1e-6
+    (the naive reference itself is ~1e-6 off the float64 value there).
+    """
+    with torch.no_grad():
+        h = hidden.detach().reshape(-1, hidden.shape[-1])
+        z = naive_logits(h, weight.detach(), None if bias is None else bias.detach(), temperature)
+        scale = max(1.0, float(z.abs().max())) if z.numel() else 1.0
+    return {"rtol": TOL32["rtol"], "atol": TOL32["atol"] * scale}
+
+
+def grads(scalar: torch.Tensor, tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """d scalar / d tensors (None entries stay None); one backward call."""
+    present = [x for x in tensors if x is not None]
+    got = iter(torch.autograd.grad(scalar, present))
+    return [None if x is None else next(got) for x in tensors]
+
+
+def assert_close(
+    actual: torch.Tensor | float,
+    expected: torch.Tensor | float,
+    what: str,
+    *,
+    rtol: float,
+    atol: float,
+    check_dtype: bool = False,
+) -> None:
+    a = torch.as_tensor(actual).detach()
+    e = torch.as_tensor(expected).detach()
+    if not check_dtype:
+        a = a.to(F64)
+        e = e.to(F64)
+    torch.testing.assert_close(
+        a, e, rtol=rtol, atol=atol, check_dtype=check_dtype, msg=lambda m: f"{what}: {m}"
+    )
+
+
+def assert_grads_close(
+    actual: list[torch.Tensor | None],
+    expected: list[torch.Tensor | None],
+    names: tuple[str, ...] = ("hidden", "weight", "bias"),
+    *,
+    rtol: float,
+    atol: float,
+) -> None:
+    """Per-tensor check; ``atol`` is scaled by the largest reference entry (when above 1), since a
+    gradient entry is a sum over rows of terms as large as that and cancels down to any size.
+    """
+    for a, e, name in zip(actual, expected, names, strict=True):
+        if e is None:
+            continue
+        assert a is not None, f"no gradient for {name}"
+        assert a.shape == e.shape, f"grad {name}: shape {list(a.shape)} vs {list(e.shape)}"
+        assert torch.isfinite(a).all(), f"non-finite gradient for {name}"
+        scale = max(1.0, float(e.detach().abs().max())) if e.numel() else 1.0
+        assert_close(a, e, f"grad {name}", rtol=rtol, atol=atol * scale)
+
+
+def shape_pattern(*dims: int) -> str:
+    """Matches "(3, 4)", "[3, 4]", "torch.Size([3, 4])", "(3,4)"."""
+    return r"\D" + r",\s*".join(str(d) for d in dims) + r"\D"
+
+
+def names_argument(message: str, name: str) -> bool:
+    """Whether ``message`` mentions the argument ``name`` as a whole word."""
+    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message) is not None
