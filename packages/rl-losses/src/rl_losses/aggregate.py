@@ -96,7 +96,7 @@ def aggregate(
         num = lz.sum()
         den = _denominator(normalizer, rows, lz)
     else:
-        length = loss.shape[1] if max_length is None else max_length
+        length = max(loss.shape[1], 1) if max_length is None else max_length
         if not length > 0:
             raise ValueError(f"`max_length` must be > 0, got {max_length}")
         num = lz.sum()

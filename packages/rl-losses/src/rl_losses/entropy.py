@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from rl_losses._checks import as_mask, check_2d, check_finite, zero_fill
-from rl_losses.aggregate import Aggregation, aggregate
+from rl_losses._checks import as_mask, check_2d, check_choice, check_finite, zero_fill
+from rl_losses.aggregate import AGGREGATIONS, Aggregation, aggregate
 from rl_losses.outputs import EntropyOutput
 
 __all__ = ["entropy_bonus", "high_entropy_mask"]
@@ -39,6 +39,7 @@ def entropy_bonus(
     """
     check_2d("entropies", entropies)
     m = as_mask(mask, "entropies", entropies)
+    check_choice("aggregation", aggregation, AGGREGATIONS)
     check_finite("entropies", entropies, m)
     if not coef >= 0:
         raise ValueError(f"`coef` must be >= 0, got {coef}")

@@ -28,7 +28,7 @@ from rl_losses._checks import (
     check_same_shape,
     zero_fill,
 )
-from rl_losses.aggregate import Aggregation, aggregate
+from rl_losses.aggregate import AGGREGATIONS, Aggregation, aggregate
 from rl_losses.outputs import KLOutput
 
 __all__ = ["KLKind", "kl_estimate", "kl_penalty"]
@@ -127,6 +127,7 @@ def kl_penalty(
     """
     check_2d("logprobs", logprobs)
     m = as_mask(mask, "logprobs", logprobs)
+    check_choice("aggregation", aggregation, AGGREGATIONS)
     check_same_shape("ref_logprobs", ref_logprobs, "logprobs", logprobs)
     check_finite("logprobs", logprobs, m)
     check_finite("ref_logprobs", ref_logprobs, m)

@@ -25,7 +25,7 @@ from rl_losses._checks import (
     shape_str,
     zero_fill,
 )
-from rl_losses.aggregate import Aggregation, aggregate
+from rl_losses.aggregate import AGGREGATIONS, Aggregation, aggregate
 from rl_losses.outputs import PolicyLossOutput
 from rl_losses.units import Level, Pooling, to_units
 
@@ -111,6 +111,7 @@ def _finish(
     normalizer: float | torch.Tensor | None,
     max_length: int | None,
 ) -> PolicyLossOutput:
+    check_choice("aggregation", aggregation, AGGREGATIONS)
     m = units.mask
     if units.weights is not None:
         loss_u = loss_u * units.weights
@@ -467,7 +468,7 @@ def sapo_loss(
         raise ValueError(f"`tau_pos` and `tau_neg` must be > 0, got {tau_pos}, {tau_neg}")
     u = _prepare(logprobs, old_logprobs, advantages, mask, level, pooling, turn_ids, is_weights)
     ratio = torch.exp(u.logratio)
-    tau = torch.where(u.advantages > 0, tau_pos, tau_neg).to(ratio.dtype)
+    tau = torch.full_like(ratio, tau_neg).masked_fill(u.advantages > 0, tau_pos)
     gate = torch.sigmoid(tau * (ratio - 1)) * 4 / tau
     loss_u = -gate * u.advantages
     none = torch.zeros_like(u.mask)

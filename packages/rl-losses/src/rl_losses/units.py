@@ -13,7 +13,7 @@ from typing import Literal
 
 import torch
 
-from rl_losses._checks import check_choice, check_same_shape, zero_fill
+from rl_losses._checks import as_mask, check_2d, check_choice, check_same_shape, zero_fill
 
 __all__ = ["Level", "Pooling", "to_units"]
 
@@ -52,6 +52,8 @@ def to_units(
     """
     check_choice("level", level, ("token", "turn", "trajectory"))
     check_choice("pooling", pooling, ("sum", "mean"))
+    check_2d("x", x)
+    mask = as_mask(mask, "x", x)
     xz = zero_fill(x, mask)
     if level == "token":
         return xz, mask

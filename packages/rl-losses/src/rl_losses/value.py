@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from rl_losses._checks import as_mask, check_2d, check_finite, check_same_shape, zero_fill
-from rl_losses.aggregate import Aggregation, aggregate
+from rl_losses._checks import (
+    as_mask,
+    check_2d,
+    check_choice,
+    check_finite,
+    check_same_shape,
+    zero_fill,
+)
+from rl_losses.aggregate import AGGREGATIONS, Aggregation, aggregate
 from rl_losses.outputs import ValueLossOutput
 
 __all__ = ["value_loss"]
@@ -59,6 +66,7 @@ def value_loss(
     check_same_shape("old_values", old_values, "values", values)
     check_same_shape("returns", returns, "values", values)
     m = as_mask(mask, "values", values)
+    check_choice("aggregation", aggregation, AGGREGATIONS)
     for name, x in (("values", values), ("old_values", old_values), ("returns", returns)):
         check_finite(name, x, m)
     if clip is not None and not clip > 0:
