@@ -129,7 +129,8 @@ def slow(session: nox.Session) -> None:
 
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
-    sync(session, "--all-packages", "--group", "test")
+    # the liger extra lets the kernel benchmark compare against Liger's chunked loss
+    sync(session, "--all-packages", "--extra", "liger", "--group", "test")
     session.run("python", "tools/bench/run.py", *session.posargs)
 
 

@@ -102,12 +102,13 @@ def _worker(variant: str, m: int, h: int, v: int, repeats: int, warmup: int) -> 
         hh, ww = hidden.detach().reshape(-1, h), weight.detach()
         logits = torch.empty(m, v)
         dlogits = torch.randn(m, v)
+        dlogits_t = dlogits.T.contiguous()  # so the third GEMM needs no transposed copy
         gh, gw = torch.empty(m, h), torch.empty(v, h)
 
         def step() -> None:
             torch.mm(hh, ww.T, out=logits)
             torch.mm(dlogits, ww, out=gh)
-            torch.mm(dlogits.T, hh, out=gw)
+            torch.mm(dlogits_t, hh, out=gw)
 
     base = _rss_bytes()
     samples = []

@@ -39,10 +39,11 @@ class _FusedLogProbs(torch.autograd.Function):
             h = hidden[s:e].to(cd)
             check_finite_rows(h)
             z = chunk_logits(h, w, b, temperature)
-            lp, ls, en, _ = softmax_(z, targets[s:e], with_entropy)
+            lp, ls, en, probs = softmax_(z, targets[s:e], with_entropy)
             logp[s:e], lse[s:e] = lp, ls
             if en is not None:
                 ent[s:e] = en
+            del z, probs  # free this tile before the next chunk allocates its own
         ctx.save_for_backward(hidden, weight, bias, targets, lse, ent)
         ctx.temperature, ctx.chunk, ctx.with_entropy, ctx.cd = temperature, chunk, with_entropy, cd
         ctx.mark_non_differentiable(lse)
@@ -89,6 +90,7 @@ class _FusedLogProbs(torch.autograd.Function):
                 grad_w.addmm_(grad_z.T, h)
             if grad_b is not None:
                 grad_b.add_(grad_z.sum(dim=0))
+            del p, grad_z, logits  # free this tile before the next chunk allocates its own
         return (
             grad_h.to(hidden.dtype) if grad_h is not None else None,
             grad_w.to(weight.dtype) if grad_w is not None else None,
@@ -148,7 +150,12 @@ def fused_logprobs(
             f"{shape_str(hidden)}; targets must be [M]"
         )
     check_targets(targets, weight.shape[0], None)
-    chunk = auto_chunk_rows(weight.shape[0], memory_budget) if chunk_rows is None else chunk_rows
+    m = hidden.shape[0]
+    chunk = (
+        auto_chunk_rows(weight.shape[0], memory_budget, total_rows=m)
+        if chunk_rows is None
+        else chunk_rows
+    )
     if chunk < 1:
         raise ValueError(f"`chunk_rows` must be >= 1, got {chunk_rows}")
     logp, ent = _FusedLogProbs.apply(

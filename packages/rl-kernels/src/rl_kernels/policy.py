@@ -169,6 +169,7 @@ class _FusedPolicyLoss(torch.autograd.Function):
                 grad_w.addmm_(grad_z.T, h)
             if grad_b is not None:
                 grad_b.add_(grad_z.sum(dim=0))
+            del z, p, grad_z  # free this tile before the next chunk allocates its own
         _publish(plan, sums, ratio_max, logp_out, ent_out)
         ctx.save_for_backward(
             grad_flat.view_as(hidden).to(hidden.dtype) if grad_flat is not None else None,
@@ -438,7 +439,11 @@ def fused_policy_loss(
     if w is not None:
         policy_agg = policy_agg * torch.where(policy_mask, w.detach().to(cd), 0.0)
     index = m.reshape(-1).nonzero().squeeze(1)
-    chunk = auto_chunk_rows(weight.shape[0], memory_budget) if chunk_rows is None else chunk_rows
+    chunk = (
+        auto_chunk_rows(weight.shape[0], memory_budget, total_rows=int(index.numel()))
+        if chunk_rows is None
+        else chunk_rows
+    )
     if chunk < 1:
         raise ValueError(f"`chunk_rows` must be >= 1, got {chunk_rows}")
 
