@@ -37,11 +37,18 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def declared(package: str) -> set[str]:
+def _names(requirements: list[str]) -> set[str]:
+    return {_norm(re.split(r"[\s<>=!~;\[(]", d, maxsplit=1)[0]) for d in requirements}
+
+
+def declared(package: str, *, extras: bool = False) -> set[str]:
+    """Distributions ``package`` depends on; with ``extras``, its optional ones too."""
     meta = tomllib.loads((ROOT / "packages" / package / "pyproject.toml").read_text())
-    return {
-        _norm(re.split(r"[\s<>=!~;\[(]", d, maxsplit=1)[0]) for d in meta["project"]["dependencies"]
-    }
+    names = _names(meta["project"]["dependencies"])
+    if extras:
+        for reqs in meta["project"].get("optional-dependencies", {}).values():
+            names |= _names(reqs)
+    return names
 
 
 def imported_top_levels(src: Path, root: Path = ROOT) -> dict[str, list[str]]:
@@ -80,7 +87,7 @@ def test_declared_siblings_follow_the_table(package: str) -> None:
 def test_imports_are_declared(package: str) -> None:
     own = package.replace("-", "_")
     providers = importlib.metadata.packages_distributions()
-    allowed = declared(package)
+    allowed = declared(package, extras=True)  # optional imports are lazy and guarded
     problems = []
     for top, where in imported_top_levels(ROOT / "packages" / package / "src").items():
         if top == own or top in sys.stdlib_module_names or top == "__future__":

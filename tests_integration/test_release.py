@@ -95,8 +95,10 @@ def test_bump_needs_changelog_entries(workspace: Path) -> None:
     changelog = workspace / "packages/rl-train/CHANGELOG.md"
     text = changelog.read_text()
     head, rest = text.split("## [Unreleased]", 1)
-    changelog.write_text(head + "## [Unreleased]\n\n" + rest[rest.index("## ["):])
-    subprocess.run([*GIT, "commit", "-q", "--allow-empty", "-am", "empty"], cwd=workspace, check=True)
+    changelog.write_text(head + "## [Unreleased]\n\n" + rest[rest.index("## [") :])
+    subprocess.run(
+        [*GIT, "commit", "-q", "--allow-empty", "-am", "empty"], cwd=workspace, check=True
+    )
     proc = _release(workspace, "bump", "rl-train", "patch")
     assert proc.returncode == 1
     assert "Unreleased section of the changelog is empty" in proc.stderr

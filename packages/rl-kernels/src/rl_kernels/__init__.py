@@ -9,6 +9,7 @@ CPU and CUDA, pure torch.
 from importlib.metadata import version as _version
 
 from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, auto_chunk_rows
+from rl_kernels.liger import LigerPolicyLossOutput, liger_policy_loss
 from rl_kernels.logprobs import fused_logprobs
 from rl_kernels.policy import FUSED_OBJECTIVES, FusedPolicyLossOutput, fused_policy_loss
 
@@ -18,8 +19,10 @@ __all__ = [
     "DEFAULT_MEMORY_BUDGET",
     "FUSED_OBJECTIVES",
     "FusedPolicyLossOutput",
+    "LigerPolicyLossOutput",
     "__version__",
     "auto_chunk_rows",
     "fused_logprobs",
     "fused_policy_loss",
+    "liger_policy_loss",
 ]

@@ -8,6 +8,8 @@ give ``0 * -inf`` where a probability underflows.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -86,3 +88,16 @@ def logits_grad_(
     if temperature != 1.0:
         grad.div_(temperature)
     return grad
+
+
+_COMPILED: dict[str, Any] = {}
+
+
+def chunk_ops(compile_body: bool) -> tuple[Any, Any]:
+    """``(softmax_, logits_grad_)``, or their ``torch.compile``-d versions (built once)."""
+    if not compile_body:
+        return softmax_, logits_grad_
+    if not _COMPILED:
+        _COMPILED["softmax_"] = torch.compile(softmax_, dynamic=True)
+        _COMPILED["logits_grad_"] = torch.compile(logits_grad_, dynamic=True)
+    return _COMPILED["softmax_"], _COMPILED["logits_grad_"]

@@ -8,7 +8,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from rl_kernels._checks import check_finite_rows, check_projection, check_targets, shape_str
-from rl_kernels._core import chunk_logits, compute_dtype, logits_grad_, softmax_
+from rl_kernels._core import chunk_logits, chunk_ops, compute_dtype
 from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, auto_chunk_rows
 
 __all__ = ["fused_logprobs"]
@@ -26,7 +26,9 @@ class _FusedLogProbs(torch.autograd.Function):
         chunk: int,
         with_entropy: bool,
         upcast: bool,
+        compile_body: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        softmax_, _ = chunk_ops(compile_body)
         cd = compute_dtype(hidden.dtype, upcast)
         w = weight.to(cd)
         b = bias.to(cd) if bias is not None else None
@@ -46,6 +48,7 @@ class _FusedLogProbs(torch.autograd.Function):
             del z, probs  # free this tile before the next chunk allocates its own
         ctx.save_for_backward(hidden, weight, bias, targets, lse, ent)
         ctx.temperature, ctx.chunk, ctx.with_entropy, ctx.cd = temperature, chunk, with_entropy, cd
+        ctx.compile_body = compile_body
         ctx.mark_non_differentiable(lse)
         return logp, ent
 
@@ -55,6 +58,7 @@ class _FusedLogProbs(torch.autograd.Function):
         ctx: Any, g_logp: torch.Tensor, g_ent: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, bias, targets, lse, ent = ctx.saved_tensors
+        _, logits_grad_ = chunk_ops(ctx.compile_body)
         cd, chunk, temperature = ctx.cd, ctx.chunk, ctx.temperature
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         w = weight.to(cd)
@@ -95,7 +99,7 @@ class _FusedLogProbs(torch.autograd.Function):
             grad_h.to(hidden.dtype) if grad_h is not None else None,
             grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(bias.dtype) if grad_b is not None else None,
-            None, None, None, None, None,
+            None, None, None, None, None, None,
         )  # fmt: skip
 
 
@@ -110,6 +114,7 @@ def fused_logprobs(
     *,
     upcast: bool = True,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    compile: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     r"""Per-token log-probs (and entropies) straight from hidden states and the lm_head weight.
 
@@ -137,6 +142,9 @@ def fused_logprobs(
         with_entropy: Also return the entropy of each row's distribution.
         upcast: Compute in fp32 (True) or in the input dtype.
         memory_budget: Bytes for one fp32 logits tile when ``chunk_rows`` is None.
+        compile: ``torch.compile`` the per-chunk softmax and gradient (opt-in, meant for
+            CUDA; it works on CPU through inductor's C++ backend, but the first call spends
+            10-45 s compiling and new shapes recompile).
 
     Returns:
         ``logprobs`` [M], or ``(logprobs [M], entropies [M])`` with ``with_entropy``.
@@ -159,6 +167,7 @@ def fused_logprobs(
     if chunk < 1:
         raise ValueError(f"`chunk_rows` must be >= 1, got {chunk_rows}")
     logp, ent = _FusedLogProbs.apply(
-        hidden, weight, bias, targets, float(temperature), int(chunk), with_entropy, upcast
-    )
+        hidden, weight, bias, targets, float(temperature), int(chunk), with_entropy, upcast,
+        compile,
+    )  # fmt: skip
     return (logp, ent) if with_entropy else logp

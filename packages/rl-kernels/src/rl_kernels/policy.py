@@ -30,7 +30,7 @@ from rl_losses import (
 from torch.autograd.function import once_differentiable
 
 from rl_kernels._checks import check_finite_rows, check_projection, check_targets, shape_str
-from rl_kernels._core import chunk_logits, compute_dtype, logits_grad_, softmax_
+from rl_kernels._core import chunk_logits, chunk_ops, compute_dtype
 from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, auto_chunk_rows
 
 __all__ = ["FUSED_OBJECTIVES", "FusedPolicyLossOutput", "fused_policy_loss"]
@@ -116,6 +116,7 @@ class _Plan:
     temperature: float
     chunk: int
     upcast: bool
+    compile_body: bool
     shape: tuple[int, int]
     results: dict[str, torch.Tensor]
 
@@ -129,6 +130,7 @@ class _FusedPolicyLoss(torch.autograd.Function):
         bias: torch.Tensor | None,
         plan: _Plan,
     ) -> torch.Tensor:
+        softmax_, logits_grad_ = chunk_ops(plan.compile_body)
         cd = compute_dtype(hidden.dtype, plan.upcast)
         w = weight.to(cd)
         b = bias.to(cd) if bias is not None else None
@@ -322,6 +324,7 @@ def fused_policy_loss(
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     return_entropy: bool = False,
     upcast: bool = True,
+    compile: bool = False,
     **objective_kwargs: Any,
 ) -> FusedPolicyLossOutput:
     r"""The whole token-level policy loss from hidden states, without materialising logits.
@@ -380,6 +383,8 @@ def fused_policy_loss(
         memory_budget: Bytes for one fp32 logits tile when ``chunk_rows`` is None.
         return_entropy: Compute and return per-token entropies even without a bonus.
         upcast: Compute logits and reductions in fp32 for half-precision inputs.
+        compile: ``torch.compile`` the per-chunk softmax and gradient (opt-in, meant for
+            CUDA; see ``fused_logprobs``).
         **objective_kwargs: Passed to the objective (``clip_low``, ``clip_high``,
             ``dual_clip``, ``delta``, ``ratio_bounds``, ``clamp``, ``eps_low``, ``eps_high``,
             ``form``, ``tau_pos``, ``tau_neg``).
@@ -470,6 +475,7 @@ def fused_policy_loss(
         temperature=float(temperature),
         chunk=int(chunk),
         upcast=upcast,
+        compile_body=compile,
         shape=(n, t),
         results={},
     )
