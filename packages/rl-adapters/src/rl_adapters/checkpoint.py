@@ -1,0 +1,359 @@
+"""Checkpoints with no pickle: tensors in safetensors, everything else in JSON.
+
+A checkpoint is a directory::
+
+    actor/ reference/ critic/     PEFT adapter dirs (adapter_model.safetensors, adapter_config.json)
+    value_head.safetensors        the critic's value head
+    model.safetensors             the whole model (full fine-tuning)
+    optimizer.safetensors/.json   optimizer state: tensors / everything else
+    scheduler.json (+ .safetensors)
+    rng.safetensors + rng.json    torch CPU (and CUDA) generator states, Python ``random`` state
+    state.json                    caller's JSON state (step counters, hyperparameters)
+    manifest.json                 every file with size and sha256, roles, LoRA configs, base arch
+
+It is written into a temporary sibling directory and renamed into place, so a crash while
+saving never leaves a half-written directory under the checkpoint's name and never touches
+the previous checkpoint until the new one is complete. Loading verifies the manifest before
+reading anything and reads only safetensors and JSON: ``torch.load`` is never called, so a
+planted pickle cannot execute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import set_peft_model_state_dict
+from safetensors.torch import load_file, load_model, save_file, save_model
+
+from rl_adapters.lora import comparable_lora_config
+from rl_adapters.policy import PolicyModel
+
+__all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "load_checkpoint", "save_checkpoint"]
+
+CHECKPOINT_FORMAT = "rl-adapters-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is incomplete, corrupted or does not fit the model."""
+
+
+# -- helpers ----------------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True, allow_nan=True) + "\n", "utf-8")
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text("utf-8"))
+
+
+def _split_tensors(obj: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """Replace tensors in a nested structure by ``{"__tensor__": key}``, collecting them."""
+    if isinstance(obj, torch.Tensor):
+        key = prefix or "value"
+        tensors[key] = obj.detach().cpu().contiguous()
+        return {"__tensor__": key}
+    if isinstance(obj, dict):
+        return {
+            "__dict__": [
+                [_split_tensors(k, "", {}), _split_tensors(v, f"{prefix}/{k}", tensors)]
+                for k, v in obj.items()
+            ]
+        }
+    if isinstance(obj, list | tuple):
+        items = [_split_tensors(v, f"{prefix}/{i}", tensors) for i, v in enumerate(obj)]
+        return {"__tuple__": items} if isinstance(obj, tuple) else items
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    raise TypeError(f"cannot store {type(obj).__name__} in a checkpoint (at {prefix or 'top'})")
+
+
+def _join_tensors(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(obj, dict):
+        if "__tensor__" in obj:
+            return tensors[obj["__tensor__"]]
+        if "__tuple__" in obj:
+            return tuple(_join_tensors(v, tensors) for v in obj["__tuple__"])
+        if "__dict__" in obj:
+            return {
+                _join_tensors(k, tensors): _join_tensors(v, tensors) for k, v in obj["__dict__"]
+            }
+    if isinstance(obj, list):
+        return [_join_tensors(v, tensors) for v in obj]
+    return obj
+
+
+def _save_structured(directory: Path, stem: str, obj: Any) -> None:
+    tensors: dict[str, torch.Tensor] = {}
+    skeleton = _split_tensors(obj, "", tensors)
+    if tensors:
+        save_file(tensors, str(directory / f"{stem}.safetensors"))
+    _write_json(directory / f"{stem}.json", skeleton)
+
+
+def _load_structured(directory: Path, stem: str) -> Any:
+    tensor_file = directory / f"{stem}.safetensors"
+    tensors = load_file(str(tensor_file)) if tensor_file.exists() else {}
+    return _join_tensors(_read_json(directory / f"{stem}.json"), tensors)
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(list(state["cuda"]))
+
+
+def _describe(policy: PolicyModel) -> dict[str, Any]:
+    config = policy.causal_lm.config
+    lora = comparable_lora_config(policy.lora_config) if policy.lora_config is not None else None
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "version": FORMAT_VERSION,
+        "model_class": type(policy.causal_lm).__name__,
+        "model_type": getattr(config, "model_type", None),
+        "hidden_size": getattr(config, "hidden_size", None),
+        "vocab_size": getattr(config, "vocab_size", None),
+        "full_finetune": policy.full_finetune,
+        "reference": policy.reference_mode,
+        "critic": policy.has_critic,
+        "roles": list(policy.roles),
+        "lora_config": lora,
+    }
+
+
+def _fsync_tree(directory: Path) -> None:
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            with path.open("rb") as f:
+                os.fsync(f.fileno())
+
+
+# -- save --------------------------------------------------------------------------------------
+
+
+def save_checkpoint(
+    policy: PolicyModel,
+    directory: str | os.PathLike[str],
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any | None = None,
+    state: dict[str, Any] | None = None,
+) -> Path:
+    """Save a policy (and optimizer, scheduler, RNG and caller state) atomically, without pickle.
+
+    Args:
+        policy: The :class:`PolicyModel`.
+        directory: Target directory; an existing checkpoint there is replaced only once the new
+            one is complete.
+        optimizer: Optimizer whose state to save, or None.
+        scheduler: LR scheduler (``state_dict()`` of JSON types and tensors), or None.
+        state: JSON-serialisable caller state (step counters, hyperparameters), or None.
+
+    Returns:
+        The checkpoint directory.
+
+    Raises:
+        TypeError: If ``state`` is not JSON-serialisable (nothing is written).
+    """
+    target = Path(directory)
+    if state is not None:
+        try:
+            json.dumps(state, allow_nan=True)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"`state` must be JSON-serialisable: {exc}") from exc
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _recover_interrupted_swap(target)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        _write_checkpoint(policy, tmp, optimizer, scheduler, state)
+        _fsync_tree(tmp)
+        if target.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+            old.rmdir()
+            os.rename(target, old)
+            os.rename(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _write_checkpoint(
+    policy: PolicyModel,
+    out: Path,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: Any | None,
+    state: dict[str, Any] | None,
+) -> None:
+    if policy.peft is not None:
+        for role in policy.adapter_roles:
+            policy.peft.save_pretrained(str(out), selected_adapters=[role])
+    else:
+        save_model(policy.causal_lm, str(out / "model.safetensors"))
+    if policy.value_head is not None:
+        save_file(
+            {k: v.detach().cpu().contiguous() for k, v in policy.value_head.state_dict().items()},
+            str(out / "value_head.safetensors"),
+        )
+    if optimizer is not None:
+        _save_structured(out, "optimizer", optimizer.state_dict())
+    if scheduler is not None:
+        _save_structured(out, "scheduler", scheduler.state_dict())
+    _save_structured(out, "rng", _rng_state())
+    _write_json(out / "state.json", state if state is not None else {})
+    files = {
+        str(p.relative_to(out)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(out.rglob("*"))
+        if p.is_file()
+    }
+    _write_json(out / MANIFEST, {**_describe(policy), "files": files})
+
+
+def _recover_interrupted_swap(target: Path) -> None:
+    """If a save died between moving the old checkpoint aside and moving the new one in."""
+    if target.exists():
+        return
+    backups = sorted(target.parent.glob(f".{target.name}.old-*"), key=os.path.getmtime)
+    for backup in reversed(backups):
+        if (backup / MANIFEST).is_file():
+            os.rename(backup, target)
+            warnings.warn(f"restored {target} from the interrupted save's backup", stacklevel=3)
+            return
+
+
+# -- load --------------------------------------------------------------------------------------
+
+
+def _verify(directory: Path) -> dict[str, Any]:
+    if not directory.is_dir():
+        raise CheckpointError(f"no checkpoint directory at {directory}")
+    manifest_path = directory / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointError(
+            f"{directory} is incomplete or not a checkpoint: {MANIFEST} is missing (a save that "
+            "did not finish never writes it)"
+        )
+    manifest = _read_json(manifest_path)
+    if manifest.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{manifest_path} is not an {CHECKPOINT_FORMAT} manifest")
+    for name, info in manifest["files"].items():
+        path = directory / name
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint file {name} listed in the manifest is missing")
+        if path.suffix not in (".safetensors", ".json", ".md"):
+            raise CheckpointError(
+                f"checkpoint file {name} is not safetensors, JSON or a peft model card; refusing "
+                "it (checkpoints never hold pickles)"
+            )
+        if path.stat().st_size != info["size"] or _sha256(path) != info["sha256"]:
+            raise CheckpointError(f"checkpoint file {name} is corrupted (size or sha256 mismatch)")
+    return dict(manifest)
+
+
+def _check_fits(policy: PolicyModel, manifest: dict[str, Any]) -> None:
+    mine = _describe(policy)
+    for key in ("model_class", "model_type", "hidden_size", "vocab_size"):
+        if manifest.get(key) != mine[key]:
+            raise CheckpointError(
+                f"checkpoint is for a different base architecture: {key} = {manifest.get(key)!r} "
+                f"in the checkpoint, {mine[key]!r} in this model"
+            )
+    for key in ("full_finetune", "reference", "critic"):
+        if manifest.get(key) != mine[key]:
+            raise CheckpointError(
+                f"checkpoint has {key} = {manifest.get(key)!r} but this model has {mine[key]!r}"
+            )
+    if manifest.get("lora_config") != mine["lora_config"]:
+        raise CheckpointError(
+            "LoRA config mismatch:\n"
+            f"  checkpoint: {json.dumps(manifest.get('lora_config'), sort_keys=True)}\n"
+            f"  model:      {json.dumps(mine['lora_config'], sort_keys=True)}"
+        )
+
+
+def load_checkpoint(
+    policy: PolicyModel,
+    directory: str | os.PathLike[str],
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: Any | None = None,
+) -> dict[str, Any]:
+    """Load a checkpoint written by :func:`save_checkpoint` into ``policy`` (and the rest).
+
+    The manifest is verified first (every file present, right size and sha256, only
+    safetensors/JSON), then the base architecture, the roles and the LoRA config are compared
+    with ``policy``; any mismatch raises :class:`CheckpointError` (a ``ValueError``) showing
+    both sides. Nothing is unpickled.
+
+    Args:
+        policy: A :class:`PolicyModel` built like the saved one (same base architecture).
+        directory: The checkpoint directory.
+        optimizer: Optimizer to restore (built over the same parameters), or None.
+        scheduler: Scheduler to restore, or None.
+
+    Returns:
+        The caller ``state`` that was saved.
+    """
+    root = Path(directory)
+    manifest = _verify(root)
+    _check_fits(policy, manifest)
+    if policy.peft is not None:
+        for role in policy.adapter_roles:
+            weights = root / role / "adapter_model.safetensors"
+            if not weights.is_file():
+                raise CheckpointError(f"adapter directory {root / role} is missing its weights")
+            result = set_peft_model_state_dict(
+                policy.peft, load_file(str(weights)), adapter_name=role
+            )
+            unexpected = getattr(result, "unexpected_keys", [])
+            if unexpected:
+                raise CheckpointError(f"adapter {role}: unexpected keys {unexpected[:5]}")
+    else:
+        load_model(policy.causal_lm, str(root / "model.safetensors"))
+    if policy.value_head is not None:
+        policy.value_head.load_state_dict(load_file(str(root / "value_head.safetensors")))
+    if optimizer is not None:
+        if not (root / "optimizer.json").is_file():
+            raise CheckpointError(f"{root} holds no optimizer state")
+        optimizer.load_state_dict(_load_structured(root, "optimizer"))
+    if scheduler is not None:
+        if not (root / "scheduler.json").is_file():
+            raise CheckpointError(f"{root} holds no scheduler state")
+        scheduler.load_state_dict(_load_structured(root, "scheduler"))
+    _set_rng_state(_load_structured(root, "rng"))
+    policy._restore()
+    state = _read_json(root / "state.json")
+    assert isinstance(state, dict)
+    return state

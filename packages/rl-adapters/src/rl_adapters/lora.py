@@ -1,0 +1,81 @@
+"""LoRA configuration helpers: defaults, validation against the model, comparison."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+from peft import LoraConfig
+from torch import nn
+
+__all__ = [
+    "comparable_lora_config",
+    "default_lora_config",
+    "linear_module_names",
+    "validate_lora_config",
+]
+
+#: Fields that change what an adapter computes; compared when loading a checkpoint.
+COMPARED_FIELDS = (
+    "r", "lora_alpha", "lora_dropout", "target_modules", "exclude_modules", "bias", "use_rslora",
+    "use_dora", "modules_to_save", "layers_to_transform", "rank_pattern", "alpha_pattern",
+)  # fmt: skip
+
+
+def linear_module_names(model: nn.Module) -> list[str]:
+    """Short names of the model's ``nn.Linear`` layers except the output head (LoRA targets)."""
+    getter = getattr(model, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
+    names = {
+        name.rsplit(".", 1)[-1]
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and module is not head
+    }
+    return sorted(names)
+
+
+def default_lora_config(model: nn.Module) -> LoraConfig:
+    """The config used when none is given: r = 8, alpha = 16, every linear layer but lm_head."""
+    warnings.warn(
+        "no `lora_config` given: using LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, "
+        f"target_modules={linear_module_names(model)}); pass one to choose",
+        UserWarning,
+        stacklevel=3,
+    )
+    return LoraConfig(
+        r=8, lora_alpha=16, lora_dropout=0.0, target_modules=linear_module_names(model)
+    )
+
+
+def validate_lora_config(config: LoraConfig, model: nn.Module) -> LoraConfig:
+    """Check that the config's target modules exist in the model; return a private copy."""
+    if not isinstance(config, LoraConfig):
+        raise TypeError(f"`lora_config` must be a peft.LoraConfig, got {type(config).__name__}")
+    config = copy.deepcopy(config)
+    targets = config.target_modules
+    if targets is None or isinstance(targets, str):
+        return config  # "all-linear" or a regex: peft validates it
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    full = {name for name, _ in model.named_modules()}
+    missing = sorted(t for t in targets if t not in names and t not in full)
+    if missing:
+        raise ValueError(
+            f"`lora_config` targets {missing}, which the model does not have; its linear layers "
+            f"are {linear_module_names(model)}"
+        )
+    return config
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, set | frozenset | tuple):
+        return sorted(value) if isinstance(value, set | frozenset) else list(value)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in sorted(value.items())}
+    return value
+
+
+def comparable_lora_config(config: LoraConfig) -> dict[str, Any]:
+    """The fields of ``COMPARED_FIELDS`` as JSON types (sets sorted), for saving and comparing."""
+    raw = config.to_dict()
+    return {key: _jsonable(raw.get(key)) for key in COMPARED_FIELDS}

@@ -1,0 +1,298 @@
+"""One causal-LM base with LoRA adapters by role: actor, reference and critic.
+
+Roles share the frozen base weights; each role is a LoRA adapter (or, for the reference, the
+base with adapters disabled). ``use_role`` switches the active adapter and always restores the
+actor and the exact trainable set on exit: peft's ``set_adapter`` marks only the active adapter
+trainable, which would otherwise freeze the actor after a reference forward.
+
+Log-probs are not computed here: :meth:`PolicyModel.hidden_states` returns the last hidden
+states and :attr:`PolicyModel.lm_head_weight` the projection, so rl-algos feeds them to
+``rl_kernels.fused_logprobs`` / ``fused_policy_loss`` without materialising logits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from typing import Literal
+
+import torch
+from peft import (
+    LoraConfig,
+    PeftModel,
+    get_peft_model,
+    get_peft_model_state_dict,
+    set_peft_model_state_dict,
+)
+from torch import nn
+from transformers import PreTrainedModel
+
+from rl_adapters.lora import default_lora_config, validate_lora_config
+from rl_adapters.value_head import ValueHead
+
+__all__ = ["PolicyModel", "ReferenceMode", "causal_lm_of", "copy_adapter", "is_lora_param_of"]
+
+ReferenceMode = Literal["adapter", "base", "copy"] | None
+
+
+def is_lora_param_of(name: str, adapter: str) -> bool:
+    """Whether a parameter name belongs to LoRA adapter ``adapter``."""
+    return f".{adapter}." in name and ".lora_" in name
+
+
+def copy_adapter(peft_model: PeftModel, source: str, target: str) -> None:
+    """Copy adapter ``source``'s weights onto adapter ``target`` exactly."""
+    state = get_peft_model_state_dict(peft_model, adapter_name=source)
+    set_peft_model_state_dict(peft_model, state, adapter_name=target)
+
+
+def causal_lm_of(peft_model: PeftModel) -> PreTrainedModel:
+    """The transformers model inside a peft wrapper (with LoRA layers injected)."""
+    inner = peft_model.base_model.model
+    if not isinstance(inner, PreTrainedModel):  # pragma: no cover - peft contract
+        raise TypeError(f"unexpected peft inner model {type(inner).__name__}")
+    return inner
+
+
+def decoder_of(model: PreTrainedModel) -> nn.Module:
+    """The transformer body of a causal LM (everything but the lm_head)."""
+    body = getattr(model, model.base_model_prefix, None)
+    if not isinstance(body, nn.Module):
+        raise ValueError(
+            f"cannot find the decoder of {type(model).__name__} (base_model_prefix="
+            f"{model.base_model_prefix!r})"
+        )
+    return body
+
+
+class PolicyModel(nn.Module):
+    """A causal LM with actor / reference / critic roles.
+
+    Args:
+        model: A transformers causal LM (``PreTrainedModel``). In LoRA mode it is wrapped in
+            place by peft (LoRA layers injected), so pass a model you do not use elsewhere.
+        lora_config: ``peft.LoraConfig`` for every adapter; None uses a default (r = 8 on every
+            linear layer but lm_head) with a warning. Ignored with ``full_finetune``.
+        reference: ``"adapter"`` (a frozen LoRA adapter, initialised equal to the actor and
+            refreshed by :meth:`sync_reference`), ``"base"`` (the base with adapters disabled,
+            frozen forever), ``"copy"`` (full fine-tuning: a frozen deep copy of the model), or
+            None (no reference, e.g. when the KL coefficient is 0).
+        critic: Add a ``"critic"`` LoRA adapter and a :class:`ValueHead` (LoRA mode only).
+        full_finetune: Train the whole base instead of LoRA adapters.
+        gradient_checkpointing: Enable activation checkpointing on the base.
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        *,
+        lora_config: LoraConfig | None = None,
+        reference: ReferenceMode = "adapter",
+        critic: bool = False,
+        full_finetune: bool = False,
+        gradient_checkpointing: bool = False,
+    ) -> None:
+        super().__init__()
+        if not isinstance(model, PreTrainedModel):
+            raise TypeError(f"`model` must be a transformers PreTrainedModel, got {type(model)}")
+        allowed = ("copy", None) if full_finetune else ("adapter", "base", None)
+        if reference not in allowed:
+            mode = "full fine-tuning" if full_finetune else "LoRA"
+            raise ValueError(
+                f"`reference` must be one of {allowed} in {mode} mode, got {reference!r}"
+            )
+        if critic and full_finetune:
+            raise ValueError(
+                "`critic=True` is not supported in full fine-tuning mode: the critic is a LoRA "
+                "adapter on the shared base; use LoRA mode for PPO"
+            )
+        self.full_finetune = full_finetune
+        self.reference_mode: ReferenceMode = reference
+        self.has_critic = critic
+        self.lora_config: LoraConfig | None = None
+        self.reference_model: PreTrainedModel | None = None
+        self.value_head: ValueHead | None = None
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        if full_finetune:
+            self.peft: PeftModel | None = None
+            self.causal_lm: PreTrainedModel = model
+            if reference == "copy":
+                self.reference_model = copy.deepcopy(model).requires_grad_(False).eval()
+        else:
+            config = (
+                validate_lora_config(lora_config, model)
+                if lora_config is not None
+                else default_lora_config(model)
+            )
+            self.lora_config = config
+            peft_model = get_peft_model(model, config, adapter_name="actor")
+            if not isinstance(peft_model, PeftModel):  # pragma: no cover - peft contract
+                raise TypeError("get_peft_model did not return a PeftModel")
+            self.peft = peft_model
+            if reference == "adapter":
+                peft_model.add_adapter("reference", copy.deepcopy(config))
+                copy_adapter(peft_model, "actor", "reference")
+            if critic:
+                peft_model.add_adapter("critic", copy.deepcopy(config))
+            self.causal_lm = causal_lm_of(peft_model)
+        if critic:
+            self.value_head = ValueHead(self.causal_lm.config.hidden_size)
+        self._restore()
+
+    # -- roles -----------------------------------------------------------------------------
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """The roles this model has, in ``("actor", "reference", "critic")`` order."""
+        roles = ["actor"]
+        if self.reference_mode is not None:
+            roles.append("reference")
+        if self.has_critic:
+            roles.append("critic")
+        return tuple(roles)
+
+    @property
+    def adapter_roles(self) -> tuple[str, ...]:
+        """Roles stored as LoRA adapters (saved as PEFT adapter directories)."""
+        if self.peft is None:
+            return ()
+        return tuple(r for r in self.roles if r != "reference" or self.reference_mode == "adapter")
+
+    def _restore(self) -> None:
+        """Make the actor active and set exactly the trainable parameters."""
+        if self.peft is not None:
+            self.peft.set_adapter("actor")
+            trainable = ("actor", "critic") if self.has_critic else ("actor",)
+            for name, param in self.peft.named_parameters():
+                param.requires_grad_(any(is_lora_param_of(name, a) for a in trainable))
+        else:
+            self.causal_lm.requires_grad_(True)
+        if self.reference_model is not None:
+            self.reference_model.requires_grad_(False)
+        if self.value_head is not None:
+            self.value_head.requires_grad_(True)
+
+    def _check_role(self, role: str) -> None:
+        if role not in self.roles:
+            raise ValueError(f"unknown `role` {role!r}; this model has roles {self.roles}")
+
+    @contextlib.contextmanager
+    def use_role(self, role: str) -> Iterator[None]:
+        """Run the body with ``role``'s weights; restore the actor and trainable set after.
+
+        Raises:
+            ValueError: For a role this model does not have.
+        """
+        self._check_role(role)
+        try:
+            if self.peft is None or role == "actor":
+                yield
+            elif role == "reference" and self.reference_mode == "base":
+                with self.peft.disable_adapter():
+                    yield
+            else:
+                self.peft.set_adapter(role)
+                yield
+        finally:
+            self._restore()
+
+    def trainable_parameters(self, role: str | None = None) -> list[nn.Parameter]:
+        """Parameters an optimizer should update: all (None), the actor's, or the critic's."""
+        if role is not None and role not in ("actor", "critic"):
+            raise ValueError(f"`role` must be None, 'actor' or 'critic', got {role!r}")
+        if role == "critic" and not self.has_critic:
+            raise ValueError("this model has no critic (`critic=False`)")
+        params: list[nn.Parameter] = []
+        if self.peft is None:
+            if role in (None, "actor"):
+                params += list(self.causal_lm.parameters())
+        else:
+            adapters = ("actor", "critic") if role is None else (role,)
+            params += [
+                p
+                for n, p in self.peft.named_parameters()
+                if any(is_lora_param_of(n, a) for a in adapters)
+            ]
+        if self.value_head is not None and role in (None, "critic"):
+            params += list(self.value_head.parameters())
+        return params
+
+    # -- forwards --------------------------------------------------------------------------
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """[V, H] the output projection (tied to the embeddings or not)."""
+        head = self.causal_lm.get_output_embeddings()
+        if not isinstance(head, nn.Linear):
+            raise ValueError(f"unsupported output head {type(head).__name__}")
+        return head.weight
+
+    @property
+    def lm_head_bias(self) -> torch.Tensor | None:
+        """[V] the output projection's bias, or None."""
+        head = self.causal_lm.get_output_embeddings()
+        bias = getattr(head, "bias", None)
+        return bias if isinstance(bias, torch.Tensor) else None
+
+    def hidden_states(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, role: str = "actor"
+    ) -> torch.Tensor:
+        """[N, T, H] last hidden states (final norm applied), without the lm_head.
+
+        ``hidden @ lm_head_weight.T (+ lm_head_bias)`` are the model's logits.
+
+        Args:
+            input_ids: [N, T] token ids.
+            attention_mask: [N, T] 1 for real tokens, 0 for padding.
+            role: Whose weights to run.
+        """
+        self._check_role(role)
+        if role == "reference" and self.reference_model is not None:
+            model: PreTrainedModel = self.reference_model
+        else:
+            model = self.causal_lm
+        with self.use_role(role):
+            out = decoder_of(model)(input_ids=input_ids, attention_mask=attention_mask)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        assert isinstance(hidden, torch.Tensor)
+        return hidden
+
+    def logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, role: str = "actor"
+    ) -> torch.Tensor:
+        """[N, T, V] full logits (convenience for small models and tests)."""
+        hidden = self.hidden_states(input_ids, attention_mask, role)
+        if role == "reference" and self.reference_model is not None:
+            head = self.reference_model.get_output_embeddings()
+            assert isinstance(head, nn.Module)
+            out = head(hidden)
+            assert isinstance(out, torch.Tensor)
+            return out
+        return nn.functional.linear(hidden, self.lm_head_weight, self.lm_head_bias)
+
+    def values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[N, T] the critic's value of every prefix (critic adapter + value head)."""
+        if self.value_head is None:
+            raise ValueError("this model has no critic: construct it with `critic=True`")
+        values: torch.Tensor = self.value_head(
+            self.hidden_states(input_ids, attention_mask, role="critic")
+        )
+        return values
+
+    def sync_reference(self) -> None:
+        """Copy the actor's weights onto the reference (adapter, or the frozen full copy)."""
+        if self.reference_mode == "adapter" and self.peft is not None:
+            copy_adapter(self.peft, "actor", "reference")
+        elif self.reference_mode == "copy" and self.reference_model is not None:
+            with torch.no_grad():
+                self.reference_model.load_state_dict(self.causal_lm.state_dict())
+        else:
+            raise ValueError(
+                f"cannot sync a reference in mode {self.reference_mode!r}: the 'base' reference is "
+                "the frozen base by definition, and None has no reference"
+            )
+        self._restore()
