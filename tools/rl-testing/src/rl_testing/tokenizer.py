@@ -138,7 +138,7 @@ def _wrap(tok: Tokenizer) -> PreTrainedTokenizerFast:
     tok.add_special_tokens(
         [AddedToken(t, special=True, normalized=False, single_word=False) for t in _ALL_SPECIALS]
     )
-    wrapped = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+    wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token=PAD_TOKEN,
         bos_token=BOS_TOKEN,
