@@ -327,6 +327,7 @@ def load_checkpoint(
         The caller ``state`` that was saved.
     """
     root = Path(directory)
+    _recover_interrupted_swap(root)
     manifest = _verify(root)
     _check_fits(policy, manifest)
     if policy.peft is not None:

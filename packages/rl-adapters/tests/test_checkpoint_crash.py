@@ -1,0 +1,82 @@
+"""A crash in the middle of a save never costs the previous checkpoint."""
+
+import os
+from pathlib import Path
+
+import pytest
+import rl_adapters
+import rl_adapters.checkpoint as ckpt
+import torch
+from peft import LoraConfig
+from rl_testing.models import tiny_causal_lm
+
+LORA = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+
+
+def _policy() -> rl_adapters.PolicyModel:
+    model, _ = tiny_causal_lm("qwen2", seed=0)
+    return rl_adapters.PolicyModel(model, lora_config=LORA, reference="adapter", critic=True)
+
+
+def _train_step(policy: rl_adapters.PolicyModel, ids: torch.Tensor) -> None:
+    optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=0.5)
+    loss = policy.logits(ids, torch.ones_like(ids)).log_softmax(-1)[..., 1].mean()
+    loss.backward()
+    optimizer.step()
+
+
+def test_exception_after_some_files_keeps_previous_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = torch.randint(0, 40, (2, 6), generator=torch.Generator().manual_seed(0))
+    policy = _policy()
+    _train_step(policy, ids)
+    target = tmp_path / "checkpoint"
+    ckpt.save_checkpoint(policy, target, state={"step": 1})
+    with torch.no_grad():
+        saved_logits = policy.logits(ids, torch.ones_like(ids)).clone()
+
+    _train_step(policy, ids)  # the model moves on; a second save then dies half-way
+    real = ckpt._save_structured
+    written: list[str] = []
+
+    def failing(directory: Path, stem: str, obj: object) -> None:
+        written.extend(p.name for p in directory.iterdir())
+        if stem == "rng":  # adapters, value head and optimizer are already on disk
+            raise OSError("disk full (injected)")
+        real(directory, stem, obj)
+
+    monkeypatch.setattr(ckpt, "_save_structured", failing)
+    with pytest.raises(OSError, match="injected"):
+        ckpt.save_checkpoint(policy, target, state={"step": 2})
+    assert "actor" in written  # the crash really happened after some files
+    monkeypatch.undo()
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint"]  # no temp dir left
+    fresh = _policy()
+    assert rl_adapters.load_checkpoint(fresh, target) == {"step": 1}
+    with torch.no_grad():
+        torch.testing.assert_close(fresh.logits(ids, torch.ones_like(ids)), saved_logits)
+
+
+def test_partial_directory_is_rejected(tmp_path: Path) -> None:
+    policy = _policy()
+    target = tmp_path / "checkpoint"
+    ckpt.save_checkpoint(policy, target)
+    (target / "manifest.json").unlink()  # what a save killed before its last write leaves
+    with pytest.raises(rl_adapters.CheckpointError, match="incomplete or not a checkpoint"):
+        rl_adapters.load_checkpoint(_policy(), target)
+
+
+def test_interrupted_swap_is_recovered(tmp_path: Path) -> None:
+    """A save killed between moving the old checkpoint aside and moving the new one in."""
+    policy = _policy()
+    target = tmp_path / "checkpoint"
+    ckpt.save_checkpoint(policy, target, state={"step": 7})
+    backup = tmp_path / ".checkpoint.old-abc123"
+    os.rename(target, backup)
+    with pytest.warns(UserWarning, match="restored"):
+        state = rl_adapters.load_checkpoint(_policy(), target)
+    assert state == {"step": 7}
+    assert target.is_dir()
+    assert not backup.exists()
