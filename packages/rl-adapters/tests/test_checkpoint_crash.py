@@ -80,3 +80,18 @@ def test_interrupted_swap_is_recovered(tmp_path: Path) -> None:
     assert state == {"step": 7}
     assert target.is_dir()
     assert not backup.exists()
+
+
+def test_adapter_init_is_seeded_and_leaves_global_rng_alone() -> None:
+    torch.manual_seed(123)
+    expected_next = torch.rand(3)
+    torch.manual_seed(123)
+    first = _policy()
+    assert torch.equal(torch.rand(3), expected_next)  # construction drew nothing globally
+    second = _policy()
+    for (name, a), (_, b) in zip(first.named_parameters(), second.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+    model, _ = tiny_causal_lm("qwen2", seed=0)
+    other = rl_adapters.PolicyModel(model, lora_config=LORA, seed=1, critic=True)
+    a_first = dict(first.named_parameters())
+    assert any(not torch.equal(p, a_first[n]) for n, p in other.named_parameters() if "lora_A" in n)

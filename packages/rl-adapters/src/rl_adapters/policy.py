@@ -81,6 +81,9 @@ class PolicyModel(nn.Module):
         critic: Add a ``"critic"`` LoRA adapter and a :class:`ValueHead` (LoRA mode only).
         full_finetune: Train the whole base instead of LoRA adapters.
         gradient_checkpointing: Enable activation checkpointing on the base.
+        seed: Seed of the adapters' random initialisation (LoRA A and the value head), drawn
+            from a private generator state: the caller's global RNG is left untouched and two
+            policies built alike start bit-identical.
     """
 
     def __init__(
@@ -92,6 +95,7 @@ class PolicyModel(nn.Module):
         critic: bool = False,
         full_finetune: bool = False,
         gradient_checkpointing: bool = False,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         if not isinstance(model, PreTrainedModel):
@@ -129,19 +133,28 @@ class PolicyModel(nn.Module):
                 else default_lora_config(model)
             )
             self.lora_config = config
-            peft_model = get_peft_model(model, config, adapter_name="actor")
-            if not isinstance(peft_model, PeftModel):  # pragma: no cover - peft contract
-                raise TypeError("get_peft_model did not return a PeftModel")
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed)
+                peft_model = get_peft_model(model, config, adapter_name="actor")
+                if not isinstance(peft_model, PeftModel):  # pragma: no cover - peft contract
+                    raise TypeError("get_peft_model did not return a PeftModel")
+                if reference == "adapter":
+                    peft_model.add_adapter("reference", copy.deepcopy(config))
+                    copy_adapter(peft_model, "actor", "reference")
+                if critic:
+                    peft_model.add_adapter("critic", copy.deepcopy(config))
             self.peft = peft_model
-            if reference == "adapter":
-                peft_model.add_adapter("reference", copy.deepcopy(config))
-                copy_adapter(peft_model, "actor", "reference")
-            if critic:
-                peft_model.add_adapter("critic", copy.deepcopy(config))
             self.causal_lm = causal_lm_of(peft_model)
         if critic:
-            self.value_head = ValueHead(self.causal_lm.config.hidden_size)
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed + 1)
+                self.value_head = ValueHead(self.causal_lm.config.hidden_size)
         self._restore()
+
+    @property
+    def base_model(self) -> PreTrainedModel:
+        """The transformers model (with LoRA layers injected in LoRA mode)."""
+        return self.causal_lm
 
     # -- roles -----------------------------------------------------------------------------
 

@@ -29,10 +29,16 @@ class SharedBasePopulation:
         model: A transformers causal LM, wrapped in place by peft.
         size: Number of agents (>= 1).
         lora_config: Config of every agent's adapter (None: the default, with a warning).
+        seed: Seed of the adapters' initialisation (the global RNG is left untouched).
     """
 
     def __init__(
-        self, model: PreTrainedModel, size: int, *, lora_config: LoraConfig | None = None
+        self,
+        model: PreTrainedModel,
+        size: int,
+        *,
+        lora_config: LoraConfig | None = None,
+        seed: int = 0,
     ) -> None:
         if size < 1:
             raise ValueError(f"`size` must be >= 1, got {size}")
@@ -41,11 +47,13 @@ class SharedBasePopulation:
             if lora_config is not None
             else default_lora_config(model)
         )
-        peft_model = get_peft_model(model, config, adapter_name="agent_0")
-        if not isinstance(peft_model, PeftModel):  # pragma: no cover - peft contract
-            raise TypeError("get_peft_model did not return a PeftModel")
-        for i in range(1, size):
-            peft_model.add_adapter(self.adapter_name(i), copy.deepcopy(config))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            peft_model = get_peft_model(model, config, adapter_name="agent_0")
+            if not isinstance(peft_model, PeftModel):  # pragma: no cover - peft contract
+                raise TypeError("get_peft_model did not return a PeftModel")
+            for i in range(1, size):
+                peft_model.add_adapter(self.adapter_name(i), copy.deepcopy(config))
         self.peft = peft_model
         self.size = size
         self.lora_config = config
