@@ -95,3 +95,34 @@ def test_adapter_init_is_seeded_and_leaves_global_rng_alone() -> None:
     other = rl_adapters.PolicyModel(model, lora_config=LORA, seed=1, critic=True)
     a_first = dict(first.named_parameters())
     assert any(not torch.equal(p, a_first[n]) for n, p in other.named_parameters() if "lora_A" in n)
+
+
+def test_from_pretrained_and_activation_offload(tmp_path: Path) -> None:
+    model, _ = tiny_causal_lm("llama", seed=0)
+    model.save_pretrained(tmp_path / "base")
+    policy = rl_adapters.PolicyModel.from_pretrained(
+        str(tmp_path / "base"),
+        model_config={"local_files_only": True},
+        lora_config=LORA,
+        activation_offload=True,
+    )
+    ids = torch.randint(0, 40, (2, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    plain = rl_adapters.PolicyModel(tiny_causal_lm("llama", seed=0)[0], lora_config=LORA)
+    for p in (policy, plain):
+        p.logits(ids, mask).logsumexp(-1).mean().backward()
+    torch.testing.assert_close(policy.logits(ids, mask), plain.logits(ids, mask))
+    for a, b in zip(policy.trainable_parameters(), plain.trainable_parameters(), strict=True):
+        assert a.grad is not None and b.grad is not None
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_quantization_needs_cuda(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this checks the message on machines without CUDA")
+    model, _ = tiny_causal_lm("qwen2", seed=0)
+    model.save_pretrained(tmp_path / "base")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        rl_adapters.PolicyModel.from_pretrained(
+            str(tmp_path / "base"), quantization_config=object(), lora_config=LORA
+        )

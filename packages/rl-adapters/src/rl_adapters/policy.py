@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 from collections.abc import Iterator
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from peft import (
@@ -81,6 +82,8 @@ class PolicyModel(nn.Module):
         critic: Add a ``"critic"`` LoRA adapter and a :class:`ValueHead` (LoRA mode only).
         full_finetune: Train the whole base instead of LoRA adapters.
         gradient_checkpointing: Enable activation checkpointing on the base.
+        activation_offload: Keep the activations saved for the backward on the CPU
+            (``torch.autograd.graph.save_on_cpu``), trading transfer time for GPU memory.
         seed: Seed of the adapters' random initialisation (LoRA A and the value head), drawn
             from a private generator state: the caller's global RNG is left untouched and two
             policies built alike start bit-identical.
@@ -95,6 +98,7 @@ class PolicyModel(nn.Module):
         critic: bool = False,
         full_finetune: bool = False,
         gradient_checkpointing: bool = False,
+        activation_offload: bool = False,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -112,6 +116,7 @@ class PolicyModel(nn.Module):
                 "adapter on the shared base; use LoRA mode for PPO"
             )
         self.full_finetune = full_finetune
+        self.activation_offload = activation_offload
         self.reference_mode: ReferenceMode = reference
         self.has_critic = critic
         self.lora_config: LoraConfig | None = None
@@ -155,6 +160,52 @@ class PolicyModel(nn.Module):
     def base_model(self) -> PreTrainedModel:
         """The transformers model (with LoRA layers injected in LoRA mode)."""
         return self.causal_lm
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        *,
+        model_config: dict[str, Any] | None = None,
+        quantization_config: Any | None = None,
+        **kwargs: Any,
+    ) -> PolicyModel:
+        """Load a causal LM by hub name or local path and wrap it.
+
+        Args:
+            name_or_path: Passed to ``AutoModelForCausalLM.from_pretrained``.
+            model_config: Extra keyword arguments for ``from_pretrained`` (dtype, attention
+                implementation, ``local_files_only``, ...).
+            quantization_config: A bitsandbytes config for QLoRA (4/8-bit base, LoRA on top).
+                CUDA only: elsewhere this raises with an explanation. The lm_head is kept
+                unquantized.
+            **kwargs: :class:`PolicyModel` arguments.
+        """
+        from transformers import AutoModelForCausalLM
+
+        options = dict(model_config or {})
+        if quantization_config is not None:
+            if not torch.cuda.is_available():
+                raise ValueError(
+                    "`quantization_config` (QLoRA) needs a CUDA device and bitsandbytes; this "
+                    "machine has no CUDA device. Load the model unquantized instead"
+                )
+            if importlib.util.find_spec("bitsandbytes") is None:
+                raise ValueError(
+                    "`quantization_config` needs bitsandbytes: pip install bitsandbytes"
+                )
+            skip = getattr(quantization_config, "llm_int8_skip_modules", None)
+            if hasattr(quantization_config, "llm_int8_skip_modules") and not skip:
+                quantization_config.llm_int8_skip_modules = ["lm_head"]
+            options["quantization_config"] = quantization_config
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, **options)
+        if quantization_config is not None:  # pragma: no cover - CUDA only
+            from peft import prepare_model_for_kbit_training
+
+            model = prepare_model_for_kbit_training(
+                model, use_gradient_checkpointing=bool(kwargs.get("gradient_checkpointing"))
+            )
+        return cls(model, **kwargs)
 
     # -- roles -----------------------------------------------------------------------------
 
@@ -268,7 +319,12 @@ class PolicyModel(nn.Module):
             model: PreTrainedModel = self.reference_model
         else:
             model = self.causal_lm
-        with self.use_role(role):
+        offload = (
+            torch.autograd.graph.save_on_cpu(pin_memory=torch.cuda.is_available())
+            if self.activation_offload
+            else contextlib.nullcontext()
+        )
+        with self.use_role(role), offload:
             out = decoder_of(model)(input_ids=input_ids, attention_mask=attention_mask)
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         assert isinstance(hidden, torch.Tensor)
