@@ -103,6 +103,16 @@ def _join_tensors(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return obj
 
 
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Read a safetensors file; any failure is a :class:`CheckpointError` naming the file."""
+    try:
+        return load_file(str(path))
+    except Exception as exc:
+        raise CheckpointError(
+            f"checkpoint file {path.name} is not valid safetensors: {exc}"
+        ) from exc
+
+
 def _save_structured(directory: Path, stem: str, obj: Any) -> None:
     tensors: dict[str, torch.Tensor] = {}
     skeleton = _split_tensors(obj, "", tensors)
@@ -113,7 +123,7 @@ def _save_structured(directory: Path, stem: str, obj: Any) -> None:
 
 def _load_structured(directory: Path, stem: str) -> Any:
     tensor_file = directory / f"{stem}.safetensors"
-    tensors = load_file(str(tensor_file)) if tensor_file.exists() else {}
+    tensors = _load_tensors(tensor_file) if tensor_file.exists() else {}
     return _join_tensors(_read_json(directory / f"{stem}.json"), tensors)
 
 
@@ -344,7 +354,7 @@ def load_checkpoint(
     else:
         load_model(policy.causal_lm, str(root / "model.safetensors"))
     if policy.value_head is not None:
-        policy.value_head.load_state_dict(load_file(str(root / "value_head.safetensors")))
+        policy.value_head.load_state_dict(_load_tensors(root / "value_head.safetensors"))
     if optimizer is not None:
         if not (root / "optimizer.json").is_file():
             raise CheckpointError(f"{root} holds no optimizer state")
