@@ -346,7 +346,7 @@ def load_checkpoint(
             if not weights.is_file():
                 raise CheckpointError(f"adapter directory {root / role} is missing its weights")
             result = set_peft_model_state_dict(
-                policy.peft, load_file(str(weights)), adapter_name=role
+                policy.peft, _load_tensors(weights), adapter_name=role
             )
             unexpected = getattr(result, "unexpected_keys", [])
             if unexpected:
