@@ -126,3 +126,39 @@ def test_quantization_needs_cuda(tmp_path: Path) -> None:
         rl_adapters.PolicyModel.from_pretrained(
             str(tmp_path / "base"), quantization_config=object(), lora_config=LORA
         )
+
+
+@pytest.mark.parametrize(
+    ("saved_cfg", "model_cfg"),
+    [
+        ((4, 8, ["q_proj", "v_proj"]), (8, 16, ["q_proj", "k_proj"])),  # model larger
+        ((8, 4, ["q_proj", "v_proj"]), (2, 4, ["v_proj"])),  # checkpoint larger
+    ],
+)
+def test_merge_lora_config_pads_rank_and_unions_targets(
+    tmp_path: Path, saved_cfg: tuple[int, int, list[str]], model_cfg: tuple[int, int, list[str]]
+) -> None:
+    def policy(r: int, alpha: int, targets: list[str], seed: int) -> rl_adapters.PolicyModel:
+        cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0)
+        model, _ = tiny_causal_lm("qwen2", seed=0)
+        return rl_adapters.PolicyModel(model, lora_config=cfg, seed=seed)
+
+    ids = torch.randint(0, 40, (2, 6), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    saved = policy(*saved_cfg, seed=0)
+    _train_step(saved, ids)  # non-zero B, so the merged model must really carry the weights
+    ckpt.save_checkpoint(saved, tmp_path / "ck")
+    target = policy(*model_cfg, seed=1)
+    with pytest.raises(rl_adapters.CheckpointError, match="LoRA config mismatch") as info:
+        rl_adapters.load_checkpoint(target, tmp_path / "ck")
+    assert '"r": ' in str(info.value)  # both configs are shown
+    rl_adapters.load_checkpoint(target, tmp_path / "ck", merge_lora_config=True)
+    assert target.lora_config is not None
+    assert target.lora_config.r == max(saved_cfg[0], model_cfg[0])
+    assert set(target.lora_config.target_modules) == set(saved_cfg[2]) | set(model_cfg[2])
+    with torch.no_grad():
+        for role in target.roles:
+            torch.testing.assert_close(
+                target.logits(ids, mask, role), saved.logits(ids, mask, role), rtol=1e-5, atol=1e-6
+            )
+    assert all(p.requires_grad for p in target.trainable_parameters())

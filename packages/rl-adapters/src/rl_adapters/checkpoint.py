@@ -20,6 +20,7 @@ planted pickle cannot execute.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peft import set_peft_model_state_dict
+from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_file, load_model, save_file, save_model
 
 from rl_adapters.lora import comparable_lora_config
@@ -292,7 +293,53 @@ def _verify(directory: Path) -> dict[str, Any]:
     return dict(manifest)
 
 
-def _check_fits(policy: PolicyModel, manifest: dict[str, Any]) -> None:
+#: LoRA fields ``merge_lora_config`` may reconcile; any other difference still raises.
+_MERGEABLE = {"r", "lora_alpha", "target_modules"}
+
+
+def _merged_config(policy: PolicyModel, saved: dict[str, Any]) -> LoraConfig:
+    """The model's LoRA config grown to hold the saved adapters: max rank, union of targets.
+
+    ``lora_alpha`` is set so that the scaling (alpha / r, or alpha / sqrt(r) with rsLoRA)
+    equals the saved adapters', so their zero-padded weights compute exactly what they did.
+    """
+    assert policy.lora_config is not None
+    mine = comparable_lora_config(policy.lora_config)
+    other = {k for k in mine if mine[k] != saved.get(k)} - _MERGEABLE
+    if other:
+        raise CheckpointError(
+            f"LoRA configs differ in {sorted(other)}; merge_lora_config only reconciles the rank "
+            "and the target modules"
+        )
+    targets = [mine["target_modules"], saved["target_modules"]]
+    if any(not isinstance(x, list) for x in targets):
+        raise CheckpointError("cannot merge target modules given as a pattern or 'all-linear'")
+    rank = max(int(mine["r"]), int(saved["r"]))
+    ratio = rank / int(saved["r"])
+    alpha = float(saved["lora_alpha"]) * (ratio**0.5 if saved.get("use_rslora") else ratio)
+    merged = copy.deepcopy(policy.lora_config)
+    merged.r = rank
+    merged.lora_alpha = alpha  # type: ignore[assignment]  # peft scales by alpha / r at runtime; floats work
+    merged.target_modules = sorted(set(targets[0]) | set(targets[1]))
+    return merged
+
+
+def _pad_to(
+    weights: dict[str, torch.Tensor], shapes: dict[str, torch.Size]
+) -> dict[str, torch.Tensor]:
+    """Zero-pad LoRA A rows / B columns of saved weights up to the model's rank."""
+    out = {}
+    for key, value in weights.items():
+        if key not in shapes:
+            raise CheckpointError(f"saved adapter weight {key} has no place in the merged model")
+        target = shapes[key]
+        padded = value.new_zeros(target)
+        padded[tuple(slice(0, n) for n in value.shape)] = value
+        out[key] = padded
+    return out
+
+
+def _check_fits(policy: PolicyModel, manifest: dict[str, Any], merge: bool = False) -> None:
     mine = _describe(policy)
     for key in ("model_class", "model_type", "hidden_size", "vocab_size"):
         if manifest.get(key) != mine[key]:
@@ -306,6 +353,9 @@ def _check_fits(policy: PolicyModel, manifest: dict[str, Any]) -> None:
                 f"checkpoint has {key} = {manifest.get(key)!r} but this model has {mine[key]!r}"
             )
     if manifest.get("lora_config") != mine["lora_config"]:
+        if merge and policy.peft is not None:
+            policy.rebuild_adapters(_merged_config(policy, manifest["lora_config"]))
+            return
         raise CheckpointError(
             "LoRA config mismatch:\n"
             f"  checkpoint: {json.dumps(manifest.get('lora_config'), sort_keys=True)}\n"
@@ -319,6 +369,7 @@ def load_checkpoint(
     *,
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any | None = None,
+    merge_lora_config: bool = False,
 ) -> dict[str, Any]:
     """Load a checkpoint written by :func:`save_checkpoint` into ``policy`` (and the rest).
 
@@ -332,6 +383,12 @@ def load_checkpoint(
         directory: The checkpoint directory.
         optimizer: Optimizer to restore (built over the same parameters), or None.
         scheduler: Scheduler to restore, or None.
+        merge_lora_config: When the LoRA configs differ only in rank and target modules,
+            rebuild ``policy``'s adapters with the larger rank and the union of the targets
+            (scaling matched to the saved adapters) and load the saved weights zero-padded, so
+            they compute exactly what they did; modules only the model targets start as no-ops.
+            Optimizers over the old adapter parameters must be rebuilt (so ``optimizer`` must be
+            None when a merge happens).
 
     Returns:
         The caller ``state`` that was saved.
@@ -339,15 +396,24 @@ def load_checkpoint(
     root = Path(directory)
     _recover_interrupted_swap(root)
     manifest = _verify(root)
-    _check_fits(policy, manifest)
+    before = policy.lora_config
+    _check_fits(policy, manifest, merge=merge_lora_config)
+    merged = policy.lora_config is not before
+    if merged and optimizer is not None:
+        raise CheckpointError(
+            "the LoRA config was merged, so the optimizer's parameters no longer exist; load "
+            "without `optimizer` and build a new one over policy.trainable_parameters()"
+        )
     if policy.peft is not None:
         for role in policy.adapter_roles:
             weights = root / role / "adapter_model.safetensors"
             if not weights.is_file():
                 raise CheckpointError(f"adapter directory {root / role} is missing its weights")
-            result = set_peft_model_state_dict(
-                policy.peft, _load_tensors(weights), adapter_name=role
-            )
+            saved = _load_tensors(weights)
+            if merged:
+                current = get_peft_model_state_dict(policy.peft, adapter_name=role)
+                saved = _pad_to(saved, {k: v.shape for k, v in current.items()})
+            result = set_peft_model_state_dict(policy.peft, saved, adapter_name=role)
             unexpected = getattr(result, "unexpected_keys", [])
             if unexpected:
                 raise CheckpointError(f"adapter {role}: unexpected keys {unexpected[:5]}")

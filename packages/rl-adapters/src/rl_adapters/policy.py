@@ -116,6 +116,7 @@ class PolicyModel(nn.Module):
                 "adapter on the shared base; use LoRA mode for PPO"
             )
         self.full_finetune = full_finetune
+        self.seed = seed
         self.activation_offload = activation_offload
         self.reference_mode: ReferenceMode = reference
         self.has_critic = critic
@@ -138,22 +139,41 @@ class PolicyModel(nn.Module):
                 else default_lora_config(model)
             )
             self.lora_config = config
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
-                peft_model = get_peft_model(model, config, adapter_name="actor")
-                if not isinstance(peft_model, PeftModel):  # pragma: no cover - peft contract
-                    raise TypeError("get_peft_model did not return a PeftModel")
-                if reference == "adapter":
-                    peft_model.add_adapter("reference", copy.deepcopy(config))
-                    copy_adapter(peft_model, "actor", "reference")
-                if critic:
-                    peft_model.add_adapter("critic", copy.deepcopy(config))
-            self.peft = peft_model
-            self.causal_lm = causal_lm_of(peft_model)
+            self._attach_adapters(model, config)
         if critic:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed + 1)
                 self.value_head = ValueHead(self.causal_lm.config.hidden_size)
+        self._restore()
+
+    def _attach_adapters(self, model: PreTrainedModel, config: LoraConfig) -> None:
+        """Wrap ``model`` with this policy's LoRA adapters, seeded (global RNG untouched)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            peft_model = get_peft_model(model, config, adapter_name="actor")
+            if not isinstance(peft_model, PeftModel):  # pragma: no cover - peft contract
+                raise TypeError("get_peft_model did not return a PeftModel")
+            if self.reference_mode == "adapter":
+                peft_model.add_adapter("reference", copy.deepcopy(config))
+                copy_adapter(peft_model, "actor", "reference")
+            if self.has_critic:
+                peft_model.add_adapter("critic", copy.deepcopy(config))
+        self.lora_config = config
+        self.peft = peft_model
+        self.causal_lm = causal_lm_of(peft_model)
+
+    def rebuild_adapters(self, config: LoraConfig) -> None:
+        """Replace every adapter by a fresh one with ``config`` (weights re-initialised).
+
+        Used to grow the rank or the target modules, e.g. by ``load_checkpoint(...,
+        merge_lora_config=True)``. Optimizers built over the old parameters must be rebuilt.
+        """
+        if self.peft is None:
+            raise ValueError("full fine-tuning has no adapters to rebuild")
+        base = self.peft.unload()
+        if not isinstance(base, PreTrainedModel):  # pragma: no cover - peft contract
+            raise TypeError("peft unload did not return a PreTrainedModel")
+        self._attach_adapters(base, validate_lora_config(config, base))
         self._restore()
 
     @property
