@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 from typing import Any
 
@@ -13,6 +14,7 @@ __all__ = [
     "comparable_lora_config",
     "default_lora_config",
     "linear_module_names",
+    "scope_lora_config",
     "validate_lora_config",
 ]
 
@@ -65,6 +67,38 @@ def validate_lora_config(config: LoraConfig, model: nn.Module) -> LoraConfig:
             f"are {linear_module_names(model)}"
         )
     return config
+
+
+def scope_lora_config(config: LoraConfig, model: nn.Module, scope: str) -> LoraConfig:
+    """Restrict a config's targets to the language model of a multimodal model.
+
+    ``scope="language"`` on a model with a ``language_model`` submodule (LLaVA, Qwen-VL, ...)
+    turns the target names into a regex matching only modules under it, so the vision tower
+    and the projector get no LoRA; on a text-only model, and with ``scope="all"``, the config is
+    returned unchanged.
+    """
+    if scope not in ("language", "all"):
+        raise ValueError(f"`lora_target_scope` must be 'language' or 'all', got {scope!r}")
+    prefixes = [name for name, _ in model.named_modules() if name.endswith("language_model")]
+    if scope == "all" or not prefixes:
+        return config
+    prefix = min(prefixes, key=len)
+    targets = config.target_modules
+    if isinstance(targets, str) and targets != "all-linear":
+        raise ValueError(
+            "`lora_target_scope='language'` cannot rewrite a regex `target_modules`: write the "
+            "scope into the regex, or pass lora_target_scope='all'"
+        )
+    if targets is None or isinstance(targets, str):
+        language = model.get_submodule(prefix)
+        names = sorted(
+            {n.rsplit(".", 1)[-1] for n, m in language.named_modules() if isinstance(m, nn.Linear)}
+        )
+    else:
+        names = sorted(targets)
+    scoped = copy.deepcopy(config)
+    scoped.target_modules = rf"{re.escape(prefix)}\..*\.({'|'.join(map(re.escape, names))})"
+    return scoped
 
 
 def _jsonable(value: Any) -> Any:

@@ -29,7 +29,7 @@ from peft import (
 from torch import nn
 from transformers import PreTrainedModel
 
-from rl_adapters.lora import default_lora_config, validate_lora_config
+from rl_adapters.lora import default_lora_config, scope_lora_config, validate_lora_config
 from rl_adapters.value_head import ValueHead
 
 __all__ = ["PolicyModel", "ReferenceMode", "causal_lm_of", "copy_adapter", "is_lora_param_of"]
@@ -84,6 +84,9 @@ class PolicyModel(nn.Module):
         gradient_checkpointing: Enable activation checkpointing on the base.
         activation_offload: Keep the activations saved for the backward on the CPU
             (``torch.autograd.graph.save_on_cpu``), trading transfer time for GPU memory.
+        lora_target_scope: ``"language"`` puts LoRA only on the language model of a multimodal
+            model (no adapters on the vision tower or projector); ``"all"`` keeps the targets
+            as given. No effect on text-only models.
         seed: Seed of the adapters' random initialisation (LoRA A and the value head), drawn
             from a private generator state: the caller's global RNG is left untouched and two
             policies built alike start bit-identical.
@@ -99,6 +102,7 @@ class PolicyModel(nn.Module):
         full_finetune: bool = False,
         gradient_checkpointing: bool = False,
         activation_offload: bool = False,
+        lora_target_scope: Literal["language", "all"] = "language",
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -138,6 +142,7 @@ class PolicyModel(nn.Module):
                 if lora_config is not None
                 else default_lora_config(model)
             )
+            config = scope_lora_config(config, model, lora_target_scope)
             self.lora_config = config
             self._attach_adapters(model, config)
         if critic:
