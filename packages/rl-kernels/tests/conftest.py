@@ -10,20 +10,10 @@ and the previous setting is restored afterwards.
 """
 
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-import torch
+from rl_testing.fixtures import single_torch_thread
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-
-@pytest.fixture(autouse=True)
-def _single_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+__all__ = ["single_torch_thread"]  # autouse fixture, active for every test here
