@@ -57,7 +57,7 @@ def test_package_layout(package: str) -> None:
             assert re.search(r">=[\d.]+,<\d+", dep), f"{package}: sibling {dep!r} needs a range"
     readme = (d / "README.md").read_text()
     assert f"pip install {package}" in readme
-    assert f"import {module}" in readme
+    assert f"import {module}" in readme or f"from {module} import" in readme
     assert "## [Unreleased]" in (d / "CHANGELOG.md").read_text()
     assert (d / "src" / module / "py.typed").is_file()
     init = (d / "src" / module / "__init__.py").read_text()
