@@ -11,12 +11,12 @@ The references are exactly the "naive equivalent" of the spec: full ``[M, V]`` l
 from __future__ import annotations
 
 import re
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import rl_losses
 import torch
+from rl_testing.seeded import ROW_KINDS, gen, make_mask, rand, randint  # noqa: F401 (re-exported)
 
 F32 = torch.float32
 F64 = torch.float64
@@ -29,7 +29,6 @@ TOL64: dict[str, float] = {"rtol": 1e-10, "atol": 1e-10}
 TOL_LOWP_VALUES: dict[str, float] = {"rtol": 1e-2, "atol": 1e-2}
 TOL_LOWP_GRADS_REL = 2e-2  # atol = this * max |reference gradient|, rtol = this
 
-ROW_KINDS = ("empty", "single", "prefix", "holes", "full")
 AGGREGATIONS = (
     "token_mean",
     "seq_mean_token_mean",
@@ -55,43 +54,6 @@ OBJECTIVE_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 # --------------------------------------------------------------------------- random inputs
-
-
-def gen(*key: object) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
-
-
-def randint(g: torch.Generator, low: int, high: int) -> int:
-    """Uniform integer in [low, high)."""
-    return int(torch.randint(low, high, (1,), generator=g).item())
-
-
-def rand(g: torch.Generator) -> float:
-    return float(torch.rand((), generator=g, dtype=F64))
-
-
-def make_mask(g: torch.Generator, n: int, t: int) -> torch.Tensor:
-    """[n, t] bool; consecutive rows cycle through empty / single / prefix / holes / full."""
-    offset = randint(g, 0, len(ROW_KINDS))
-    rows = []
-    for i in range(n):
-        kind = ROW_KINDS[(i + offset) % len(ROW_KINDS)]
-        if kind == "empty":
-            row = [False] * t
-        elif kind == "single":
-            p = randint(g, 0, t)
-            row = [s == p for s in range(t)]
-        elif kind == "prefix":
-            length = randint(g, 1, t + 1)
-            row = [s < length for s in range(t)]
-        elif kind == "holes":
-            row = [bool(b) for b in (torch.rand(t, generator=g) < 0.6).tolist()]
-            if t >= 3:  # a hole between two valid tokens
-                row[0], row[1], row[-1] = True, False, True
-        else:
-            row = [True] * t
-        rows.append(row)
-    return torch.tensor(rows, dtype=torch.bool).reshape(n, t)
 
 
 def make_lm_head(

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import torch
+from rl_testing.seeded import ROW_KINDS, gen, make_mask, rand, randint  # noqa: F401 (re-exported)
 
 F64 = torch.float64
 TOL: dict[str, float] = {"rtol": 1e-10, "atol": 1e-10}
-ROW_KINDS = ("empty", "single", "prefix", "holes", "full")
 AGGREGATIONS = (
     "token_mean",
     "seq_mean_token_mean",
@@ -18,43 +17,6 @@ AGGREGATIONS = (
 )
 DIAG = ("clip_frac_low", "clip_frac_high", "approx_kl", "ratio_mean", "ratio_max")
 RATIO_DIAG = ("approx_kl", "ratio_mean", "ratio_max")
-
-
-def gen(*key: object) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
-
-
-def randint(g: torch.Generator, low: int, high: int) -> int:
-    """Uniform integer in [low, high)."""
-    return int(torch.randint(low, high, (1,), generator=g).item())
-
-
-def rand(g: torch.Generator) -> float:
-    return float(torch.rand((), generator=g, dtype=F64))
-
-
-def make_mask(g: torch.Generator, n: int, t: int) -> torch.Tensor:
-    """[n, t] bool; consecutive rows cycle through empty / single / prefix / holes / full."""
-    offset = randint(g, 0, len(ROW_KINDS))
-    rows = []
-    for i in range(n):
-        kind = ROW_KINDS[(i + offset) % len(ROW_KINDS)]
-        if kind == "empty":
-            row = [False] * t
-        elif kind == "single":
-            p = randint(g, 0, t)
-            row = [s == p for s in range(t)]
-        elif kind == "prefix":
-            length = randint(g, 1, t + 1)
-            row = [s < length for s in range(t)]
-        elif kind == "holes":
-            row = [bool(b) for b in (torch.rand(t, generator=g) < 0.6).tolist()]
-            if t >= 3:  # a hole between two valid tokens
-                row[0], row[1], row[-1] = True, False, True
-        else:
-            row = [True] * t
-        rows.append(row)
-    return torch.tensor(rows, dtype=torch.bool).reshape(n, t)
 
 
 def make_turn_ids(g: torch.Generator, mask: torch.Tensor) -> torch.Tensor:
