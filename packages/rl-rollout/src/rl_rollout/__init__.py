@@ -1,15 +1,28 @@
 """rl-rollout: generation engines with the sampling log-probs the trainer needs.
 
-``HFEngine`` (Hugging Face ``generate``, works on CPU) behind the :class:`Engine` interface;
-:class:`SamplingParams`, :func:`process_logits` (the exact processing that was sampled from, for
-trainer-side recomputation) and :class:`RolloutResult`.
+One :class:`Engine` interface (``generate`` plus weight sync and sleep/wake) with three
+implementations: :class:`HFEngine` (Hugging Face ``generate``; CPU or GPU), :class:`VLLMEngine`
+(colocated vLLM; ``pip install 'rl-rollout[vllm]'``) and :class:`RemoteEngine` (a client of a
+:class:`RolloutServer` serving either). :class:`SamplingParams`, :func:`process_logits` (the
+exact processing that was sampled from, for trainer-side recomputation) and
+:class:`RolloutResult`.
 """
 
 from importlib.metadata import version as _version
 
-from rl_rollout.engine import Engine, HFEngine, available_engines, get_engine, register_engine
+from rl_rollout.engine import (
+    Engine,
+    HFEngine,
+    available_engines,
+    copy_named_tensors,
+    encode_prompts,
+    get_engine,
+    register_engine,
+)
 from rl_rollout.params import LogitsHook, SamplingParams, process_logits
-from rl_rollout.result import RolloutResult
+from rl_rollout.result import RolloutResult, assemble_result
+from rl_rollout.server import RemoteEngine, RolloutServer, RolloutServerError
+from rl_rollout.vllm_engine import VLLMEngine
 
 __version__: str = _version("rl-rollout")
 
@@ -17,10 +30,17 @@ __all__ = [
     "Engine",
     "HFEngine",
     "LogitsHook",
+    "RemoteEngine",
     "RolloutResult",
+    "RolloutServer",
+    "RolloutServerError",
     "SamplingParams",
+    "VLLMEngine",
     "__version__",
+    "assemble_result",
     "available_engines",
+    "copy_named_tensors",
+    "encode_prompts",
     "get_engine",
     "process_logits",
     "register_engine",

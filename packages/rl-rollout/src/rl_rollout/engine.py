@@ -2,26 +2,127 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, Protocol, cast
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from rl_rollout.params import SamplingParams, process_logits
-from rl_rollout.result import RolloutResult
+from rl_rollout.result import RolloutResult, assemble_result
 
-__all__ = ["Engine", "HFEngine", "available_engines", "get_engine", "register_engine"]
+__all__ = [
+    "Engine",
+    "HFEngine",
+    "available_engines",
+    "copy_named_tensors",
+    "encode_prompts",
+    "get_engine",
+    "register_engine",
+]
 
 Prompts = Sequence[str] | Sequence[Sequence[int]]
 
 
 class Engine(Protocol):
-    """What rl-algos needs from a generation engine."""
+    """What rl-algos needs from a generation engine.
+
+    ``generate`` samples; the other four keep the engine's weights equal to the trainer's and
+    share the accelerator with it. Engines that generate with the trainer's own model object
+    (:class:`HFEngine`) make them no-ops.
+    """
 
     def generate(self, prompts: Prompts, params: SamplingParams) -> RolloutResult:
         """Sample ``params.n`` completions per prompt."""
         ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Full-weight sync: overwrite the engine's tensors with these (Hugging Face names)."""
+        ...
+
+    def load_lora(self, name: str, path: str) -> None:
+        """LoRA sync: (re)load the peft adapter saved at ``path`` and generate with it."""
+        ...
+
+    def sleep(self, level: int = 1) -> None:
+        """Free accelerator memory for training (1: offload weights, 2: discard them)."""
+        ...
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Take the memory back before generating (``tags``: "weights", "kv_cache")."""
+        ...
+
+
+def encode_prompts(
+    prompts: Prompts,
+    tokenizer: Any,
+    max_model_len: int,
+    max_new_tokens: int,
+    truncation: Literal["error", "left"] = "error",
+) -> list[list[int]]:
+    """Token ids of each prompt, checked against ``max_model_len - max_new_tokens``.
+
+    Raises:
+        ValueError: an empty prompt list or prompt, no room for a prompt, or (with
+            ``truncation="error"``) a prompt over the limit; the message names both lengths.
+    """
+    if len(prompts) == 0:
+        raise ValueError("`prompts` is empty: pass at least one prompt")
+    limit = max_model_len - max_new_tokens
+    if limit < 1:
+        raise ValueError(
+            f"`max_new_tokens` = {max_new_tokens} leaves no room for a prompt within "
+            f"max_model_len = {max_model_len}"
+        )
+    encoded: list[list[int]] = []
+    for i, prompt in enumerate(prompts):
+        ids = (
+            list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+            if isinstance(prompt, str)
+            else [int(t) for t in cast(Sequence[int], prompt)]
+        )
+        if not ids:
+            raise ValueError(f"prompt {i} is empty")
+        if len(ids) > limit:
+            if truncation == "error":
+                raise ValueError(
+                    f"prompt {i} has {len(ids)} tokens, more than max_model_len - "
+                    f"max_new_tokens = {max_model_len} - {max_new_tokens} = "
+                    f"{limit}; shorten it or use truncation='left'"
+                )
+            ids = ids[-limit:]
+        encoded.append(ids)
+    return encoded
+
+
+def copy_named_tensors(
+    model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]
+) -> list[str]:
+    """Copy tensors into ``model``'s parameters/buffers by name; returns the names copied.
+
+    Raises:
+        KeyError: a name the model does not have (the message lists a few it does have).
+        ValueError: a shape that differs from the model's tensor.
+    """
+    targets: dict[str, torch.Tensor] = dict(model.named_parameters())
+    targets.update(dict(model.named_buffers()))
+    copied: list[str] = []
+    with torch.no_grad():
+        for name, tensor in named_tensors:
+            if name not in targets:
+                known = ", ".join(list(targets)[:5])
+                raise KeyError(
+                    f"`named_tensors` has {name!r}, which the model lacks (it has {known}, ...)"
+                )
+            target = targets[name]
+            if target.shape != tensor.shape:
+                raise ValueError(
+                    f"`named_tensors`[{name!r}] has shape {tuple(tensor.shape)}, the model's is "
+                    f"{tuple(target.shape)}"
+                )
+            target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+            copied.append(name)
+    return copied
 
 
 _ENGINES: dict[str, Callable[..., Engine]] = {}
@@ -86,20 +187,6 @@ class _Processor(LogitsProcessor):
         return torch.stack(self.logprobs, dim=1)
 
 
-def _first_stop(
-    tokens: list[int], stop_ids: set[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]
-) -> int | None:
-    """Index of the token that ends the completion (EOS/stop id, or completes a stop string)."""
-    end = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
-    if stop:
-        limit = len(tokens) if end is None else end
-        for i in range(limit):
-            text = decode(tokens[: i + 1])
-            if any(s in text for s in stop):
-                return i
-    return end
-
-
 @register_engine("hf")
 class HFEngine:
     """Batched generation with Hugging Face ``generate``.
@@ -152,33 +239,9 @@ class HFEngine:
     # -- inputs ------------------------------------------------------------------------------
 
     def _encode(self, prompts: Prompts, params: SamplingParams) -> list[list[int]]:
-        if len(prompts) == 0:
-            raise ValueError("`prompts` is empty: pass at least one prompt")
-        limit = self.max_model_len - params.max_new_tokens
-        if limit < 1:
-            raise ValueError(
-                f"`max_new_tokens` = {params.max_new_tokens} leaves no room for a prompt within "
-                f"max_model_len = {self.max_model_len}"
-            )
-        encoded: list[list[int]] = []
-        for i, prompt in enumerate(prompts):
-            ids = (
-                list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-                if isinstance(prompt, str)
-                else [int(t) for t in cast(Sequence[int], prompt)]
-            )
-            if not ids:
-                raise ValueError(f"prompt {i} is empty")
-            if len(ids) > limit:
-                if self.truncation == "error":
-                    raise ValueError(
-                        f"prompt {i} has {len(ids)} tokens, more than max_model_len - "
-                        f"max_new_tokens = {self.max_model_len} - {params.max_new_tokens} = "
-                        f"{limit}; shorten it or use truncation='left'"
-                    )
-                ids = ids[-limit:]
-            encoded.append(ids)
-        return encoded
+        return encode_prompts(
+            prompts, self.tokenizer, self.max_model_len, params.max_new_tokens, self.truncation
+        )
 
     def _chunks(self, encoded: list[list[int]], params: SamplingParams) -> list[list[int]]:
         """Indices of the prompts of each ``generate`` call."""
@@ -201,7 +264,8 @@ class HFEngine:
 
     def _generate_chunk(
         self, prompts: list[list[int]], params: SamplingParams
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[rows, steps] generated tokens and (optionally) their sampling log-probs, on CPU."""
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -238,73 +302,48 @@ class HFEngine:
         sequences = out if isinstance(out, torch.Tensor) else out.sequences
         completion = sequences[:, width:]
         logprobs = processor.finish(completion[:, -1]) if params.return_logprobs else None
-        return (
-            ids.repeat_interleave(params.n, 0),
-            mask.repeat_interleave(params.n, 0),
-            completion,
-            logprobs,
-        )
+        return completion.cpu(), None if logprobs is None else logprobs.cpu()
 
     def generate(self, prompts: Prompts, params: SamplingParams) -> RolloutResult:
         """Sample ``params.n`` completions for each prompt; see :class:`RolloutResult`."""
         encoded = self._encode(prompts, params)
-        parts = [
-            self._generate_chunk([encoded[i] for i in c], params)
-            for c in self._chunks(encoded, params)
-        ]
-        p_width = max(p[0].shape[1] for p in parts)
-        c_width = max(p[2].shape[1] for p in parts)
-        prompt_ids, prompt_mask, completions, logprobs = [], [], [], []
-        for pid, pmask, comp, lp in parts:
-            pad_p = p_width - pid.shape[1]
-            pad_c = c_width - comp.shape[1]
-            prompt_ids.append(torch.nn.functional.pad(pid, (pad_p, 0), value=self.pad_id))
-            prompt_mask.append(torch.nn.functional.pad(pmask, (pad_p, 0), value=False))
-            completions.append(torch.nn.functional.pad(comp, (0, pad_c), value=self.pad_id))
+        completions: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        # chunks are contiguous runs of prompts, so the rows stay prompt-major
+        for chunk in self._chunks(encoded, params):
+            tokens, lp = self._generate_chunk([encoded[i] for i in chunk], params)
+            completions.extend(tokens.tolist())
             if lp is not None:
-                logprobs.append(torch.nn.functional.pad(lp, (0, pad_c), value=0.0))
-        completion_ids = torch.cat(completions)
-        stop_ids = {self.eos_id, *params.stop_token_ids}
-        mask = torch.zeros_like(completion_ids, dtype=torch.bool)
-        reasons: list[str] = []
-        texts: list[str] = []
-
-        def decode(tokens: list[int]) -> str:
-            return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
-
-        for row, tokens in enumerate(completion_ids.tolist()):
-            end = _first_stop(
-                tokens[: self._generated_length(row, parts)], stop_ids, params.stop, decode
-            )
-            length = self._generated_length(row, parts) if end is None else end + 1
-            mask[row, :length] = True
-            reasons.append("length" if end is None else "stop")
-            text = decode(tokens[:length])
-            cut = min((text.find(s) for s in params.stop if s in text), default=-1)
-            texts.append(text[:cut] if cut >= 0 else text)
-        lp_all = None
-        if logprobs:
-            lp_all = torch.where(
-                mask, torch.cat(logprobs), torch.zeros((), dtype=logprobs[0].dtype)
-            )
-        n_rows = completion_ids.shape[0]
-        return RolloutResult(
-            prompt_ids=torch.cat(prompt_ids),
-            prompt_mask=torch.cat(prompt_mask),
-            completion_ids=completion_ids,
-            completion_mask=mask,
-            finish_reasons=reasons,
-            group_index=torch.arange(n_rows) // params.n,
-            texts=texts,
-            logprobs=lp_all,
+                logprobs.extend(lp.tolist())
+        return assemble_result(
+            encoded,
+            completions,
+            params.n,
+            pad_id=self.pad_id,
+            stop_ids={self.eos_id, *params.stop_token_ids},
+            stop=params.stop,
+            decode=self._decode,
+            logprobs=logprobs if params.return_logprobs else None,
         )
 
-    @staticmethod
-    def _generated_length(row: int, parts: list[Any]) -> int:
-        """Tokens ``generate`` produced for the chunk holding ``row``."""
-        seen = 0
-        for _, _, comp, _ in parts:
-            if row < seen + comp.shape[0]:
-                return int(comp.shape[1])
-            seen += comp.shape[0]
-        return 0  # pragma: no cover - rows are always within the parts
+    def _decode(self, tokens: list[int]) -> str:
+        return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
+
+    # -- weight sync (the trainer's model is this engine's model: nothing to copy) -------------
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy tensors into the model's parameters and buffers by name (strict names)."""
+        copy_named_tensors(self.model, named_tensors)
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Not needed: the engine generates with the trainer's own (peft) model."""
+        raise NotImplementedError(
+            "HFEngine generates with the trainer's model object, whose adapters are already "
+            f"current; load_lora({name!r}, ...) is for VLLMEngine and RemoteEngine"
+        )
+
+    def sleep(self, level: int = 1) -> None:
+        """No-op: the model is the trainer's."""
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """No-op: the model is the trainer's."""

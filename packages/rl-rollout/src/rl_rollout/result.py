@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["RolloutResult"]
+__all__ = ["RolloutResult", "assemble_result", "first_stop"]
 
 
 @dataclass
@@ -49,3 +50,98 @@ class RolloutResult:
     def prompt_lengths(self) -> torch.Tensor:
         """[N] real prompt lengths."""
         return self.prompt_mask.sum(dim=1)
+
+
+def first_stop(
+    tokens: Sequence[int],
+    stop_ids: set[int],
+    stop: Sequence[str],
+    decode: Callable[[list[int]], str],
+) -> int | None:
+    """Index of the token that ends a completion, or None when nothing ended it.
+
+    The end is the first EOS / stop token id, or the token that completes a stop string
+    (the earliest of the two).
+    """
+    end = next((i for i, t in enumerate(tokens) if t in stop_ids), None)
+    if stop:
+        limit = len(tokens) if end is None else end
+        for i in range(limit):
+            text = decode(list(tokens[: i + 1]))
+            if any(s in text for s in stop):
+                return i
+    return end
+
+
+def assemble_result(
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    n: int,
+    *,
+    pad_id: int,
+    stop_ids: set[int],
+    stop: Sequence[str],
+    decode: Callable[[list[int]], str],
+    logprobs: Sequence[Sequence[float]] | None = None,
+    logprob_dtype: torch.dtype = torch.float32,
+) -> RolloutResult:
+    """Build a :class:`RolloutResult` from per-row token lists (what every engine produces).
+
+    Args:
+        prompts: ``B`` prompts' token ids.
+        completions: ``N = B * n`` generated token lists, prompt-major, as the engine
+            returned them; tokens after the end stay but are masked out.
+        n: Samples per prompt.
+        pad_id: Padding id for the left-padded prompts and right-padded completions.
+        stop_ids: EOS and stop token ids.
+        stop: Stop strings.
+        decode: Token ids -> text (special tokens skipped).
+        logprobs: Optional ``N`` lists of sampling log-probs aligned with ``completions``.
+        logprob_dtype: dtype of the returned log-probs.
+    """
+    if len(completions) != len(prompts) * n:
+        raise ValueError(
+            f"`completions` has {len(completions)} rows, expected len(prompts) * n = "
+            f"{len(prompts)} * {n}"
+        )
+    if logprobs is not None and len(logprobs) != len(completions):
+        raise ValueError(
+            f"`logprobs` has {len(logprobs)} rows but `completions` has {len(completions)}"
+        )
+    rows = len(completions)
+    p_width = max(len(p) for p in prompts)
+    c_width = max(1, *(len(c) for c in completions))
+    prompt_ids = torch.full((rows, p_width), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((rows, p_width), dtype=torch.bool)
+    completion_ids = torch.full((rows, c_width), pad_id, dtype=torch.long)
+    mask = torch.zeros((rows, c_width), dtype=torch.bool)
+    lp = torch.zeros((rows, c_width), dtype=logprob_dtype) if logprobs is not None else None
+    reasons: list[str] = []
+    texts: list[str] = []
+    for row, generated in enumerate(completions):
+        prompt = prompts[row // n]
+        if prompt:
+            prompt_ids[row, p_width - len(prompt) :] = torch.tensor(list(prompt))
+            prompt_mask[row, p_width - len(prompt) :] = True
+        tokens = list(generated)
+        if tokens:
+            completion_ids[row, : len(tokens)] = torch.tensor(tokens)
+        end = first_stop(tokens, stop_ids, stop, decode)
+        length = len(tokens) if end is None else end + 1
+        mask[row, :length] = True
+        if lp is not None and logprobs is not None and length:
+            lp[row, :length] = torch.tensor(list(logprobs[row][:length]), dtype=logprob_dtype)
+        reasons.append("length" if end is None else "stop")
+        text = decode(tokens[:length])
+        cut = min((text.find(s) for s in stop if s in text), default=-1)
+        texts.append(text[:cut] if cut >= 0 else text)
+    return RolloutResult(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=mask,
+        finish_reasons=reasons,
+        group_index=torch.arange(rows) // n,
+        texts=texts,
+        logprobs=lp,
+    )

@@ -1,0 +1,350 @@
+"""Server mode: any :class:`~rl_rollout.Engine` behind a small HTTP API, and its client.
+
+The trainer talks to a rollout server (a vLLM engine on its own GPUs, or an ``HFEngine``
+anywhere) through :class:`RemoteEngine`, which implements the same :class:`~rl_rollout.Engine`
+interface, so rl-algos does not know the difference. Every call has a connect timeout and a
+read timeout and fails with a :class:`RolloutServerError` naming the URL, the call and what to
+do, instead of hanging (the most common complaint about peers' weight sync).
+
+Endpoints (JSON unless noted; no pickle anywhere):
+
+- ``GET /health`` -> ``{"status": "ok", "engine": <class name>}``
+- ``POST /generate`` ``{"prompts": [[ids...]] | [str], "params": {...}}`` -> the result
+- ``POST /update_weights`` (body: safetensors bytes) -> ``{"updated": <count>}``
+- ``POST /load_lora`` ``{"name": str, "path": str}`` (a peft adapter directory the server can
+  read, e.g. on a shared filesystem)
+- ``POST /sleep`` ``{"level": int}``, ``POST /wake_up`` ``{"tags": [str] | null}``
+
+Start one with ``python -m rl_rollout.server --engine vllm --model PATH --port 8000``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+
+from rl_rollout._wire import params_from_json, params_to_json, result_from_json, result_to_json
+from rl_rollout.engine import Engine, Prompts
+from rl_rollout.params import SamplingParams
+from rl_rollout.result import RolloutResult
+
+__all__ = ["RemoteEngine", "RolloutServer", "RolloutServerError", "main"]
+
+_MAX_BODY = 64 * 1024**3  # refuse absurd Content-Length values outright
+# what a rejected request raises on the client: the server's exception name -> client type
+_CLIENT_ERRORS: dict[str, type[Exception]] = {
+    "ValueError": ValueError,
+    "KeyError": ValueError,
+    "NotImplementedError": NotImplementedError,
+}
+
+
+class RolloutServerError(RuntimeError):
+    """A rollout server could not be reached, did not answer in time, or failed."""
+
+
+class _NoRouteError(Exception):
+    """An unknown endpoint."""
+
+
+class RolloutServer:
+    """Serve ``engine`` over HTTP on ``host:port`` (``port=0`` picks a free port).
+
+    Requests are served one at a time (a lock around the engine): generation and weight sync
+    never interleave.
+
+    Args:
+        engine: The engine to serve.
+        host: Interface to bind.
+        port: TCP port; 0 picks a free one (see :attr:`url`).
+    """
+
+    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                """Quiet: the trainer's logs are the place for progress."""
+
+            def do_GET(self) -> None:
+                if self.path != "/health":
+                    self._reply(404, {"error": "NotFound", "message": f"no route {self.path}"})
+                    return
+                self._reply(200, {"status": "ok", "engine": type(server.engine).__name__})
+
+            def do_POST(self) -> None:
+                try:
+                    length = int(self.headers.get("Content-Length", "0"))
+                    if length < 0 or length > _MAX_BODY:
+                        raise ValueError(f"Content-Length {length} is out of range")
+                    body = self.rfile.read(length)
+                    with server._lock:
+                        payload = server._dispatch(self.path, body)
+                except Exception as exc:  # reported to the client, never swallowed
+                    code = 400 if type(exc).__name__ in _CLIENT_ERRORS else 500
+                    code = 404 if isinstance(exc, _NoRouteError) else code
+                    self._reply(code, {"error": type(exc).__name__, "message": str(exc)})
+                    return
+                self._reply(200, payload)
+
+            def _reply(self, code: int, payload: dict[str, Any]) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self._httpd = ThreadingHTTPServer((host, port), Handler)
+        self._httpd.daemon_threads = True
+
+    @property
+    def url(self) -> str:
+        """``http://host:port`` of the running server."""
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def _dispatch(self, path: str, body: bytes) -> dict[str, Any]:
+        if path == "/update_weights":
+            tensors = load_safetensors(body)
+            self.engine.update_weights(tensors.items())
+            return {"updated": len(tensors)}
+        request = json.loads(body or b"{}")
+        if path == "/generate":
+            params = params_from_json(request.get("params", {}))
+            result = self.engine.generate(request["prompts"], params)
+            return result_to_json(result)
+        if path == "/load_lora":
+            self.engine.load_lora(str(request["name"]), str(request["path"]))
+            return {"loaded": request["name"]}
+        if path == "/sleep":
+            self.engine.sleep(int(request.get("level", 1)))
+            return {"sleeping": True}
+        if path == "/wake_up":
+            self.engine.wake_up(request.get("tags"))
+            return {"sleeping": False}
+        raise _NoRouteError(f"no route {path}")
+
+    def start(self) -> RolloutServer:
+        """Serve in a background daemon thread; returns ``self``."""
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve in this thread until interrupted."""
+        self._httpd.serve_forever()
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self) -> RolloutServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RemoteEngine:
+    """Client of a :class:`RolloutServer`; an :class:`~rl_rollout.Engine` like the others.
+
+    Args:
+        base_url: ``http://host:port`` of the server.
+        timeout: Seconds to wait for any part of a reply (generation included) before failing.
+        connect_timeout: Seconds to wait for the TCP connection.
+        weight_sync_timeout: Seconds for ``update_weights`` / ``load_lora`` / ``sleep`` /
+            ``wake_up`` (default: ``timeout``).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float = 600.0,
+        connect_timeout: float = 10.0,
+        weight_sync_timeout: float | None = None,
+    ) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme != "http" or not parts.hostname or parts.port is None:
+            raise ValueError(f"`base_url` must look like 'http://host:port', got {base_url!r}")
+        for name, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
+            if not value > 0:
+                raise ValueError(f"`{name}` must be > 0 seconds, got {value}")
+        self.base_url = base_url.rstrip("/")
+        self._host, self._port = parts.hostname, parts.port
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.weight_sync_timeout = weight_sync_timeout or timeout
+
+    def _request(
+        self,
+        path: str,
+        body: bytes | None = None,
+        *,
+        timeout: float,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        url = f"{self.base_url}{path}"
+        start = time.monotonic()
+        conn = http.client.HTTPConnection(self._host, self._port, timeout=self.connect_timeout)
+        try:
+            try:
+                conn.connect()
+            except TimeoutError as exc:
+                raise RolloutServerError(
+                    f"connecting to the rollout server at {self.base_url} timed out after "
+                    f"{self.connect_timeout} s (connect_timeout); is the host reachable?"
+                ) from exc
+            except OSError as exc:
+                raise RolloutServerError(
+                    f"cannot reach the rollout server at {self.base_url} ({exc}); start it with "
+                    "`python -m rl_rollout.server --engine vllm --model PATH --port PORT` or "
+                    "check `base_url`"
+                ) from exc
+            assert conn.sock is not None
+            conn.sock.settimeout(timeout)
+            try:
+                if body is None:
+                    conn.request("GET", path)
+                else:
+                    conn.request("POST", path, body=body, headers={"Content-Type": content_type})
+                response = conn.getresponse()
+                data = response.read()
+            except TimeoutError as exc:
+                raise RolloutServerError(
+                    f"no reply from {url} within {timeout} s; the server is busy or stuck (a "
+                    "weight sync waiting on a collective, an engine out of memory); raise the "
+                    "timeout for long generations or check the server's log"
+                ) from exc
+            except (OSError, http.client.HTTPException) as exc:
+                raise RolloutServerError(
+                    f"the rollout server at {url} dropped the connection after "
+                    f"{time.monotonic() - start:.1f} s ({exc!r}); check the server's log"
+                ) from exc
+        finally:
+            conn.close()
+        try:
+            payload: dict[str, Any] = json.loads(data)
+        except ValueError as exc:
+            raise RolloutServerError(
+                f"{url} answered HTTP {response.status} with a body that is not JSON: "
+                f"{data[:200]!r}"
+            ) from exc
+        if response.status != 200:
+            message = f"{path.lstrip('/')} failed on the server: {payload.get('message', payload)}"
+            error = _CLIENT_ERRORS.get(str(payload.get("error")), RolloutServerError)
+            raise error(message)
+        return payload
+
+    def health(self) -> dict[str, Any]:
+        """The server's ``/health`` answer (raises :class:`RolloutServerError` when down)."""
+        return self._request("/health", timeout=self.connect_timeout)
+
+    def generate(self, prompts: Prompts, params: SamplingParams) -> RolloutResult:
+        """Sample on the server; see :meth:`rl_rollout.Engine.generate`."""
+        body = json.dumps(
+            {"prompts": [p if isinstance(p, str) else list(p) for p in prompts],
+             "params": params_to_json(params)}
+        ).encode()  # fmt: skip
+        return result_from_json(self._request("/generate", body, timeout=self.timeout))
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Send tensors (safetensors bytes over HTTP) for a full-weight sync."""
+        tensors = {name: t.detach().contiguous().cpu() for name, t in named_tensors}
+        if not tensors:
+            raise ValueError("`named_tensors` is empty: nothing to sync")
+        self._request(
+            "/update_weights",
+            save_safetensors(tensors),
+            timeout=self.weight_sync_timeout,
+            content_type="application/octet-stream",
+        )
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Have the server (re)load the peft adapter at ``path`` (a path it can read)."""
+        body = json.dumps({"name": name, "path": path}).encode()
+        self._request("/load_lora", body, timeout=self.weight_sync_timeout)
+
+    def sleep(self, level: int = 1) -> None:
+        """Put the server's engine to sleep (frees its GPU memory)."""
+        body = json.dumps({"level": level}).encode()
+        self._request("/sleep", body, timeout=self.weight_sync_timeout)
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Wake the server's engine."""
+        body = json.dumps({"tags": None if tags is None else list(tags)}).encode()
+        self._request("/wake_up", body, timeout=self.weight_sync_timeout)
+
+
+def _build_engine(args: argparse.Namespace) -> Engine:
+    if args.engine == "vllm":
+        from rl_rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(
+            args.model,
+            tokenizer=args.tokenizer,
+            max_model_len=args.max_model_len,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            max_num_seqs=args.max_num_seqs,
+            tensor_parallel_size=args.tensor_parallel_size,
+            enable_lora=args.enable_lora,
+            max_lora_rank=args.max_lora_rank,
+            dtype=args.dtype,
+        )
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rl_rollout.engine import HFEngine
+
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype="auto")
+    if torch.cuda.is_available():
+        model.to(torch.device("cuda"))  # type: ignore[arg-type]
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+    return HFEngine(model, tokenizer, max_model_len=args.max_model_len)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m rl_rollout.server``: serve an engine until interrupted."""
+    parser = argparse.ArgumentParser(prog="python -m rl_rollout.server", description=__doc__)
+    parser.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
+    parser.add_argument("--model", required=True, help="model directory or hub id")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer path (default: --model)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--enable-lora", action="store_true")
+    parser.add_argument("--max-lora-rank", type=int, default=64)
+    parser.add_argument("--dtype", default="auto")
+    args = parser.parse_args(argv)
+    server = RolloutServer(_build_engine(args), args.host, args.port)
+    print(f"rl-rollout server ({args.engine}) on {server.url}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server._httpd.server_close()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
