@@ -115,7 +115,7 @@ def test_refused_connection_says_how_to_start_the_server() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     remote = RemoteEngine(f"http://127.0.0.1:{port}", connect_timeout=2.0)
-    with pytest.raises(RolloutServerError, match=r"cannot reach .*python -m rl_rollout.server"):
+    with pytest.raises(RolloutServerError, match=r"cannot reach .*rl-rollout-server"):
         remote.generate(["a"], SamplingParams())
 
 
@@ -181,3 +181,34 @@ def test_wire_round_trips_exactly() -> None:
     assert back_result.logprobs is not None
     assert result.logprobs is not None
     assert torch.equal(back_result.logprobs, result.logprobs)  # bit-exact float32
+
+
+def test_command_line_server_end_to_end(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``rl-rollout-server --engine hf`` in a real subprocess, then a remote generate."""
+    import subprocess
+    import sys
+
+    from rl_testing.models import save_tiny, tiny_causal_lm
+
+    model, tok = tiny_causal_lm("llama", seed=4)
+    save_tiny(model, tok, tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "rl_rollout", "--engine", "hf", "--model", str(tmp_path),
+           "--tokenizer", str(tmp_path / "tokenizer"), "--port", str(port)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        seen = []
+        while not seen or f"http://127.0.0.1:{port}" not in seen[-1]:
+            line = proc.stdout.readline()
+            assert line, f"server exited before serving: {''.join(seen)}"
+            seen.append(line)
+        remote = RemoteEngine(f"http://127.0.0.1:{port}", timeout=60.0)
+        params = SamplingParams(max_new_tokens=5, n=2, seed=9, return_logprobs=True)
+        local = HFEngine(model, tok).generate(["abc"], params)
+        assert_same_result(remote.generate(["abc"], params), local)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -15,7 +15,7 @@ Endpoints (JSON unless noted; no pickle anywhere):
   read, e.g. on a shared filesystem)
 - ``POST /sleep`` ``{"level": int}``, ``POST /wake_up`` ``{"tags": [str] | null}``
 
-Start one with ``python -m rl_rollout.server --engine vllm --model PATH --port 8000``.
+Start one with ``rl-rollout-server --engine vllm --model PATH --port 8000``.
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ class RemoteEngine:
             except OSError as exc:
                 raise RolloutServerError(
                     f"cannot reach the rollout server at {self.base_url} ({exc}); start it with "
-                    "`python -m rl_rollout.server --engine vllm --model PATH --port PORT` or "
+                    "`rl-rollout-server --engine vllm --model PATH --port PORT` or "
                     "check `base_url`"
                 ) from exc
             assert conn.sock is not None
@@ -321,8 +321,11 @@ def _build_engine(args: argparse.Namespace) -> Engine:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m rl_rollout.server``: serve an engine until interrupted."""
-    parser = argparse.ArgumentParser(prog="python -m rl_rollout.server", description=__doc__)
+    """``rl-rollout-server`` (or ``python -m rl_rollout``): serve an engine until interrupted."""
+    parser = argparse.ArgumentParser(
+        prog="rl-rollout-server",
+        description="Serve a generation engine over HTTP for RemoteEngine clients.",
+    )
     parser.add_argument("--engine", choices=["vllm", "hf"], default="vllm")
     parser.add_argument("--model", required=True, help="model directory or hub id")
     parser.add_argument("--tokenizer", default=None, help="tokenizer path (default: --model)")
@@ -344,7 +347,3 @@ def main(argv: Sequence[str] | None = None) -> None:
         pass
     finally:
         server._httpd.server_close()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
