@@ -1,0 +1,460 @@
+"""Multi-turn text environments as token-level episodes.
+
+A text environment speaks strings (:class:`TextEnv`, Gymnasium's signature);
+:class:`TokenObservationWrapper` turns one episode into the token sequence a policy is trained
+on: the conversation rendered with the tokenizer's chat template, where the policy's own
+tokens are kept exactly as generated (never re-tokenized), with an action mask and turn ids.
+:class:`SyncMultiTurnVecEnv` runs a batch of them, ``G`` copies per seed for group-relative
+methods, and collates the episodes into padded tensors.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+__all__ = [
+    "SyncMultiTurnVecEnv",
+    "TextEnv",
+    "TokenObservationWrapper",
+    "Trajectory",
+    "TrajectoryBatch",
+]
+
+
+class TextEnv(Protocol):
+    """A text environment: observations and actions are strings."""
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode: ``(observation, info)``."""
+        ...
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """``(observation, reward, terminated, truncated, info)`` after the policy's ``action``."""
+        ...
+
+
+@dataclass
+class Trajectory:
+    """One episode as tokens (``L`` tokens, ``K`` turns taken)."""
+
+    input_ids: torch.Tensor
+    """[L] the whole conversation: prompt, actions and environment replies."""
+    action_mask: torch.Tensor
+    """[L] bool, True on tokens the policy generated."""
+    turn_ids: torch.Tensor
+    """[L] long, the turn of each generated token; -1 on prompt and environment tokens."""
+    turn_rewards: torch.Tensor
+    """[K] float, the reward of each turn."""
+    terminated: bool
+    """The environment ended the episode."""
+    truncated: bool
+    """Cut short: ``max_turns``, ``max_model_len``, or the environment's own truncation."""
+    prompt_length: int
+    """Tokens before the first action."""
+
+
+@dataclass
+class TrajectoryBatch:
+    """``N`` episodes, right-padded (``N`` rows, ``L`` tokens, ``K = max_turns``)."""
+
+    input_ids: torch.Tensor
+    """[N, L] long, padded with ``pad_id``."""
+    attention_mask: torch.Tensor
+    """[N, L] bool, True on real tokens."""
+    action_mask: torch.Tensor
+    """[N, L] bool, True on generated tokens."""
+    turn_ids: torch.Tensor
+    """[N, L] long, -1 off actions."""
+    turn_rewards: torch.Tensor
+    """[N, K] float, 0 on turns not taken."""
+    turn_mask: torch.Tensor
+    """[N, K] bool, True on turns taken."""
+    group_index: torch.Tensor
+    """[N] long, the seed group of each row (rows of a group saw the same task)."""
+    terminated: torch.Tensor
+    """[N] bool."""
+    truncated: torch.Tensor
+    """[N] bool."""
+
+    @property
+    def returns(self) -> torch.Tensor:
+        """[N] undiscounted episode returns."""
+        return self.turn_rewards.sum(dim=1)
+
+    @classmethod
+    def collate(
+        cls,
+        trajectories: Sequence[Trajectory],
+        pad_id: int,
+        max_turns: int,
+        group_index: Sequence[int] | None = None,
+    ) -> TrajectoryBatch:
+        """Pad ``trajectories`` into one batch."""
+        if not trajectories:
+            raise ValueError("`trajectories` is empty")
+        N, L = len(trajectories), max(len(t.input_ids) for t in trajectories)
+        batch = cls(
+            input_ids=torch.full((N, L), pad_id, dtype=torch.long),
+            attention_mask=torch.zeros(N, L, dtype=torch.bool),
+            action_mask=torch.zeros(N, L, dtype=torch.bool),
+            turn_ids=torch.full((N, L), -1, dtype=torch.long),
+            turn_rewards=torch.zeros(N, max_turns, dtype=torch.float32),
+            turn_mask=torch.zeros(N, max_turns, dtype=torch.bool),
+            group_index=torch.tensor(
+                list(range(N)) if group_index is None else list(group_index), dtype=torch.long
+            ),
+            terminated=torch.tensor([t.terminated for t in trajectories]),
+            truncated=torch.tensor([t.truncated for t in trajectories]),
+        )
+        for r, t in enumerate(trajectories):
+            n, k = len(t.input_ids), len(t.turn_rewards)
+            batch.input_ids[r, :n] = t.input_ids
+            batch.attention_mask[r, :n] = True
+            batch.action_mask[r, :n] = t.action_mask
+            batch.turn_ids[r, :n] = t.turn_ids
+            batch.turn_rewards[r, :k] = t.turn_rewards
+            batch.turn_mask[r, :k] = True
+        return batch
+
+
+def _as_ids(action: torch.Tensor | Sequence[int]) -> list[int]:
+    if isinstance(action, torch.Tensor):
+        if action.dim() == 2 and action.shape[0] == 1:
+            action = action[0]
+        if action.dim() != 1:
+            raise ValueError(
+                f"`action` must be the generated token ids [T] (or [1, T]), got shape "
+                f"{tuple(action.shape)}"
+            )
+        return [int(t) for t in action.tolist()]
+    return [int(t) for t in action]
+
+
+class TokenObservationWrapper:
+    """One text environment's episode as tokens, turn by turn (AgileRL's API).
+
+    The prompt is the first observation rendered with the chat template (with the generation
+    prompt). After each action the policy's tokens are appended exactly as generated (cut
+    after the first EOS; trailing padding dropped), the environment's reply is rendered as the
+    next user message and appended as non-action tokens, and the episode stops when the
+    environment terminates or truncates, after ``max_turns`` actions, or when the next turn
+    would not fit: ``len(ids) + max_output_tokens > max_model_len`` (truncated).
+
+    Args:
+        env: A :class:`TextEnv`.
+        tokenizer: A Hugging Face tokenizer (its chat template, eos and decoding are used).
+        max_turns: Most actions per episode (``K``).
+        pad_id: Padding id, stripped from the end of actions (may equal the eos id).
+        max_model_len: Longest conversation in tokens.
+        max_output_tokens: Most tokens per action (the generation budget of each turn).
+        apply_chat_template: Render with the tokenizer's chat template; with False (or no
+            template) the observations are tokenized as they are.
+        system_prompt: An optional system message in front of the first observation.
+        strict_chat_template_boundary: Raise when the chat template is not prefix-stable
+            (re-rendering the conversation changes earlier text); with False the new text is
+            taken from the first differing character.
+    """
+
+    def __init__(
+        self,
+        env: TextEnv,
+        tokenizer: Any,
+        max_turns: int,
+        pad_id: int,
+        max_model_len: int,
+        max_output_tokens: int,
+        apply_chat_template: bool = True,
+        system_prompt: str | None = None,
+        strict_chat_template_boundary: bool = True,
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError(f"`max_turns` must be >= 1, got {max_turns}")
+        if max_output_tokens < 1:
+            raise ValueError(f"`max_output_tokens` must be >= 1, got {max_output_tokens}")
+        if max_model_len <= max_output_tokens:
+            raise ValueError(
+                f"`max_model_len` ({max_model_len}) must exceed `max_output_tokens` "
+                f"({max_output_tokens}) to leave room for a prompt"
+            )
+        if tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer needs an eos token")
+        self.env = env
+        self.tokenizer = tokenizer
+        self.max_turns = max_turns
+        self.pad_id = pad_id
+        self.eos_id = int(tokenizer.eos_token_id)
+        self.max_model_len = max_model_len
+        self.max_output_tokens = max_output_tokens
+        self.apply_chat_template = bool(apply_chat_template and tokenizer.chat_template)
+        self.system_prompt = system_prompt
+        self.strict_chat_template_boundary = strict_chat_template_boundary
+        self._messages: list[dict[str, str]] = []
+        self._ids: list[int] = []
+        self._action: list[bool] = []
+        self._turns: list[int] = []
+        self._rewards: list[float] = []
+        self._prompt_length = 0
+        self._done = True
+        self._terminated = False
+        self._truncated = False
+
+    # -- rendering -----------------------------------------------------------------------------
+
+    def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+        return str(
+            self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=generation_prompt
+            )
+        )
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _suffix(self, before: str, after: str, what: str) -> str:
+        if after.startswith(before):
+            return after[len(before) :]
+        if self.strict_chat_template_boundary:
+            raise ValueError(
+                f"the chat template is not prefix-stable: rendering {what} changed earlier "
+                "text (templates that drop past reasoning do this). Pass "
+                "strict_chat_template_boundary=False or apply_chat_template=False"
+            )
+        common = 0
+        for a, b in zip(before, after, strict=False):
+            if a != b:
+                break
+            common += 1
+        return after[common:]
+
+    def _reply_tokens(self, action_text: str, ended_with_eos: bool, observation: str) -> list[int]:
+        """Tokens between the action and the next generation: closing marker + reply."""
+        if not self.apply_chat_template:
+            return self._encode(observation)
+        before = self._render(self._messages, generation_prompt=True)
+        self._messages.append({"role": "assistant", "content": action_text})
+        with_action = self._render(self._messages, generation_prompt=False)
+        closing = self._suffix(before, with_action, "the assistant message")
+        if not closing.startswith(action_text):
+            raise ValueError(
+                "the chat template changes the assistant's text; pass apply_chat_template=False"
+            )
+        closing = closing[len(action_text) :]
+        eos_text = str(self.tokenizer.eos_token)
+        if ended_with_eos and closing.startswith(eos_text):
+            closing = closing[len(eos_text) :]  # the policy generated the closing EOS itself
+        self._messages.append({"role": "user", "content": observation})
+        after = self._render(self._messages, generation_prompt=True)
+        return self._encode(closing + self._suffix(with_action, after, "the reply"))
+
+    # -- the environment -----------------------------------------------------------------------
+
+    def _observation(self) -> dict[str, Any]:
+        ids = torch.tensor([self._ids], dtype=torch.long)
+        return {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "text": str(self.tokenizer.decode(self._ids, skip_special_tokens=False)),
+        }
+
+    def reset(self, seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Start an episode; the observation is ``{"input_ids" [1, L], "attention_mask", "text"}``.
+
+        Raises:
+            ValueError: the first prompt leaves less than ``max_output_tokens`` of room.
+        """
+        observation, info = self.env.reset(seed=seed)
+        self._messages = []
+        if self.system_prompt is not None:
+            self._messages.append({"role": "system", "content": self.system_prompt})
+        if self.apply_chat_template:
+            self._messages.append({"role": "user", "content": observation})
+            text = self._render(self._messages, generation_prompt=True)
+        else:
+            text = (self.system_prompt + "\n" if self.system_prompt else "") + observation
+        self._ids = self._encode(text)
+        if len(self._ids) + self.max_output_tokens > self.max_model_len:
+            raise ValueError(
+                f"the first prompt has {len(self._ids)} tokens; with max_output_tokens="
+                f"{self.max_output_tokens} it exceeds max_model_len={self.max_model_len}"
+            )
+        self._action = [False] * len(self._ids)
+        self._turns = [-1] * len(self._ids)
+        self._rewards = []
+        self._prompt_length = len(self._ids)
+        self._done = False
+        self._terminated = self._truncated = False
+        return self._observation(), dict(info)
+
+    def step(
+        self, action: torch.Tensor | Sequence[int]
+    ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        """Apply the policy's generated tokens ``[T]``; Gymnasium's five-tuple back.
+
+        ``info["truncated_by"]`` says why a wrapper-side truncation happened (``"max_turns"``
+        or ``"max_model_len"``).
+        """
+        if self._done:
+            raise RuntimeError("the episode is over: call reset() first")
+        tokens = _as_ids(action)
+        if self.eos_id in tokens:
+            tokens = tokens[: tokens.index(self.eos_id) + 1]
+        else:
+            while tokens and tokens[-1] == self.pad_id:
+                tokens.pop()
+        if not tokens:
+            raise ValueError("`action` holds no generated token (empty or padding only)")
+        if len(tokens) > self.max_output_tokens:
+            raise ValueError(
+                f"`action` has {len(tokens)} tokens, more than max_output_tokens="
+                f"{self.max_output_tokens}"
+            )
+        turn = len(self._rewards)
+        ended_with_eos = tokens[-1] == self.eos_id
+        text = str(self.tokenizer.decode(tokens, skip_special_tokens=True))
+        self._ids += tokens
+        self._action += [True] * len(tokens)
+        self._turns += [turn] * len(tokens)
+        observation, reward, terminated, truncated, info = self.env.step(text)
+        info = dict(info)
+        self._rewards.append(float(reward))
+        if not (terminated or truncated) and len(self._rewards) >= self.max_turns:
+            truncated, info["truncated_by"] = True, "max_turns"
+        if not (terminated or truncated):
+            reply = self._reply_tokens(text, ended_with_eos, observation)
+            if len(self._ids) + len(reply) + self.max_output_tokens > self.max_model_len:
+                truncated, info["truncated_by"] = True, "max_model_len"
+            else:
+                self._ids += reply
+                self._action += [False] * len(reply)
+                self._turns += [-1] * len(reply)
+        self._done = bool(terminated or truncated)
+        self._terminated, self._truncated = bool(terminated), bool(truncated)
+        return self._observation(), float(reward), bool(terminated), bool(truncated), info
+
+    @property
+    def done(self) -> bool:
+        """Whether the episode has ended."""
+        return self._done
+
+    def trajectory(self) -> Trajectory:
+        """The episode so far as a :class:`Trajectory`."""
+        return Trajectory(
+            input_ids=torch.tensor(self._ids, dtype=torch.long),
+            action_mask=torch.tensor(self._action, dtype=torch.bool),
+            turn_ids=torch.tensor(self._turns, dtype=torch.long),
+            turn_rewards=torch.tensor(self._rewards, dtype=torch.float32),
+            terminated=self._terminated,
+            truncated=self._truncated,
+            prompt_length=self._prompt_length,
+        )
+
+
+Policy = Callable[[list[dict[str, Any]]], Sequence[torch.Tensor | Sequence[int]]]
+
+
+class SyncMultiTurnVecEnv:
+    """``batch_size`` seeds x ``group_size`` copies of a wrapped environment, stepped together.
+
+    The ``group_size`` copies of a seed start from the same task (the same reset seed), so
+    their returns can be compared group-relatively.
+
+    Args:
+        env_factory: Builds one :class:`TokenObservationWrapper`.
+        batch_size: Distinct tasks per batch (``B``).
+        group_size: Copies per task (``G``); ``N = B * G`` environments.
+    """
+
+    def __init__(
+        self,
+        env_factory: Callable[[], TokenObservationWrapper],
+        batch_size: int,
+        group_size: int = 1,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"`batch_size` must be >= 1, got {batch_size}")
+        if group_size < 1:
+            raise ValueError(f"`group_size` must be >= 1, got {group_size}")
+        self.batch_size, self.group_size = batch_size, group_size
+        self.envs = [env_factory() for _ in range(batch_size * group_size)]
+        self._rng = random.Random()
+
+    @property
+    def num_envs(self) -> int:
+        """``N = batch_size * group_size``."""
+        return len(self.envs)
+
+    @property
+    def active(self) -> list[bool]:
+        """Per environment, whether its episode is still running."""
+        return [not env.done for env in self.envs]
+
+    def reset(self, seed: int | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Reset all; group ``b`` uses seed ``seed + b`` (random seeds shared per group if None)."""
+        base = self._rng.randrange(2**31) if seed is None else seed
+        results = [env.reset(seed=base + i // self.group_size) for i, env in enumerate(self.envs)]
+        return [r[0] for r in results], [r[1] for r in results]
+
+    def step(
+        self, actions: Sequence[torch.Tensor | Sequence[int] | None]
+    ) -> tuple[list[dict[str, Any] | None], torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Step the active environments (``None`` for finished ones).
+
+        Returns:
+            ``(observations, rewards [N], terminated [N], truncated [N])``; finished
+            environments get ``None`` / 0 / their final flags.
+        """
+        if len(actions) != self.num_envs:
+            raise ValueError(
+                f"`actions` has {len(actions)} entries for {self.num_envs} environments "
+                "(pass None for finished ones)"
+            )
+        observations: list[dict[str, Any] | None] = []
+        rewards = torch.zeros(self.num_envs)
+        terminated = torch.zeros(self.num_envs, dtype=torch.bool)
+        truncated = torch.zeros(self.num_envs, dtype=torch.bool)
+        for i, (env, action) in enumerate(zip(self.envs, actions, strict=True)):
+            if env.done and action is not None:
+                raise ValueError(f"environment {i} has finished; pass None as its action")
+            if not env.done and action is None:
+                raise ValueError(f"environment {i} is still running and needs an action")
+        for i, (env, action) in enumerate(zip(self.envs, actions, strict=True)):
+            if action is None:
+                observations.append(None)
+                terminated[i], truncated[i] = env._terminated, env._truncated
+                continue
+            obs, reward, term, trunc, _ = env.step(action)
+            observations.append(None if env.done else obs)
+            rewards[i], terminated[i], truncated[i] = reward, term, trunc
+        return observations, rewards, terminated, truncated
+
+    def trajectories(self) -> TrajectoryBatch:
+        """All ``N`` episodes, collated (rows are group-major: ``row // group_size``)."""
+        first = self.envs[0]
+        return TrajectoryBatch.collate(
+            [env.trajectory() for env in self.envs],
+            pad_id=first.pad_id,
+            max_turns=first.max_turns,
+            group_index=[i // self.group_size for i in range(self.num_envs)],
+        )
+
+    def rollout(self, policy: Policy, seed: int | None = None) -> TrajectoryBatch:
+        """Run every episode to its end with ``policy(observations of active envs) -> actions``."""
+        observations, _ = self.reset(seed)
+        current: list[dict[str, Any] | None] = list(observations)
+        while any(self.active):
+            idx = [i for i, a in enumerate(self.active) if a]
+            acts = policy([current[i] for i in idx if current[i] is not None])  # type: ignore[misc]
+            if len(acts) != len(idx):
+                raise ValueError(
+                    f"the policy returned {len(acts)} actions for {len(idx)} active environments"
+                )
+            actions: list[torch.Tensor | Sequence[int] | None] = [None] * self.num_envs
+            for i, a in zip(idx, acts, strict=True):
+                actions[i] = a
+            current, _, _, _ = self.step(actions)
+        return self.trajectories()

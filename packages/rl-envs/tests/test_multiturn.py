@@ -1,0 +1,188 @@
+"""TokenObservationWrapper and SyncMultiTurnVecEnv on scripted text environments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from envs_testlib import encode, tok
+from rl_envs.multiturn import SyncMultiTurnVecEnv, TokenObservationWrapper, TrajectoryBatch
+
+PAD, EOS, USER, ASSISTANT = 0, 2, 5, 6
+
+
+class Scripted:
+    """Replies 'r1', 'r2', ... with reward 0.1 * turn; terminates after ``length`` turns."""
+
+    def __init__(self, length: int = 3, first: str = "go") -> None:
+        self.length, self.first, self.turn, self.actions = length, first, 0, []
+        self.seeds: list[int | None] = []
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        self.turn, self.actions = 0, []
+        self.seeds.append(seed)
+        return f"{self.first}{'' if seed is None else seed}", {"seed": seed}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        self.actions.append(action)
+        self.turn += 1
+        return f"r{self.turn}", 0.1 * self.turn, self.turn >= self.length, False, {"t": self.turn}
+
+
+def wrap(env: Scripted, **kw: Any) -> TokenObservationWrapper:
+    args: dict[str, Any] = {
+        "max_turns": 4,
+        "pad_id": PAD,
+        "max_model_len": 64,
+        "max_output_tokens": 6,
+    }
+    args.update(kw)
+    return TokenObservationWrapper(env, tok(), **args)
+
+
+def test_scripted_episode_ids_mask_turns_and_rewards() -> None:
+    env = Scripted(length=2)
+    w = wrap(env)
+    obs, info = w.reset(seed=None)
+    prompt = [USER, *encode("go"), EOS, ASSISTANT]
+    assert obs["input_ids"][0].tolist() == prompt
+    assert info == {"seed": None}
+    a0 = [*encode("ab"), EOS, PAD, PAD]  # generated with eos, then right padding
+    obs, r, term, trunc, info = w.step(torch.tensor(a0))
+    assert (r, term, trunc) == (pytest.approx(0.1), False, False)
+    reply1 = [USER, *encode("r1"), EOS, ASSISTANT]
+    assert obs["input_ids"][0].tolist() == prompt + encode("ab") + [EOS] + reply1
+    a1 = encode("cde")  # no eos: cut by the generation budget
+    obs, r, term, trunc, info = w.step(a1)
+    assert (r, term, trunc) == (pytest.approx(0.2), True, False)
+    assert env.actions == ["ab", "cde"]
+    t = w.trajectory()
+    expected = prompt + encode("ab") + [EOS] + reply1 + encode("cde")
+    assert t.input_ids.tolist() == expected
+    n_p, n_a0, n_r = len(prompt), 3, len(reply1)
+    assert t.action_mask.tolist() == [False] * n_p + [True] * n_a0 + [False] * n_r + [True] * 3
+    assert t.turn_ids.tolist() == [-1] * n_p + [0] * n_a0 + [-1] * n_r + [1] * 3
+    assert t.turn_rewards.tolist() == pytest.approx([0.1, 0.2])
+    assert (t.terminated, t.truncated, t.prompt_length) == (True, False, n_p)
+    with pytest.raises(RuntimeError, match="call reset"):
+        w.step(encode("x"))
+
+
+def test_action_without_eos_gets_the_closing_marker_as_environment_tokens() -> None:
+    w = wrap(Scripted(length=3))
+    w.reset()
+    w.step(encode("ab"))
+    t = w.trajectory()
+    tail = [EOS, USER, *encode("r1"), EOS, ASSISTANT]
+    assert t.input_ids.tolist()[-len(tail) - 2 :] == encode("ab") + tail
+    assert t.action_mask.tolist()[-len(tail) - 2 :] == [True, True] + [False] * len(tail)
+
+
+def test_the_conversation_equals_the_chat_template_rendering() -> None:
+    """The spliced token sequence is what the chat template renders for the same messages."""
+    w = wrap(Scripted(length=3), system_prompt="be brief")
+    w.reset(seed=7)
+    for text in ["one", "two"]:
+        w.step([*encode(text), EOS])
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "go7"},
+            {"role": "assistant", "content": "one"}, {"role": "user", "content": "r1"},
+            {"role": "assistant", "content": "two"}, {"role": "user", "content": "r2"}]  # fmt: skip
+    rendered = tok().apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert w.trajectory().input_ids.tolist() == encode(rendered)
+
+
+def test_max_turns_truncates() -> None:
+    w = wrap(Scripted(length=10), max_turns=2)
+    w.reset()
+    _, _, term, trunc, _ = w.step(encode("a"))
+    assert (term, trunc) == (False, False)
+    _, _, term, trunc, info = w.step(encode("b"))
+    assert (term, trunc, info["truncated_by"]) == (False, True, "max_turns")
+    assert w.trajectory().turn_rewards.numel() == 2
+
+
+def test_truncation_at_max_model_len() -> None:
+    # prompt 5 tokens; +2 action; reply 5 -> 12; 12 + 6 > 17 -> truncated before appending
+    w = wrap(Scripted(length=10), max_model_len=17, max_output_tokens=6)
+    obs, _ = w.reset()
+    assert obs["input_ids"].shape[1] == 5
+    _, _, term, trunc, info = w.step([*encode("a"), EOS])
+    assert (term, trunc, info["truncated_by"]) == (False, True, "max_model_len")
+    t = w.trajectory()
+    assert len(t.input_ids) == 5 + 2  # the reply was not appended
+    assert len(t.input_ids) <= 17
+
+
+def test_without_chat_template_observations_are_tokenized_as_they_are() -> None:
+    w = wrap(Scripted(length=2), apply_chat_template=False)
+    obs, _ = w.reset()
+    assert obs["input_ids"][0].tolist() == encode("go")
+    w.step([*encode("x"), EOS])
+    assert w.trajectory().input_ids.tolist() == encode("go") + encode("x") + [EOS] + encode("r1")
+
+
+def test_bad_actions_and_arguments() -> None:
+    w = wrap(Scripted())
+    w.reset()
+    with pytest.raises(ValueError, match="no generated token"):
+        w.step([PAD, PAD])
+    with pytest.raises(ValueError, match="more than max_output_tokens=6"):
+        w.step(encode("abcdefg"))
+    with pytest.raises(ValueError, match=r"generated token ids \[T\]"):
+        w.step(torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="`max_turns` must be >= 1"):
+        wrap(Scripted(), max_turns=0)
+    with pytest.raises(ValueError, match="must exceed `max_output_tokens`"):
+        wrap(Scripted(), max_model_len=6, max_output_tokens=6)
+    long_first = wrap(Scripted(first="x" * 40), max_model_len=30, max_output_tokens=6)
+    with pytest.raises(ValueError, match="exceeds max_model_len=30"):
+        long_first.reset()
+
+
+def test_vec_env_groups_share_seeds_and_collate() -> None:
+    envs: list[Scripted] = []
+
+    def factory() -> TokenObservationWrapper:
+        envs.append(Scripted(length=2))
+        return wrap(envs[-1])
+
+    vec = SyncMultiTurnVecEnv(factory, batch_size=2, group_size=3)
+    calls: list[int] = []
+
+    def policy(observations: list[dict[str, Any]]) -> list[list[int]]:
+        calls.append(len(observations))
+        return [[*encode("a" * (1 + i % 3)), EOS] for i in range(len(observations))]
+
+    batch = vec.rollout(policy, seed=10)
+    assert isinstance(batch, TrajectoryBatch)
+    assert [e.seeds[-1] for e in envs] == [10, 10, 10, 11, 11, 11]
+    assert calls == [6, 6]
+    assert batch.group_index.tolist() == [0, 0, 0, 1, 1, 1]
+    assert batch.turn_rewards.shape == (6, 4)
+    assert batch.turn_mask.tolist() == [[True, True, False, False]] * 6
+    assert batch.returns.tolist() == pytest.approx([0.3] * 6)
+    assert batch.terminated.all()
+    assert not batch.truncated.any()
+    for r in range(6):
+        t = vec.envs[r].trajectory()
+        n = len(t.input_ids)
+        assert batch.input_ids[r, :n].tolist() == t.input_ids.tolist()
+        assert (batch.input_ids[r, n:] == PAD).all()
+        assert not batch.attention_mask[r, n:].any()
+        assert (batch.turn_ids[r, n:] == -1).all()
+        assert torch.equal(batch.action_mask[r, :n], t.action_mask)
+
+
+def test_vec_env_step_checks() -> None:
+    vec = SyncMultiTurnVecEnv(lambda: wrap(Scripted(length=1)), batch_size=2)
+    vec.reset(seed=0)
+    with pytest.raises(ValueError, match="`actions` has 1 entries for 2 environments"):
+        vec.step([encode("a")])
+    with pytest.raises(ValueError, match="environment 1 is still running"):
+        vec.step([encode("a"), None])
+    vec.step([encode("a"), encode("b")])
+    with pytest.raises(ValueError, match="environment 0 has finished"):
+        vec.step([encode("a"), None])
+    with pytest.raises(ValueError, match="`group_size` must be >= 1"):
+        SyncMultiTurnVecEnv(lambda: wrap(Scripted()), batch_size=1, group_size=0)
