@@ -1,0 +1,172 @@
+"""LLMPPO: PPO with a LoRA critic and a value head on the shared base, turn-level GAE."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import torch
+from rl_advantages import broadcast_to_tokens, gae, pool_to_turns
+from rl_losses import clipped_surrogate, kl_penalty, value_loss
+
+from rl_algos.base import Batch, LLMAlgorithm
+from rl_algos.reinforce import turn_layout
+
+__all__ = ["LLMPPO", "turn_values"]
+
+
+def turn_values(
+    values: torch.Tensor,
+    turn_ids: torch.Tensor,
+    num_turns: int,
+    reduction: Literal["first", "mean", "final"] = "first",
+) -> torch.Tensor:
+    """[N, K] the critic's value of each turn from token values [N, T].
+
+    ``values[:, t]`` is the value of the prefix ending at token t, i.e. of the state in which
+    token ``t + 1`` is generated, so with ``"first"`` a turn's value is ``values[:, t]`` at its
+    first action position (the state before the turn, the usual choice for an action-level
+    critic); ``"mean"`` / ``"final"`` pool the turn's positions
+    (:func:`rl_advantages.pool_to_turns`).
+    """
+    if reduction in ("mean", "final"):
+        return pool_to_turns(values, turn_ids, num_turns, reduction=reduction).values
+    if reduction != "first":
+        raise ValueError(f"`turn_value_reduction` must be first, mean or final, got {reduction!r}")
+    ks = torch.arange(num_turns, device=turn_ids.device)
+    hit = turn_ids[:, :, None] == ks[None, None, :]  # [N, T, K]
+    first = hit.int().argmax(dim=1)  # [N, K] first position of each turn (0 if absent)
+    out = values.gather(1, first)
+    return torch.where(hit.any(dim=1), out, torch.zeros_like(out))
+
+
+class LLMPPO(LLMAlgorithm):
+    """PPO for LLMs (arXiv 1707.06347) with a critic adapter and value head on the same base.
+
+    Each turn is one action: its value comes from the critic (``turn_value_reduction``), its
+    advantage and return from GAE over the turns (:func:`rl_advantages.gae`, ``gamma``,
+    ``gae_lambda``; arXiv 1506.02438), spread over the turn's tokens. The loss is the clipped
+    surrogate (token mean) plus ``vf_coef`` times the (optionally clipped, ``cliprange_value``)
+    value loss over turns plus ``beta`` times the k3 KL to the reference. Actor and critic have
+    separate AdamW optimizers (``lr`` and ``critic_lr``).
+    """
+
+    algo_name: ClassVar[str] = "ppo"
+    uses_critic: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        *args: Any,
+        gamma: float = 1.0,
+        gae_lambda: float = 0.95,
+        vf_coef: float = 0.5,
+        cliprange_value: float | None = 0.2,
+        critic_lr: float | None = None,
+        turn_value_reduction: Literal["first", "mean", "final"] = "first",
+        **kwargs: Any,
+    ) -> None:
+        for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
+            if not 0 <= value <= 1:
+                raise ValueError(f"`{name}` must be in [0, 1], got {value}")
+        if vf_coef < 0:
+            raise ValueError(f"`vf_coef` must be >= 0, got {vf_coef}")
+        self.gamma, self.gae_lambda, self.vf_coef = gamma, gae_lambda, vf_coef
+        self.cliprange_value = cliprange_value
+        self.turn_value_reduction = turn_value_reduction
+        self._critic_lr = critic_lr
+        super().__init__(*args, **kwargs)
+
+    @property
+    def critic_lr(self) -> float:
+        """Critic learning rate (defaults to ``lr``)."""
+        return self.lr if self._critic_lr is None else self._critic_lr
+
+    def _build_optimizers(self) -> None:
+        super()._build_optimizers()
+        self.critic_optimizer = torch.optim.AdamW(
+            self.policy.trainable_parameters("critic"), lr=self.critic_lr, weight_decay=0.0
+        )
+
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.optimizer, self.critic_optimizer]
+
+    def _turn_values(
+        self, ids: torch.Tensor, attn: torch.Tensor, turn_ids: torch.Tensor, K: int
+    ) -> torch.Tensor:
+        values = self.policy.values(ids, attn)[:, :-1]
+        return turn_values(values, turn_ids, K, self.turn_value_reduction)
+
+    def _advantages(
+        self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None
+    ) -> dict[str, torch.Tensor]:
+        turn_ids, turn_mask, r = turn_layout(batch)
+        v_old = self._turn_values(batch.input_ids, batch.attention_mask, turn_ids, r.shape[1])
+        est = gae(r, v_old, turn_mask, self.gamma, self.gae_lambda)
+        return {
+            "advantages": broadcast_to_tokens(est.advantages, turn_ids),
+            "returns": est.returns,
+            "old_values": v_old,
+            "turn_mask": turn_mask,
+            "turn_ids_full": turn_ids,
+        }
+
+    def _more_normalizers(
+        self, extra: dict[str, torch.Tensor], rows: torch.Tensor
+    ) -> dict[str, float]:
+        count = extra["turn_mask"][rows].sum().double()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(count)
+        return {"turns": max(1.0, float(count))}
+
+    def _loss(
+        self, mb: dict[str, Any], lp: torch.Tensor, norm: dict[str, float]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        mask, adv = mb["mask"], mb["advantages"]
+        c = self.clip_coef
+        clip: dict[str, Any] = (
+            {"ratio_bounds": (float(c[0]), float(c[1]))}
+            if isinstance(c, tuple)
+            else {"clip_low": 0.2 if c is None else float(c)}
+        )
+        pg = clipped_surrogate(
+            lp,
+            mb["old"],
+            adv,
+            mask,
+            aggregation="token_mean",
+            normalizer=norm["tokens"],
+            is_weights=mb.get("is_weights"),
+            **clip,
+        )
+        K = mb["returns"].shape[1]
+        values = self._turn_values(mb["input_ids"], mb["attention_mask"], mb["turn_ids_full"], K)
+        vl = value_loss(
+            values,
+            mb["old_values"],
+            mb["returns"],
+            mb["turn_mask"],
+            clip=self.cliprange_value,
+            aggregation="token_mean",
+            normalizer=norm["turns"],
+        )
+        loss = pg.loss + self.vf_coef * vl.loss
+        m = pg.metrics()
+        info: dict[str, Any] = {
+            "pg_loss": float(pg.loss.detach()),
+            "value_loss": float(vl.loss.detach()),
+            "clip_fraction": m.get("clip_frac_low", 0.0) + m.get("clip_frac_high", 0.0),
+            "approx_kl": m.get("approx_kl", 0.0),
+            "entropy": float(-(lp.detach() * mask).sum() / mask.sum().clamp(min=1)),
+        }
+        if mb["ref"] is not None and self.beta > 0:
+            kl = kl_penalty(
+                lp,
+                mb["ref"],
+                mask,
+                kind=self.kl_kind,
+                coef=self.beta,
+                aggregation="token_mean",
+                normalizer=norm["tokens"],
+            )
+            loss = loss + kl.loss
+            info["kl"] = kl.metrics()["kl_mean"]
+        return loss, info
