@@ -402,8 +402,12 @@ class LLMAlgorithm:
         out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
         if not bool(mask.any()):
             return out + 0.0 * hidden.sum()  # keeps the graph connected
+        rows = hidden[mask]
+        if not bool(torch.isfinite(rows).all()):
+            # non-finite activations: a NaN loss, handled (raise or skip) by the step guard
+            return out.masked_fill(mask, math.nan) + 0.0 * rows.nan_to_num().sum()
         picked = fused_logprobs(
-            hidden[mask],
+            rows,
             self.policy.lm_head_weight,
             targets[mask],
             bias=self.policy.lm_head_bias,
@@ -467,6 +471,16 @@ class LLMAlgorithm:
     def _sampling_logprobs(self, value: Any, mask: torch.Tensor) -> torch.Tensor | None:
         if isinstance(value, torch.Tensor) and value.shape == mask.shape:
             return value.to(mask.device, torch.float32)
+        if not isinstance(value, torch.Tensor) and all(
+            isinstance(v, torch.Tensor) and v.dim() == 2 for v in value
+        ):  # get_action's per-prompt [G, L - 1] blocks
+            stacked = _stack("sampling_logps", value, 0.0, torch.float32).to(mask.device)
+            if stacked.shape != mask.shape:
+                raise ValueError(
+                    f"`sampling_logps` stacks to {tuple(stacked.shape)}, action_masks are "
+                    f"{tuple(mask.shape)}"
+                )
+            return stacked
         rows = list(value)
         if len(rows) != mask.shape[0]:
             raise ValueError(f"`sampling_logps` has {len(rows)} rows for {mask.shape[0]} sequences")
@@ -591,6 +605,9 @@ class LLMAlgorithm:
                 mb[k] = v[idx]
             self.policy.eval()
             lp = self._logprobs(mb["input_ids"], mb["attention_mask"], mb["mask"])
+            if not bool(torch.isfinite(lp[mb["mask"]]).all()):
+                total = math.nan  # the guard below raises or skips; nothing is applied
+                break
             loss, info = self._loss(mb, lp, norm)
             if self.accelerator is not None:
                 self.accelerator.backward(loss)
@@ -698,7 +715,7 @@ class LLMAlgorithm:
             path,
             optimizer=self.optimizer if load_optimizer else None,
             scheduler=self.lr_scheduler if load_optimizer else None,
-        )["state"]
+        )
         self._load_state(state)
 
     def _load_state(self, state: dict[str, Any]) -> None:
@@ -750,10 +767,8 @@ class LLMAlgorithm:
         before = getattr(self, name)
         after = spec.mutate(float(before), rng)
         setattr(self, name, int(after) if spec.dtype is int else after)
-        if name == "lr":
-            for opt in self._optimizers()[:1]:
-                for group in opt.param_groups:
-                    group["lr"] = after
+        if name == "lr":  # the actor's parameter group (the first)
+            self.optimizer.param_groups[0]["lr"] = after
         record = {"step": self.steps, "param": name, "before": before, "after": getattr(self, name)}
         self.mutation_history.append(record)
         return record

@@ -9,6 +9,7 @@ from rl_advantages import broadcast_to_tokens, gae, pool_to_turns
 from rl_losses import clipped_surrogate, kl_penalty, value_loss
 
 from rl_algos.base import Batch, LLMAlgorithm
+from rl_algos.config import cosine_schedule
 from rl_algos.reinforce import turn_layout
 
 __all__ = ["LLMPPO", "turn_values"]
@@ -81,13 +82,21 @@ class LLMPPO(LLMAlgorithm):
         return self.lr if self._critic_lr is None else self._critic_lr
 
     def _build_optimizers(self) -> None:
-        super()._build_optimizers()
-        self.critic_optimizer = torch.optim.AdamW(
-            self.policy.trainable_parameters("critic"), lr=self.critic_lr, weight_decay=0.0
+        # one AdamW, two parameter groups: the actor's (lr) and the critic's (critic_lr), so the
+        # checkpoint holds both states and the scheduler scales both
+        self.optimizer = torch.optim.AdamW(
+            [
+                {"params": self.actor_parameters(), "lr": self.lr},
+                {"params": self.policy.trainable_parameters("critic"), "lr": self.critic_lr},
+            ],
+            lr=self.lr,
+            weight_decay=0.0,
         )
-
-    def _optimizers(self) -> list[torch.optim.Optimizer]:
-        return [self.optimizer, self.critic_optimizer]
+        self.lr_scheduler = (
+            cosine_schedule(self.optimizer, self.cosine_lr_schedule_config)
+            if self.cosine_lr_schedule_config is not None
+            else None
+        )
 
     def _turn_values(
         self, ids: torch.Tensor, attn: torch.Tensor, turn_ids: torch.Tensor, K: int

@@ -1,0 +1,468 @@
+"""Tiny models, a hand-built experience batch and float64 references for the rl-algos tests.
+
+The references re-derive each agent's loss from the spec (``/work/spec/rl_algos_spec.md``) by
+composing rl-advantages and rl-losses directly, in float64, on a deep copy of the agent's
+``PolicyModel`` taken before ``learn()``. Log-probs come from full logits
+(``PolicyModel.logits``), not from rl-kernels' fused path, so the agent (float32, fused) and the
+reference (float64, plain) share no numerical code beyond the model definition.
+
+Batch layout (``B = 2`` prompts, ``G = 3`` samples each, ``N = 6`` rows, ``L = 12``): prompts of
+different lengths, completions of different lengths right-padded with the pad id 0, one row with
+no padding at all, and rows whose completion ends in EOS (id 2, an action token that is not pad).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import rl_advantages
+import rl_losses
+import torch
+from peft import LoraConfig
+from rl_adapters import PolicyModel
+from rl_testing.models import tiny_causal_lm
+from torch import nn
+from transformers import PreTrainedModel
+
+PAD_ID = 0
+PAD_TOKEN = "<pad>"
+BOS_ID = 1
+EOS_ID = 2
+GROUP_SIZE = 3
+N_PROMPTS = 2
+N_ROWS = N_PROMPTS * GROUP_SIZE
+SEQ_LEN = 12
+LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+# Prompts (BOS + tokens) and completions; ids 8.. are ordinary characters of the char tokenizer
+# (vocabulary of 59). Rows 0 and 3 end in EOS, row 2 fills the whole length L (no padding).
+PROMPTS: tuple[tuple[int, ...], ...] = ((BOS_ID, 10, 11, 12), (BOS_ID, 20, 21))
+COMPLETIONS: tuple[tuple[int, ...], ...] = (
+    (30, 31, 32, EOS_ID),
+    (33, 34),
+    (35, 36, 37, 38, 39, 40, 41, 42),
+    (43, 44, 45, EOS_ID),
+    (46,),
+    (47, 48, 49, 50, 51),
+)
+# Distinct rewards in both groups, so every group-relative advantage is non-zero.
+REWARDS: tuple[float, ...] = (1.0, 0.25, -0.5, 2.0, 0.0, 0.75)
+
+
+# --------------------------------------------------------------------------- models
+
+
+def tiny_model(seed: int = 0) -> PreTrainedModel:
+    """A tiny random-weight Qwen2 (rl_testing defaults: hidden 64, 2 layers), float32, CPU."""
+    model, _ = tiny_causal_lm("qwen2", seed=seed)
+    return model
+
+
+def lora_config(r: int = 4, alpha: int = 8) -> LoraConfig:
+    """A fresh LoRA config on every linear layer, no dropout (deterministic forwards)."""
+    return LoraConfig(r=r, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(LINEAR_NAMES))
+
+
+def named_params(module: nn.Module) -> dict[str, nn.Parameter]:
+    return dict(module.named_parameters())
+
+
+def names_of(module: nn.Module, params: Iterable[torch.Tensor]) -> list[str]:
+    """Names (in ``module``) of ``params``; fails for a parameter ``module`` does not own."""
+    by_id = {id(p): n for n, p in module.named_parameters()}
+    out = []
+    for p in params:
+        assert id(p) in by_id, "parameter not found in the policy"
+        out.append(by_id[id(p)])
+    return out
+
+
+def is_lora_of(name: str, adapter: str) -> bool:
+    return f".{adapter}." in name and ".lora_" in name
+
+
+@torch.no_grad()
+def perturb_adapter(
+    policy: nn.Module, adapter: str = "actor", seed: int = 0, scale: float = 0.1
+) -> None:
+    """Adds seeded Gaussian noise to every ``lora_B`` weight of ``adapter`` (B is 0 at init).
+
+    After this the actor differs from the reference (so the KL term is non-trivial) and both
+    LoRA factors of the actor receive non-zero gradients.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    hit = 0
+    for name, p in sorted(policy.named_parameters(), key=lambda kv: kv[0]):
+        if is_lora_of(name, adapter) and ".lora_B." in name:
+            p.add_(scale * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
+            hit += 1
+    assert hit > 0, f"no lora_B weights found for adapter {adapter!r}"
+
+
+def state_snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
+    """Detached clones of the full state dict (parameters and buffers), keyed by name."""
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def changed_keys(before: Mapping[str, torch.Tensor], module: nn.Module) -> set[str]:
+    """Names whose current value is not bit-identical to the snapshot."""
+    after = module.state_dict()
+    assert set(after) == set(before), "the state dict's keys changed"
+    return {k for k, v in before.items() if not torch.equal(v, after[k].detach())}
+
+
+# --------------------------------------------------------------------------- batch
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One hand-built experience batch (the three learn inputs plus derived views)."""
+
+    ids: torch.Tensor  # [N, L] long, right-padded with PAD_ID
+    masks: torch.Tensor  # [N, L-1] bool
+    rewards: torch.Tensor  # [N] float32
+    lengths: tuple[int, ...] = field(default=())  # unpadded length of each row
+
+    @property
+    def n(self) -> int:
+        return int(self.ids.shape[0])
+
+    def experiences(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Fresh copies (an agent must not be able to corrupt the test's copy)."""
+        return self.ids.clone(), self.masks.clone(), self.rewards.clone()
+
+
+def make_batch(
+    prompts: Sequence[Sequence[int]] = PROMPTS,
+    completions: Sequence[Sequence[int]] = COMPLETIONS,
+    rewards: Sequence[float] = REWARDS,
+    group_size: int = GROUP_SIZE,
+    seq_len: int = SEQ_LEN,
+) -> Batch:
+    """Rows ``prompt[n // G] + completion[n]``, right-padded to ``seq_len`` with PAD_ID.
+
+    ``masks[n, t]`` is True exactly when token ``t + 1`` is a completion (action) token.
+    """
+    n = len(completions)
+    assert n == len(rewards) and n % group_size == 0
+    ids = torch.full((n, seq_len), PAD_ID, dtype=torch.long)
+    masks = torch.zeros((n, seq_len - 1), dtype=torch.bool)
+    lengths = []
+    for row, comp in enumerate(completions):
+        prompt = prompts[row // group_size]
+        seq = [*prompt, *comp]
+        assert len(seq) <= seq_len
+        ids[row, : len(seq)] = torch.tensor(seq)
+        masks[row, len(prompt) - 1 : len(seq) - 1] = True
+        lengths.append(len(seq))
+    return Batch(ids, masks, torch.tensor(rewards, dtype=torch.float32), tuple(lengths))
+
+
+def attention_from(ids: torch.Tensor, masks: torch.Tensor, pad_id: int = PAD_ID) -> torch.Tensor:
+    """The spec's attention mask: 1 up to and including the last non-pad or action position."""
+    valid = ids != pad_id
+    valid[:, 1:] |= masks.bool()
+    pos = torch.arange(ids.shape[1])
+    last = torch.where(valid, pos, -1).amax(dim=1)
+    return (pos[None, :] <= last[:, None]).long()
+
+
+def split_groups(
+    batch: Batch, group_size: int = GROUP_SIZE
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """The list form of the inputs: one ``[G, L_b]`` / ``[G, L_b - 1]`` tensor per prompt,
+    trimmed to the longest row of the group (so the groups have different widths)."""
+    ids_list, mask_list = [], []
+    for start in range(0, batch.n, group_size):
+        width = max(batch.lengths[start : start + group_size])
+        ids_list.append(batch.ids[start : start + group_size, :width].clone())
+        mask_list.append(batch.masks[start : start + group_size, : width - 1].clone())
+    return ids_list, mask_list
+
+
+# --------------------------------------------------------------------------- float64 reference
+
+
+def float64_copy(policy: nn.Module) -> nn.Module:
+    """A float64 deep copy (same parameter names, same roles, same trainable flags)."""
+    twin = copy.deepcopy(policy).double()
+    for p in twin.parameters():
+        p.grad = None
+    return twin
+
+
+def reference_logprobs(
+    model_or_policy: nn.Module,
+    ids: torch.Tensor,
+    attention: torch.Tensor,
+    role: str = "actor",
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """``lp[n, t] = log_softmax(logits[n, t] / temperature)[ids[n, t + 1]]`` from full logits.
+
+    ``model_or_policy`` is a ``PolicyModel`` (``role`` picks the adapter) or a plain causal LM
+    (``role`` must then be ``"actor"``). Computed in the module's dtype (float64 for a
+    :func:`float64_copy`); gradients flow unless called under ``no_grad``.
+    """
+    if isinstance(model_or_policy, PolicyModel):
+        logits = model_or_policy.logits(ids, attention, role=role)
+    else:
+        assert role == "actor", "a plain model has no roles"
+        logits = model_or_policy(input_ids=ids, attention_mask=attention).logits
+    logp = torch.log_softmax(logits[:, :-1].double() / temperature, dim=-1)
+    return logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+@dataclass
+class RefLoss:
+    """A reference loss (with its graph) and its detached parts."""
+
+    loss: torch.Tensor
+    parts: dict[str, float]
+
+
+def _lp_old_ref(
+    policy: PolicyModel, batch: Batch, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    att = attention_from(batch.ids, batch.masks)
+    lp = reference_logprobs(policy, batch.ids, att, "actor", temperature)
+    old_lp = lp.detach().clone()  # update_epochs=1: the old policy is the current one
+    with torch.no_grad():
+        ref_lp = reference_logprobs(policy, batch.ids, att, "reference", temperature)
+    return lp, old_lp, ref_lp, att
+
+
+def grpo_clip_kwargs(loss_type: str, clip_coef: Any) -> dict[str, Any]:
+    """The spec's mapping of ``clip_coef`` to rl-losses keyword arguments (``_UNSET`` = not
+    passed to the agent)."""
+    if loss_type == "cispo":
+        return {"clamp": "upper", "eps_high": 4.0}
+    if loss_type == "gspo":
+        if clip_coef is UNSET:
+            return {"clip_low": 3e-4, "clip_high": 4e-4}
+        return {"clip_low": float(clip_coef), "clip_high": float(clip_coef)}
+    c = 0.2 if clip_coef is UNSET else clip_coef  # GRPO's default clip_coef=0.2
+    if isinstance(c, tuple):
+        return {"ratio_bounds": (float(c[0]), float(c[1]))}
+    return {"clip_low": float(c), "clip_high": float(c)}
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
+"""Marks a keyword argument left at the agent's default."""
+
+
+def reference_loss_grpo(
+    policy: PolicyModel,
+    batch: Batch,
+    *,
+    group_size: int,
+    beta: float,
+    temperature: float,
+    loss_type: str = "grpo",
+    clip_coef: Any = UNSET,
+    aggregation: str = "seq_mean_token_mean",
+    adv_norm: str = "mean_std",
+) -> RefLoss:
+    """Spec "GRPO math", steps 1-5 (token level, one epoch, one mini-batch), in float64."""
+    lp, old_lp, ref_lp, _ = _lp_old_ref(policy, batch, temperature)
+    m = batch.masks
+    r = batch.rewards.double().reshape(-1)
+    scale = "group" if adv_norm == "mean_std" else "none"
+    adv = rl_advantages.group_relative(r, group_size, scale=scale)
+    kw = grpo_clip_kwargs(loss_type, clip_coef)
+    pg: Any
+    if loss_type == "grpo":
+        pg = rl_losses.clipped_surrogate(lp, old_lp, adv, m, aggregation=aggregation, **kw)
+    elif loss_type == "gspo":
+        pg = rl_losses.gspo_loss(lp, old_lp, adv, m, aggregation=aggregation, **kw)
+    elif loss_type == "cispo":
+        pg = rl_losses.cispo_loss(lp, old_lp, adv, m, aggregation=aggregation, **kw)
+    else:  # pragma: no cover - test bug
+        raise AssertionError(loss_type)
+    kl = rl_losses.kl_penalty(lp, ref_lp, m, kind="k3", coef=beta, aggregation=aggregation)
+    loss = pg.loss + kl.loss
+    return RefLoss(loss, {"pg_loss": float(pg.loss.detach()), "kl_loss": float(kl.loss.detach())})
+
+
+def reference_loss_reinforce(
+    policy: PolicyModel,
+    batch: Batch,
+    *,
+    beta: float,
+    temperature: float,
+    clip_coef: float | None,
+) -> RefLoss:
+    """Spec "LLMREINFORCE math" (single turn, gamma=1, one epoch), in float64."""
+    lp, old_lp, ref_lp, _ = _lp_old_ref(policy, batch, temperature)
+    m = batch.masks
+    returns = batch.rewards.double().reshape(-1, 1)  # one turn per row: G = r
+    adv = rl_advantages.rebn(returns, mask=torch.ones_like(returns, dtype=torch.bool))[:, 0]
+    if clip_coef is None:
+        pg = rl_losses.reinforce_loss(lp, old_lp, adv, m, aggregation="token_mean")
+    else:
+        pg = rl_losses.clipped_surrogate(
+            lp, old_lp, adv, m, level="token", aggregation="token_mean", clip_low=clip_coef
+        )
+    kl = rl_losses.kl_penalty(lp, ref_lp, m, kind="k3", coef=beta, aggregation="token_mean")
+    loss = pg.loss + kl.loss
+    return RefLoss(loss, {"pg_loss": float(pg.loss.detach()), "kl_loss": float(kl.loss.detach())})
+
+
+def turn_values(values: torch.Tensor, masks: torch.Tensor, reduction: str) -> torch.Tensor:
+    """[N] the value of each row's single turn: at its first action position, or the mean."""
+    m = masks.bool()
+    if reduction == "first":
+        first = m.to(torch.int64).argmax(dim=1)
+        return values[:, :-1].gather(1, first[:, None])[:, 0]
+    assert reduction == "mean", reduction
+    v = torch.where(m, values[:, :-1], 0.0)
+    return v.sum(dim=1) / m.sum(dim=1).to(v.dtype)
+
+
+def reference_loss_ppo(
+    policy: PolicyModel,
+    batch: Batch,
+    *,
+    beta: float,
+    temperature: float,
+    clip_coef: float,
+    vf_coef: float,
+    gamma: float,
+    gae_lambda: float,
+    cliprange_value: float | None,
+    turn_value_reduction: str,
+) -> RefLoss:
+    """Spec "LLMPPO math" (single turn, turn-level GAE, one epoch), in float64."""
+    lp, old_lp, ref_lp, att = _lp_old_ref(policy, batch, temperature)
+    m = batch.masks
+    values = policy.values(batch.ids, att)  # [N, L], with gradient into critic + head
+    v = turn_values(values, m, turn_value_reduction)[:, None]  # [N, 1]
+    v_old = v.detach().clone()
+    r = batch.rewards.double().reshape(-1, 1)
+    ones = torch.ones_like(r, dtype=torch.bool)
+    gae = rl_advantages.gae(r, v_old, ones, gamma, lmbda=gae_lambda)
+    pg = rl_losses.clipped_surrogate(
+        lp, old_lp, gae.advantages[:, 0], m, aggregation="token_mean", clip_low=clip_coef
+    )
+    vl = rl_losses.value_loss(v, v_old, gae.returns, ones, clip=cliprange_value)
+    kl = rl_losses.kl_penalty(lp, ref_lp, m, kind="k3", coef=beta, aggregation="token_mean")
+    loss = pg.loss + vf_coef * vl.loss + kl.loss
+    parts = {
+        "pg_loss": float(pg.loss.detach()),
+        "value_loss": float(vl.loss.detach()),
+        "kl_loss": float(kl.loss.detach()),
+    }
+    return RefLoss(loss, parts)
+
+
+def reference_grads(
+    twin: nn.Module, loss_fn: Callable[[nn.Module], RefLoss], names: Iterable[str]
+) -> tuple[RefLoss, dict[str, torch.Tensor]]:
+    """Runs ``loss_fn`` on the float64 ``twin``, backpropagates, returns the loss and the
+    gradients of the parameters called ``names`` (zeros where autograd left None)."""
+    out = loss_fn(twin)
+    out.loss.backward()
+    params = named_params(twin)
+    grads = {}
+    for n in names:
+        g = params[n].grad
+        grads[n] = torch.zeros_like(params[n]) if g is None else g.detach().clone()
+    return out, grads
+
+
+def agent_grads(policy: nn.Module, names: Iterable[str]) -> dict[str, torch.Tensor]:
+    """``.grad`` of the named parameters (float64 for comparison; zeros where None)."""
+    params = named_params(policy)
+    out = {}
+    for n in names:
+        g = params[n].grad
+        out[n] = (torch.zeros_like(params[n]) if g is None else g.detach()).double()
+    return out
+
+
+# --------------------------------------------------------------------------- agents
+
+# Shared settings of the reference tests: one epoch, one optimizer step over the whole batch, no
+# clipping of the gradient (so `.grad` is the raw gradient of the loss), a real learning rate
+# (the weights do move; the gradient is that of the loss at the pre-update weights).
+BETA = 0.05
+TEMPERATURE = 0.7
+LR = 1e-3
+PPO_KW: dict[str, Any] = {
+    "gamma": 1.0,
+    "gae_lambda": 0.95,
+    "vf_coef": 0.5,
+    "cliprange_value": 0.2,
+    "critic_lr": 1e-3,
+    "turn_value_reduction": "first",
+}
+
+
+def agent_kwargs(**overrides: Any) -> dict[str, Any]:
+    """Keyword arguments common to every agent (override per test)."""
+    kw: dict[str, Any] = {
+        "pad_token_id": PAD_ID,
+        "pad_token": PAD_TOKEN,
+        "lora_config": lora_config(),
+        "batch_size": 8,  # >= N: one mini-batch, one optimizer step per epoch
+        "beta": BETA,
+        "lr": LR,
+        "max_grad_norm": None,
+        "update_epochs": 1,
+        "temperature": TEMPERATURE,
+        "micro_batch_size_per_gpu": None,
+        "device": "cpu",
+        "seed": 42,
+    }
+    kw.update(overrides)
+    return kw
+
+
+def make_agent(
+    algo: str, *, model_seed: int = 0, perturb_seed: int | None = 1, **overrides: Any
+) -> Any:
+    """Builds ``rl_algos.<algo>`` on a fresh tiny model; perturbs the actor adapter unless
+    ``perturb_seed`` is None. GRPO-family agents get ``group_size=GROUP_SIZE``, LLMPPO the
+    explicit :data:`PPO_KW` (so no test depends on an unspecified default)."""
+    import rl_algos
+
+    cls = getattr(rl_algos, algo)
+    extra: dict[str, Any] = {}
+    if algo in ("GRPO", "GSPO", "CISPO"):
+        extra["group_size"] = GROUP_SIZE
+    elif algo == "LLMPPO":
+        extra.update(PPO_KW)
+    kw = agent_kwargs(**{**extra, **overrides})
+    agent = cls(actor_network=tiny_model(model_seed), **kw)
+    if perturb_seed is not None:
+        perturb_adapter(agent.policy, "actor", seed=perturb_seed)
+    return agent
+
+
+def trainable_names(agent: Any, with_critic: bool = False) -> list[str]:
+    """Names (in ``agent.policy``) of the actor's (and optionally the critic's) parameters."""
+    params = list(agent.actor_parameters())
+    if with_critic:
+        params += list(agent.policy.trainable_parameters("critic"))
+    return names_of(agent.policy, params)
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def mentions_shape(message: str, shape: Sequence[int]) -> bool:
+    """Whether ``message`` names ``shape`` as ``[a, b]``, ``(a, b)``, ``torch.Size([a, b])``
+    or ``a x b`` (spacing ignored)."""
+    flat = re.sub(r"\s+", "", message)
+    dims = [str(int(d)) for d in shape]
+    forms = ["[" + ",".join(dims) + "]", "(" + ",".join(dims) + ")", "x".join(dims)]
+    return any(f in flat for f in forms)

@@ -1,0 +1,260 @@
+"""Agent behaviour beyond one learn(): generation, resume, clones, HPO hooks, the NaN guard."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+from algos_testlib import GROUP_SIZE, lora_config, make_agent, make_batch, tiny_model
+from rl_algos import (
+    CISPO,
+    GRPO,
+    GSPO,
+    LLMPPO,
+    LLMREINFORCE,
+    ActionResult,
+    HyperparameterConfig,
+    RLParameter,
+    dapo,
+    dr_grpo,
+    reinforce_pp,
+    rloo,
+    save_llm_checkpoint,
+)
+from rl_testing.models import tiny_causal_lm
+
+
+def prompts(n: int = 2) -> list[dict[str, torch.Tensor]]:
+    rows = [[1, 10, 11, 12], [1, 20, 21], [1, 5, 6, 7, 8]][:n]
+    return [
+        {"input_ids": torch.tensor([r]), "attention_mask": torch.ones(1, len(r), dtype=torch.long)}
+        for r in rows
+    ]
+
+
+def actor_state(agent) -> dict[str, torch.Tensor]:  # type: ignore[no-untyped-def]
+    return {n: p.detach().clone() for n, p in agent.policy.named_parameters() if p.requires_grad}
+
+
+def test_get_action_layout_and_sampling_logprobs_match_the_trainer() -> None:
+    agent = make_agent(
+        "GRPO", temperature=1.0, top_k=0, top_p=1.0, max_output_tokens=5, perturb_seed=None
+    )
+    result = agent.get_action(prompts())
+    assert isinstance(result, ActionResult)
+    comp, masks = result  # AgileRL's tuple unpacking
+    assert len(comp) == len(masks) == 2
+    for p, c, m in zip(prompts(), comp, masks, strict=True):
+        P = p["input_ids"].shape[1]
+        assert c.shape[0] == GROUP_SIZE
+        assert m.shape == (GROUP_SIZE, c.shape[1] - 1)
+        assert torch.equal(c[:, :P], p["input_ids"].expand(GROUP_SIZE, -1))
+        assert not m[:, : P - 1].any()
+        assert m[:, P - 1].all()  # the first generated token is always an action
+    # the sampling log-probs (temperature 1, no filtering) equal the trainer's log-probs
+    batch = agent._parse((comp, masks, torch.zeros(2 * GROUP_SIZE)), None, result.sampling_logprobs)
+    with torch.no_grad():
+        old = agent._logprobs(batch.input_ids, batch.attention_mask, batch.mask)
+    assert batch.sampling_logprobs is not None
+    torch.testing.assert_close(
+        old[batch.mask], batch.sampling_logprobs[batch.mask], rtol=0, atol=1e-5
+    )
+
+
+def test_eval_actions_are_greedy_single_samples() -> None:
+    agent = make_agent("GRPO", max_output_tokens=4, perturb_seed=None)
+    a = agent.get_action(prompts(3), training=False)
+    b = agent.get_action(prompts(3), training=False)
+    assert [c.shape[0] for c in a.completion_ids] == [1, 1, 1]
+    assert all(torch.equal(x, y) for x, y in zip(a.completion_ids, b.completion_ids, strict=True))
+
+
+@pytest.mark.parametrize("algo", ["GRPO", "LLMREINFORCE", "LLMPPO"])
+def test_save_load_continue_equals_uninterrupted(tmp_path, algo: str) -> None:  # type: ignore[no-untyped-def]
+    """Shuffled minibatches (batch_size < N) and 2 epochs: optimizer, scheduler and RNG state matter."""
+    batches = [make_batch(rewards=[float(k + i) % 3 for i in range(6)]) for k in range(4)]
+
+    def learn(agent, b) -> dict[str, float]:  # type: ignore[no-untyped-def]
+        return agent.learn(b.experiences())
+
+    kw = {"batch_size": 4, "update_epochs": 2, "lr": 1e-2, "max_grad_norm": 1.0}
+    a = make_agent(algo, **kw)
+    for b in batches[:2]:
+        learn(a, b)
+    a.save_checkpoint(tmp_path / "ckpt")
+    tail_a = [learn(a, b) for b in batches[2:]]
+    sample_a = a.get_action(prompts())
+
+    fresh = make_agent(algo, **kw)
+    fresh.load_checkpoint(tmp_path / "ckpt")
+    tail_b = [learn(fresh, b) for b in batches[2:]]
+    sample_b = fresh.get_action(prompts())
+    assert [m["loss"] for m in tail_a] == [m["loss"] for m in tail_b]
+    for (n, x), y in zip(actor_state(a).items(), actor_state(fresh).values(), strict=True):
+        assert torch.equal(x, y), n
+    assert all(
+        torch.equal(x, y)
+        for x, y in zip(sample_a.completion_ids, sample_b.completion_ids, strict=True)
+    )
+    assert fresh.steps == a.steps == 16  # 4 batches x 2 epochs x 2 minibatches
+
+
+def test_checkpoint_holds_no_pickle(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    agent = make_agent("GRPO")
+    path = save_llm_checkpoint(agent, tmp_path / "c")
+    suffixes = {p.suffix for p in path.rglob("*") if p.is_file()}
+    assert suffixes <= {".safetensors", ".json", ".md"}, suffixes  # .md: peft's adapter card
+
+
+def test_clone_is_independent_and_population_indexes() -> None:
+    agent = make_agent("GRPO")
+    twin = agent.clone(index=5)
+    assert twin.index == 5
+    b = make_batch()
+    twin.learn(b.experiences())
+    changed = [n for n, p in actor_state(twin).items() if not torch.equal(p, actor_state(agent)[n])]
+    assert changed  # the twin moved, the original did not follow
+    model, _ = tiny_causal_lm("qwen2", seed=0)
+    pop = GRPO.population(
+        3,
+        actor_network=model,
+        pad_token_id=0,
+        pad_token="<pad>",
+        group_size=2,
+        lora_config=lora_config(),
+    )
+    assert [p.index for p in pop] == [0, 1, 2]
+    assert pop[1].policy is not pop[0].policy
+
+
+def test_hyperparameter_mutation_is_bounded_and_logged() -> None:
+    hp = HyperparameterConfig(
+        lr=RLParameter(min=1e-5, max=2e-3), beta=RLParameter(min=0.0, max=0.1)
+    )
+    agent = make_agent("GRPO", hp_config=hp, lr=1e-3)
+    rng = random.Random(0)
+    for _ in range(20):
+        rec = agent.mutate_hyperparameter(rng)
+        spec = hp.params[rec["param"]]
+        assert spec.min <= rec["after"] <= spec.max
+    assert len(agent.mutation_history) == 20
+    assert agent.optimizer.param_groups[0]["lr"] == agent.lr
+    with pytest.raises(ValueError, match="min <= max"):
+        RLParameter(min=1.0, max=0.0)
+
+
+def test_nonfinite_loss_never_reaches_the_weights() -> None:
+    agent = make_agent("GRPO")
+    _, param = next(
+        (n, p) for n, p in agent.policy.named_parameters() if "lora_B" in n and p.requires_grad
+    )
+    with torch.no_grad():
+        param[0, 0] = math.nan
+    before = actor_state(agent)
+    b = make_batch()
+    with pytest.raises(FloatingPointError, match="non-finite loss or gradient at optimizer step 0"):
+        agent.learn(b.experiences())
+    for n, p in actor_state(agent).items():
+        assert torch.allclose(p, before[n], equal_nan=True), n
+    agent.skip_nonfinite = True
+    with pytest.warns(RuntimeWarning, match="step skipped"):
+        metrics = agent.learn(b.experiences())
+    assert metrics["skipped_steps"] == 1.0
+    assert agent.steps == 0
+
+
+@pytest.mark.parametrize(
+    ("factory", "attrs"),
+    [
+        (
+            dr_grpo,
+            {"adv_norm": "mean_only", "loss_aggregation": "seq_mean_token_sum_norm", "beta": 0.0},
+        ),
+        (dapo, {"clip_coef_high": 0.28, "loss_aggregation": "token_mean", "filter_zero_adv": True}),
+        (rloo, {"advantage_estimator": "rloo", "loss_aggregation": "token_mean"}),
+        (reinforce_pp, {"advantage_estimator": "reinforce_pp_baseline"}),
+    ],
+)
+def test_presets_configure_grpo_and_learn(factory, attrs) -> None:  # type: ignore[no-untyped-def]
+    agent = factory(actor_network=tiny_model(), pad_token_id=0, pad_token="<pad>", group_size=GROUP_SIZE,
+                    lora_config=lora_config(), max_output_tokens=8, lr=1e-3)  # fmt: skip
+    for k, v in attrs.items():
+        assert getattr(agent, k) == v, k
+    b = make_batch()
+    before = actor_state(agent)
+    metrics = agent.learn(b.experiences())
+    assert math.isfinite(metrics["loss"])
+    assert any(not torch.equal(p, before[n]) for n, p in actor_state(agent).items())
+
+
+def test_gspo_and_cispo_pin_the_loss_type() -> None:
+    kw = {
+        "actor_network": tiny_model(),
+        "pad_token_id": 0,
+        "pad_token": "<pad>",
+        "lora_config": lora_config(),
+    }
+    assert GSPO(**kw).loss_type == "gspo"
+    assert GSPO(**{**kw, "actor_network": tiny_model()}).importance_sampling_level == "trajectory"
+    assert CISPO(**{**kw, "actor_network": tiny_model()}, loss_type="grpo").loss_type == "cispo"
+
+
+def test_seed_constructor_calls() -> None:
+    """The seeds' constructor calls, with a tiny local model and tokenizer in place of the hub's."""
+    model, tokenizer = tiny_causal_lm("qwen2", seed=0)
+    agent = LLMREINFORCE(
+        actor_network=model,
+        pad_token_id=tokenizer.eos_token_id,
+        pad_token=tokenizer.eos_token,
+        device="cuda" if torch.cuda.is_available() else "cpu",
+        batch_size=8,
+        update_epochs=1,
+        gamma=0.99,
+        max_output_tokens=128,
+        max_model_len=1024,
+    )
+    assert agent.gamma == 0.99
+    model, tokenizer = tiny_causal_lm("qwen2", seed=0)
+    agent = LLMPPO(
+        actor_network=model,
+        pad_token_id=tokenizer.eos_token_id,
+        pad_token=tokenizer.eos_token,
+        device="cuda" if torch.cuda.is_available() else "cpu",
+        batch_size=8,
+        update_epochs=1,
+        clip_coef=0.2,
+        max_output_tokens=128,
+        max_model_len=1024,
+    )
+    model, tokenizer = tiny_causal_lm("qwen2", seed=0)
+    agent = GRPO(
+        actor_network=model,
+        pad_token_id=tokenizer.eos_token_id,
+        pad_token=tokenizer.eos_token,
+        device="cuda" if torch.cuda.is_available() else "cpu",
+        batch_size=8,
+        group_size=8,
+    )
+    # pad == eos: learn() still counts an EOS action token
+    comp, masks = agent.get_action(prompts(1))
+    metrics = agent.learn((comp, masks, torch.arange(8, dtype=torch.float32)))
+    assert math.isfinite(metrics["loss"])
+
+
+def test_unknown_and_ignored_constructor_arguments() -> None:
+    kw = {"pad_token_id": 0, "pad_token": "<pad>", "lora_config": lora_config()}
+    with pytest.raises(TypeError, match=r"unexpected arguments \['no_such_option'\]"):
+        GRPO(actor_network=tiny_model(), no_such_option=1, **kw)
+    GRPO(
+        actor_network=tiny_model(),
+        calc_position_embeddings=True,
+        wrap=True,
+        torch_compiler=None,
+        **kw,
+    )
+    with pytest.raises(ValueError, match="pass `actor_network`"):
+        GRPO(**kw)
+    with pytest.raises(ValueError, match="absolute ratio bounds"):
+        GRPO(actor_network=tiny_model(), clip_coef=(1.2, 0.8), **kw)
