@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import torch
 from rl_adapters import PolicyModel, load_checkpoint, save_checkpoint
 from rl_kernels import fused_logprobs
-from rl_losses import KLKind, rollout_correction
+from rl_losses import Aggregation, KLKind, kl_penalty, rollout_correction
 from rl_rollout import HFEngine, SamplingParams
 
 from rl_algos.config import (
@@ -509,6 +509,40 @@ class LLMAlgorithm:
         self, mb: dict[str, Any], lp: torch.Tensor, norm: dict[str, float]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         raise NotImplementedError
+
+    def _finish_loss(
+        self,
+        pg: Any,
+        lp: torch.Tensor,
+        ref: torch.Tensor | None,
+        mask: torch.Tensor,
+        aggregation: Aggregation,
+        normalizer: float,
+        max_length: int | None = None,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Policy loss + ``beta`` x KL(pi || ref) (:func:`rl_losses.kl_penalty`), with metrics."""
+        m = pg.metrics()
+        info: dict[str, Any] = {
+            "pg_loss": float(pg.loss.detach()),
+            "clip_fraction": m.get("clip_frac_low", 0.0) + m.get("clip_frac_high", 0.0),
+            "approx_kl": m.get("approx_kl", 0.0),
+            "entropy": float(-(lp.detach() * mask).sum() / mask.sum().clamp(min=1)),
+        }
+        loss: torch.Tensor = pg.loss
+        if ref is not None and self.beta > 0:
+            kl = kl_penalty(
+                lp,
+                ref,
+                mask,
+                kind=self.kl_kind,
+                coef=self.beta,
+                aggregation=aggregation,
+                normalizer=normalizer,
+                max_length=max_length,
+            )
+            loss = loss + kl.loss
+            info["kl"] = kl.metrics()["kl_mean"]
+        return loss, info
 
     def _normalizers(self, mask: torch.Tensor) -> dict[str, float]:
         """Global denominators of one minibatch (summed over processes)."""

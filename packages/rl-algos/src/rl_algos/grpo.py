@@ -19,7 +19,6 @@ from rl_losses import (
     cispo_loss,
     clipped_surrogate,
     gspo_loss,
-    kl_penalty,
 )
 
 from rl_algos.base import Batch, LLMAlgorithm
@@ -253,28 +252,16 @@ class GRPO(LLMAlgorithm):
             pg = clipped_surrogate(
                 lp, mb["old"], adv, mask, **self._clip_kwargs(), **level_kw, **common
             )
-        loss = pg.loss
-        m = pg.metrics()
-        info: dict[str, Any] = {
-            "pg_loss": float(pg.loss.detach()),
-            "clip_fraction": m.get("clip_frac_low", 0.0) + m.get("clip_frac_high", 0.0),
-            "approx_kl": m.get("approx_kl", 0.0),
-            "ratio_mean": m.get("ratio_mean", 1.0),
-        }
-        if mb["ref"] is not None and self.beta > 0 and not self.use_kl_advantage_shaping:
-            kl = kl_penalty(
-                lp,
-                mb["ref"],
-                mask,
-                kind=self.kl_kind,
-                coef=self.beta,
-                aggregation=agg,
-                normalizer=normalizer,
-                max_length=self.max_length_norm,
-            )
-            loss = loss + kl.loss
-            info["kl"] = kl.metrics()["kl_mean"]
-        info["entropy"] = float(-(lp.detach() * mask).sum() / mask.sum().clamp(min=1))
+        loss, info = self._finish_loss(
+            pg,
+            lp,
+            None if self.use_kl_advantage_shaping else mb["ref"],
+            mask,
+            agg,
+            normalizer,
+            self.max_length_norm,
+        )
+        info["ratio_mean"] = pg.metrics().get("ratio_mean", 1.0)
         return loss, info
 
 

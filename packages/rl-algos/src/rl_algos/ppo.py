@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 from rl_advantages import broadcast_to_tokens, gae, pool_to_turns
-from rl_losses import clipped_surrogate, kl_penalty, value_loss
+from rl_losses import clipped_surrogate, value_loss
 
 from rl_algos.base import Batch, LLMAlgorithm
 from rl_algos.config import cosine_schedule
@@ -157,25 +157,6 @@ class LLMPPO(LLMAlgorithm):
             aggregation="token_mean",
             normalizer=norm["turns"],
         )
-        loss = pg.loss + self.vf_coef * vl.loss
-        m = pg.metrics()
-        info: dict[str, Any] = {
-            "pg_loss": float(pg.loss.detach()),
-            "value_loss": float(vl.loss.detach()),
-            "clip_fraction": m.get("clip_frac_low", 0.0) + m.get("clip_frac_high", 0.0),
-            "approx_kl": m.get("approx_kl", 0.0),
-            "entropy": float(-(lp.detach() * mask).sum() / mask.sum().clamp(min=1)),
-        }
-        if mb["ref"] is not None and self.beta > 0:
-            kl = kl_penalty(
-                lp,
-                mb["ref"],
-                mask,
-                kind=self.kl_kind,
-                coef=self.beta,
-                aggregation="token_mean",
-                normalizer=norm["tokens"],
-            )
-            loss = loss + kl.loss
-            info["kl"] = kl.metrics()["kl_mean"]
-        return loss, info
+        loss, info = self._finish_loss(pg, lp, mb["ref"], mask, "token_mean", norm["tokens"])
+        info["value_loss"] = float(vl.loss.detach())
+        return loss + self.vf_coef * vl.loss, info

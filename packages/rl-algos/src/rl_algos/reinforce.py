@@ -6,7 +6,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 from rl_advantages import broadcast_to_tokens, discounted_returns, pool_to_turns, rebn
-from rl_losses import clipped_surrogate, kl_penalty, reinforce_loss
+from rl_losses import clipped_surrogate, reinforce_loss
 
 from rl_algos.base import Batch, LLMAlgorithm
 
@@ -110,24 +110,4 @@ class LLMREINFORCE(LLMAlgorithm):
                 else {"clip_low": float(c)}
             )
             pg = clipped_surrogate(lp, mb["old"], adv, mask, **clip, **common)
-        m = pg.metrics()
-        info: dict[str, Any] = {
-            "pg_loss": float(pg.loss.detach()),
-            "clip_fraction": m.get("clip_frac_low", 0.0) + m.get("clip_frac_high", 0.0),
-            "approx_kl": m.get("approx_kl", 0.0),
-            "entropy": float(-(lp.detach() * mask).sum() / mask.sum().clamp(min=1)),
-        }
-        loss = pg.loss
-        if mb["ref"] is not None and self.beta > 0:
-            kl = kl_penalty(
-                lp,
-                mb["ref"],
-                mask,
-                kind=self.kl_kind,
-                coef=self.beta,
-                aggregation="token_mean",
-                normalizer=norm["tokens"],
-            )
-            loss = loss + kl.loss
-            info["kl"] = kl.metrics()["kl_mean"]
-        return loss, info
+        return self._finish_loss(pg, lp, mb["ref"], mask, "token_mean", norm["tokens"])
