@@ -18,14 +18,25 @@ frozen reference adapter) built from identical weights, one step per call:
 
 Both run once as warm-up and the same number of timed calls, so the two policies receive the
 same updates: ``grad_rel_diff`` (in ``extra``) is the largest gradient difference of the last
-call over the largest gradient, a check that the plain loop computes the same loss. On CUDA
-``peak_extra_MiB`` is the peak allocated memory of one call above what was allocated before it.
+call over the largest gradient, a check that the plain loop computes the same loss.
+
+``peak_extra_MiB``: on CUDA, the peak allocated memory of the warm-up call above what was
+allocated before it. On CPU (full runs only, as in ``bench_kernels``), the peak resident
+memory of one call in a fresh process per (case, variant), minus the peak before the call; a
+call on one small group goes first so that one-time costs are not counted. Resident memory
+includes the allocator's slack, so it is coarse for the tiny model.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import resource
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -73,20 +84,22 @@ class Experience:
     rewards: torch.Tensor  # [N] float
 
 
-def _experience(vocab: int, device: torch.device) -> Experience:
+def _experience(
+    vocab: int, device: torch.device, prompts: int = B, completion_len: int = COMPLETION_LEN
+) -> Experience:
+    """``prompts * G`` rows of ``PROMPT_LEN`` prompt tokens and 8..``completion_len`` actions."""
     gen = torch.Generator().manual_seed(SEED)
-    ids = torch.randint(3, vocab, (N, L), generator=gen)  # no pad / bos / eos inside
+    n, length = prompts * G, PROMPT_LEN + completion_len
+    ids = torch.randint(3, vocab, (n, length), generator=gen)  # no pad / bos / eos inside
     ids[:, 0] = 1
-    lengths = torch.randint(8, COMPLETION_LEN + 1, (N,), generator=gen)
-    lengths[::G] = COMPLETION_LEN  # the longest completion fills L
-    pos = torch.arange(L)
+    lengths = torch.randint(8, completion_len + 1, (n,), generator=gen)
+    lengths[::G] = completion_len  # the longest completion fills the width
+    pos = torch.arange(length)
     real = pos[None] < (PROMPT_LEN + lengths)[:, None]
     ids = ids.masked_fill(~real, PAD_ID)
     action = real[:, 1:] & (pos[None, 1:] >= PROMPT_LEN)
-    rewards = torch.rand(N, generator=gen)
-    return Experience(
-        ids.to(device), real.long().to(device), action.to(device), rewards.to(device)
-    )
+    rewards = torch.rand(n, generator=gen)
+    return Experience(ids.to(device), real.long().to(device), action.to(device), rewards.to(device))
 
 
 def _plain_step(
@@ -104,9 +117,9 @@ def _plain_step(
     with torch.no_grad():
         old = logprobs("actor")
         ref = logprobs("reference")
-        r = exp.rewards.float().view(B, G)
+        r = exp.rewards.float().view(-1, G)
         adv = (r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + STD_EPS)
-        adv = adv.reshape(N, 1)
+        adv = adv.reshape(-1, 1)
     optimizer.zero_grad(set_to_none=True)
     lp = logprobs("actor")
     ratio = torch.exp(lp - old)
@@ -129,8 +142,73 @@ def _grad_rel_diff(a: list[torch.nn.Parameter], b: list[torch.nn.Parameter]) -> 
     return diff / scale if scale > 0 else diff
 
 
-def _peak_extra_mib(fn: Callable[[], object], device: torch.device) -> float | None:
+def _variants(
+    agent: GRPO, policy: PolicyModel, exp: Experience, losses: dict[str, float]
+) -> list[tuple[str, Callable[[], None]]]:
+    """``(name, one update)`` of each variant; each call stores its loss in ``losses``."""
+    optimizer = torch.optim.AdamW(policy.trainable_parameters("actor"), lr=LR, weight_decay=0)
+
+    def plain() -> None:
+        losses["plain"] = float(_plain_step(policy, optimizer, exp))
+
+    def learn() -> None:
+        losses["rl_algos.learn"] = agent.learn((exp.ids, exp.action_mask, exp.rewards))["loss"]
+
+    return [("plain", plain), ("rl_algos.learn", learn)]
+
+
+def _max_rss_bytes() -> int:
+    """This process's peak resident memory.
+
+    Linux's ``VmHWM`` (the peak of this process image), since ``ru_maxrss`` of a child
+    starts at its parent's resident size at ``fork`` (kept over ``exec``), which hides the
+    worker's own peak when the parent already holds the models.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _worker(name: str, variant: str) -> dict[str, int]:
+    """In a fresh process: peak RSS over one call minus the peak RSS before it.
+
+    A call on a small batch first (one group, completions of 8 tokens) pays the one-time
+    costs (lazy imports, thread pools, optimizer state) without raising the peak much.
+    """
+    torch.manual_seed(SEED)
+    device = torch.device("cpu")
+    agent = _agent(name, device)
+    vocab = int(agent.policy.base_model.config.vocab_size)
+    exp = _experience(vocab, device, prompts=1, completion_len=8)
+    fn = dict(_variants(agent, agent.policy, exp, {}))[variant]
+    fn()
+    vars(exp).update(vars(_experience(vocab, device)))  # the closures read `exp`'s fields
+    base = _max_rss_bytes()
+    fn()
+    return {"peak_extra_bytes": _max_rss_bytes() - base}
+
+
+def _cpu_peak_extra_mib(name: str, variant: str) -> float | None:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    proc = subprocess.run(
+        [sys.executable, __file__, "--worker", name, variant],
+        capture_output=True, text=True, check=False, env=env,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        print(f"{name} {variant}: memory worker failed\n{proc.stderr[-2000:]}", file=sys.stderr)
+        return None
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return round(int(result["peak_extra_bytes"]) / 2**20, 1)
+
+
+def _cuda_peak_extra_mib(fn: Callable[[], object], device: torch.device) -> float | None:
     if device.type != "cuda":
+        fn()
         return None
     torch.cuda.synchronize(device)
     before = torch.cuda.memory_allocated(device)
@@ -141,49 +219,45 @@ def _peak_extra_mib(fn: Callable[[], object], device: torch.device) -> float | N
 
 
 def run(quick: bool) -> list[Row]:
-    repeats = 2 if quick else 5
+    repeats = 1 if quick else 5
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(SEED)
     rows: list[Row] = []
     for name in ("tiny", "20M"):
         agent = _agent(name, device)  # rl_algos.learn
         twin = _agent(name, device)  # the same weights, updated by the plain loop
-        policy = twin.policy
-        optimizer = torch.optim.AdamW(policy.trainable_parameters("actor"), lr=LR, weight_decay=0)
         params_count = sum(
             p.numel() for n, p in agent.policy.base_model.named_parameters() if "lora_" not in n
         )
         lora_count = sum(p.numel() for p in agent.actor_parameters())
-        vocab = int(agent.policy.base_model.config.vocab_size)
-        exp = _experience(vocab, device)
-        experiences = (exp.ids, exp.action_mask, exp.rewards)
+        exp = _experience(int(agent.policy.base_model.config.vocab_size), device)
         case = f"{name} ({params_count / 1e6:.1f}M params) {B}x{G}x{L}"
         losses: dict[str, float] = {}
-
-        def plain(p: PolicyModel = policy, o: Any = optimizer, e: Experience = exp) -> None:
-            losses["plain"] = float(_plain_step(p, o, e))
-
-        def learn(a: GRPO = agent, x: Any = experiences) -> None:
-            losses["rl_algos.learn"] = a.learn(x)["loss"]
-
-        variants: list[tuple[str, Callable[[], None]]] = [
-            ("plain", plain), ("rl_algos.learn", learn),
-        ]  # fmt: skip
-        peaks: dict[str, float | None] = {}
-        for variant, fn in variants:  # warm-up once (on CUDA: with the peak memory)
-            peaks[variant] = _peak_extra_mib(fn, device)
-        timings = {
-            variant: measure(fn, repeats=repeats, warmup=0, device=device)
-            for variant, fn in variants
-        }
-        rel = _grad_rel_diff(agent.actor_parameters(), policy.trainable_parameters("actor"))
-        for variant, _ in variants:
+        variants = _variants(agent, twin.policy, exp, losses)
+        # warm-up once (on CUDA measuring the peak memory), then the timed calls
+        peaks = {v: _cuda_peak_extra_mib(fn, device) for v, fn in variants}
+        timings = {v: measure(fn, repeats=repeats, warmup=0, device=device) for v, fn in variants}
+        rel = _grad_rel_diff(agent.actor_parameters(), twin.policy.trainable_parameters("actor"))
+        del agent, twin, variants
+        for variant, timing in timings.items():
+            if device.type == "cpu" and not quick:  # peak RSS needs a process of its own
+                peaks[variant] = _cpu_peak_extra_mib(name, variant)
             extra: dict[str, Any] = {"params": params_count, "lora_params": lora_count}
             if peaks[variant] is not None:
                 extra["peak_extra_MiB"] = peaks[variant]
             extra["loss"] = f"{losses[variant]:.4g}"
             if variant != "plain":
                 extra["grad_rel_diff"] = f"{rel:.1e}"
-            rows.append(Row("learn", case, variant, timings[variant], extra=extra))
-        del agent, twin, policy, optimizer
-    return with_ratios(rows, baseline="plain")
+            rows.append(Row("learn", case, variant, timing, extra=extra))
+    rows = with_ratios(rows, baseline="plain")
+    for r in rows:
+        base = next(x for x in rows if x.case == r.case and x.variant == "plain")
+        if r.extra.get("peak_extra_MiB") and base.extra.get("peak_extra_MiB"):
+            r.extra["mem_vs_plain"] = round(
+                r.extra["peak_extra_MiB"] / base.extra["peak_extra_MiB"], 3
+            )
+    return rows
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--worker":
+    print(json.dumps(_worker(sys.argv[2], sys.argv[3])))
