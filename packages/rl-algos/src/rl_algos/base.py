@@ -170,6 +170,7 @@ class LLMAlgorithm:
         vllm_importance_sampling_cap: float = 2.0,
         kl_kind: KLKind = "k3",
         skip_nonfinite: bool = False,
+        full_finetune: bool = False,
         tokenizer: Any = None,
         **ignored: Any,
     ) -> None:
@@ -236,28 +237,37 @@ class LLMAlgorithm:
             "lora_target_scope": lora_target_scope,
             "use_separate_reference_adapter": use_separate_reference_adapter,
         }
+        reference_mode: Any = (
+            ("copy" if beta > 0 else None)
+            if full_finetune
+            else ("adapter" if use_separate_reference_adapter else "base")
+        )
+        if full_finetune and self.uses_critic:
+            raise ValueError("full_finetune=True is not supported with a critic (LLMPPO): use LoRA")
         if actor_network is None:
             self.policy = PolicyModel.from_pretrained(
                 str(model_name),
                 model_config=model_config,
                 lora_config=lora_config,
-                reference="adapter" if use_separate_reference_adapter else "base",
+                reference=reference_mode,
                 critic=self.uses_critic,
                 gradient_checkpointing=gradient_checkpointing,
                 activation_offload=activation_offload,
                 lora_target_scope=lora_target_scope or "language",
                 seed=seed,
+                full_finetune=full_finetune,
             )
         else:
             self.policy = PolicyModel(
                 actor_network,
                 lora_config=lora_config,
-                reference="adapter" if use_separate_reference_adapter else "base",
+                reference=reference_mode,
                 critic=self.uses_critic,
                 gradient_checkpointing=gradient_checkpointing,
                 activation_offload=activation_offload,
                 lora_target_scope=lora_target_scope or "language",  # type: ignore[arg-type]
                 seed=seed,
+                full_finetune=full_finetune,
             )
         self.policy.to(self.device)
         self.policy.eval()
@@ -708,7 +718,7 @@ class LLMAlgorithm:
     def set_reference_policy(self, reference_update_tracker: int) -> None:
         """Copy the actor onto the reference when the tracker moved (e.g. a new dataset pass)."""
         if reference_update_tracker > self.reference_updates:
-            if self.policy.reference_mode == "adapter":
+            if self.policy.reference_mode in ("adapter", "copy"):
                 self.policy.sync_reference()
             self.reference_updates = reference_update_tracker
 
