@@ -28,7 +28,8 @@ ALLOWED_SIBLINGS = {
     "rl-algos": {
         "rl-advantages", "rl-losses", "rl-kernels", "rl-adapters", "rl-rollout", "rl-envs",
     },
-    "rl-train": {"rl-algos"},
+    # rl-algos brings the whole stack; the loops and the demo drive rl-envs' environments directly
+    "rl-train": {"rl-algos", "rl-envs"},
 }  # fmt: skip
 TORCH_ONLY = {"rl-advantages", "rl-losses", "rl-kernels"}
 

@@ -285,3 +285,21 @@ def test_constructor_arguments_checked(kw: dict[str, object], match: str) -> Non
     args.update(kw)
     with pytest.raises(ValueError, match=match):
         ReasoningGym(**args)  # type: ignore[arg-type]
+
+
+def test_state_dict_resumes_the_same_batches() -> None:
+    import json
+
+    a = gym(train=10, batch=3, seed=5)
+    a.reset()
+    for _ in range(4):
+        a.step([["x"]] * 3)
+    state = json.loads(json.dumps(a.state_dict()))  # JSON types only
+    b = gym(train=10, batch=3, seed=5)
+    b.load_state_dict(state)
+    for _ in range(6):
+        na, _ = a.step([["x"]] * 3)
+        nb, _ = b.step([["x"]] * 3)
+        assert na.indices == nb.indices
+        assert (na.epoch, na.step) == (nb.epoch, nb.step)
+    assert a.num_epochs == b.num_epochs

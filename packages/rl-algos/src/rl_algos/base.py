@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import random
 import warnings
@@ -355,12 +356,17 @@ class LLMAlgorithm:
         )
 
     def get_action(
-        self, obs: Sequence[dict[str, Any]] | dict[str, Any], training: bool = True, **kwargs: Any
+        self,
+        obs: Sequence[dict[str, Any]] | dict[str, Any],
+        training: bool = True,
+        repeat_prompts: bool = True,
+        **kwargs: Any,
     ) -> ActionResult:
         """Generate completions for prompt dicts (``input_ids`` [1, P], ``attention_mask``).
 
-        With ``training``, ``group_size`` samples per prompt (GRPO) with the training sampling
-        settings; otherwise one greedy completion. Returns per prompt ``[G, P + T]`` sequences
+        With ``training``, ``group_size`` samples per prompt (GRPO; one with
+        ``repeat_prompts=False``) with the training sampling settings; otherwise one greedy
+        completion. Returns per prompt ``[G, P + T]`` sequences
         and ``[G, P + T - 1]`` action masks (see :class:`~rl_algos.ActionResult`).
         """
         prompts = [obs] if isinstance(obs, dict) else list(obs)
@@ -376,6 +382,8 @@ class LLMAlgorithm:
                 row = row[torch.as_tensor(am).reshape(-1).bool()]
             ids.append(row.tolist())
         params = self.sampling_params(training)
+        if not repeat_prompts:  # rows are already expanded trajectories: one sample each
+            params = dataclasses.replace(params, n=1)
         with torch.no_grad():
             result = self.engine.generate(ids, params)
         n = params.n

@@ -205,6 +205,7 @@ class ReasoningGym:
         self._mode = "train"
         self._pending: dict[str, PromptBatch | None] = {"train": None, "test": None}
         self._steps = {"train": 0, "test": 0}
+        self._pending_rows: dict[str, list[int]] = {"train": [], "test": []}
         self.last_completions: list[list[str]] = []
         self.last_reward_components: dict[str, torch.Tensor] = {}
 
@@ -259,10 +260,10 @@ class ReasoningGym:
             )
         return _Split(name, rows, self.data_batch_size_per_gpu, shuffle, drop_last, self.seed)
 
-    def _next_batch(self) -> PromptBatch:
-        split = self._splits[self._mode]
+    def _build(self, mode: str, indices: list[int]) -> PromptBatch:
+        split = self._splits[mode]
         batch = PromptBatch()
-        for i in split.next_indices():
+        for i in indices:
             row = split.rows[i]
             ids = torch.tensor([row["ids"]], dtype=torch.long)
             batch.append(
@@ -275,8 +276,13 @@ class ReasoningGym:
                     "index": row["index"],
                 }
             )
-        batch.split, batch.epoch = self._mode, split.epoch
-        batch.step = self._steps[self._mode]
+        batch.split, batch.epoch, batch.step = mode, split.epoch, self._steps[mode]
+        self._pending_rows[mode] = list(indices)
+        return batch
+
+    def _next_batch(self) -> PromptBatch:
+        split = self._splits[self._mode]
+        batch = self._build(self._mode, split.next_indices())
         self._steps[self._mode] += 1
         self._pending[self._mode] = batch
         return batch
@@ -405,6 +411,47 @@ class ReasoningGym:
         self.last_reward_components = components
         return total
 
+    def state_dict(self) -> dict[str, Any]:
+        """The iteration state (cursors, epochs, shuffled orders, the pending batch), as JSON types.
+
+        With :meth:`load_state_dict` a resumed run sees exactly the batches an uninterrupted
+        run would.
+        """
+        return {
+            "splits": {
+                name: {"epoch": sp.epoch, "position": sp.position, "order": list(sp.order)}
+                for name, sp in self._splits.items()
+            },
+            "steps": dict(self._steps),
+            "pending": {
+                name: None
+                if b is None
+                else {"rows": self._pending_rows[name], "epoch": b.epoch, "step": b.step}
+                for name, b in self._pending.items()
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (the datasets must be the same)."""
+        for name, sp in state["splits"].items():
+            split = self._splits[name]
+            if sorted(sp["order"]) != list(range(len(split.rows))):
+                raise ValueError(
+                    f"the saved {name} order does not fit this dataset ({len(split.rows)} rows)"
+                )
+            split.epoch, split.position, split.order = (
+                int(sp["epoch"]),
+                int(sp["position"]),
+                list(sp["order"]),
+            )
+        self._steps = {k: int(v) for k, v in state["steps"].items()}
+        for name, pending in state["pending"].items():
+            self._pending[name] = None
+            if pending is not None:
+                batch = self._build(name, list(pending["rows"]))
+                batch.epoch, batch.step = int(pending["epoch"]), int(pending["step"])
+                self._pending[name] = batch
+
     @contextmanager
     def eval_mode(self) -> Iterator[ReasoningGym]:
         """Run ``reset``/``step`` over the test split, from its start; training state is kept."""
@@ -417,6 +464,11 @@ class ReasoningGym:
             yield self
         finally:
             self._mode = "train"
+
+    @property
+    def current_batch(self) -> PromptBatch | None:
+        """The batch handed out last in the current mode (what ``step`` will score)."""
+        return self._pending[self._mode]
 
     @property
     def evaluating(self) -> bool:

@@ -1,7 +1,22 @@
-"""rl-train."""
+"""rl-train: training loops, the ``rl-train`` command and the embedded demo.
+
+``finetune_llm_reasoning`` / ``finetune_llm_multiturn`` are the seeds' loops (AgileRL's
+``agilerl.training.train_llm`` -> ``rl_train``); :class:`MetricsLogger` writes CSV, JSONL and
+TensorBoard; :func:`plot_reward_curve` the PNG.
+"""
 
 from importlib.metadata import version as _version
 
+from rl_train.loops import finetune_llm_multiturn, finetune_llm_reasoning, latest_checkpoint
+from rl_train.metrics import MetricsLogger, plot_reward_curve
+
 __version__: str = _version("rl-train")
 
-__all__ = ["__version__"]
+__all__ = [
+    "MetricsLogger",
+    "__version__",
+    "finetune_llm_multiturn",
+    "finetune_llm_reasoning",
+    "latest_checkpoint",
+    "plot_reward_curve",
+]

@@ -1,0 +1,125 @@
+"""Metrics to the console, CSV, JSONL and TensorBoard, and the reward-curve PNG."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MetricsLogger", "plot_reward_curve"]
+
+
+class MetricsLogger:
+    """Writes one row per logged step to ``metrics.jsonl`` and ``metrics.csv`` in ``run_dir``.
+
+    TensorBoard event files go to ``run_dir/tensorboard`` (when the ``tensorboard`` package is
+    importable); Weights & Biases is used only when asked for and installed.
+
+    Args:
+        run_dir: The run directory (created).
+        tensorboard: Also write TensorBoard scalars.
+        wandb_project: A W&B project name to log to, or None.
+        resume: Keep the existing files and append (a resumed run).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        tensorboard: bool = True,
+        wandb_project: str | None = None,
+        resume: bool = False,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.jsonl = self.run_dir / "metrics.jsonl"
+        self.csv = self.run_dir / "metrics.csv"
+        if not resume:
+            for path in (self.jsonl, self.csv):
+                path.unlink(missing_ok=True)
+        self.history: list[dict[str, Any]] = self.read(self.jsonl) if resume else []
+        self._tb: Any = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            except ImportError:  # pragma: no cover - tensorboard is a dependency
+                self._tb = None
+        self._wandb: Any = None
+        if wandb_project is not None:  # pragma: no cover - needs wandb and a login
+            import wandb
+
+            self._wandb = wandb.init(project=wandb_project, dir=str(self.run_dir))
+
+    @staticmethod
+    def read(path: str | Path) -> list[dict[str, Any]]:
+        """The rows of a ``metrics.jsonl`` file (empty if missing)."""
+        p = Path(path)
+        if not p.is_file():
+            return []
+        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Record ``metrics`` at ``step`` everywhere."""
+        row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+        self.history.append(row)
+        with self.jsonl.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        fields = sorted({k for r in self.history for k in r} - {"step"})
+        with self.csv.open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=["step", *fields])
+            writer.writeheader()
+            for r in self.history:
+                writer.writerow(r)
+        if self._tb is not None:
+            for k, v in row.items():
+                if k != "step" and math.isfinite(v):
+                    self._tb.add_scalar(k, v, step)
+            self._tb.flush()
+        if self._wandb is not None:  # pragma: no cover
+            self._wandb.log(row, step=step)
+
+    def truncate(self, step: int) -> None:
+        """Drop rows after ``step`` (resuming from a checkpoint written at ``step``)."""
+        self.history = [r for r in self.history if r["step"] <= step]
+        self.jsonl.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+
+    def close(self) -> None:
+        """Flush and close the writers."""
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:  # pragma: no cover
+            self._wandb.finish()
+
+
+def plot_reward_curve(
+    history: list[dict[str, Any]], path: str | Path, title: str = "reward"
+) -> Path | None:
+    """Plot ``mean_reward`` (and ``eval_accuracy`` / ``fitness`` if present) against the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in history if "mean_reward" in r]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([r["step"] for r in rows], [r["mean_reward"] for r in rows], label="train reward")
+    for key, label in (("eval_accuracy", "greedy accuracy (test)"), ("fitness", "test reward")):
+        pts = [(r["step"], r[key]) for r in history if key in r]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker="o", label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

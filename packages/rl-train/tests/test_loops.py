@@ -1,0 +1,85 @@
+"""finetune_llm_reasoning / finetune_llm_multiturn on the embedded tiny model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rl_envs import TokenObservationWrapper
+from rl_envs.tasks import GuessTheNumberEnv
+from rl_train import (
+    MetricsLogger,
+    finetune_llm_multiturn,
+    finetune_llm_reasoning,
+    latest_checkpoint,
+)
+from rl_train.demo import DemoConfig, build_agent, build_env, tiny_model, tiny_tokenizer
+
+
+def setup(algo: str = "grpo", seed: int = 0, max_model_len: int = 64):  # type: ignore[no-untyped-def]
+    config = DemoConfig(algo=algo, seed=seed, prompts_per_step=4, group_size=4, n_train=40,
+                        n_test=8, max_model_len=max_model_len)  # fmt: skip
+    tok = tiny_tokenizer()
+    env = build_env(config, tok)
+    agent = build_agent(config, tiny_model(len(tok), seed), tok)
+    return agent, env
+
+
+def test_resume_after_interruption_equals_uninterrupted(tmp_path: Path) -> None:
+    agent, env = setup()
+    finetune_llm_reasoning([agent], env, max_steps=8, evaluation_interval=4, checkpoint_steps=4,
+                           run_dir=tmp_path / "full", verbose=False, plot=False)  # fmt: skip
+    full = MetricsLogger.read(tmp_path / "full" / "metrics.jsonl")
+
+    # the "killed" run: 6 steps, checkpoint at 4; its last 2 steps are lost with it
+    agent, env = setup()
+    finetune_llm_reasoning([agent], env, max_steps=6, evaluation_interval=4, checkpoint_steps=4,
+                           run_dir=tmp_path / "cut", verbose=False, plot=False)  # fmt: skip
+    assert json.loads((tmp_path / "cut" / "checkpoints" / "latest.json").read_text())["step"] == 4
+    agent, env = setup()  # a fresh process: new agent, new environment
+    finetune_llm_reasoning([agent], env, max_steps=8, evaluation_interval=4, checkpoint_steps=4,
+                           run_dir=tmp_path / "cut", resume=True, verbose=False, plot=False)  # fmt: skip
+    resumed = MetricsLogger.read(tmp_path / "cut" / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == list(range(1, 9))
+    for a, b in zip(full, resumed, strict=True):
+        a.pop("step_time"), b.pop("step_time")
+        assert a == b
+
+
+def test_early_stop_at_max_reward_and_elite(tmp_path: Path) -> None:
+    agent, env = setup()
+    pop = finetune_llm_reasoning([agent], env, max_steps=50, evaluation_interval=1, max_reward=-1.0,
+                                 run_dir=tmp_path, verbose=False, save_elite=True)  # fmt: skip
+    rows = MetricsLogger.read(tmp_path / "metrics.jsonl")
+    assert len(rows) == 1  # stopped after the first evaluation
+    assert (tmp_path / "reward_curve.png").is_file()
+    assert (tmp_path / "elite").is_dir()
+    assert pop[0] is agent
+    assert latest_checkpoint(tmp_path) is None
+
+
+def test_loop_argument_checks(tmp_path: Path) -> None:
+    agent, env = setup()
+    with pytest.raises(ValueError, match="`pop` is empty"):
+        finetune_llm_reasoning([], env, max_steps=1, run_dir=tmp_path)
+    with pytest.raises(ValueError, match="`evaluation_interval` must be >= 1"):
+        finetune_llm_reasoning([agent], env, max_steps=1, evaluation_interval=0, run_dir=tmp_path)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "reinforce", "ppo"])
+def test_multiturn_loop_runs_with_turn_level_credit(tmp_path: Path, algo: str) -> None:
+    agent, _ = setup(algo, max_model_len=160)
+    tok = agent.tokenizer
+
+    def env_factory() -> TokenObservationWrapper:
+        return TokenObservationWrapper(GuessTheNumberEnv(0, 3, max_guesses=3), tok, max_turns=3,
+                                       pad_id=tok.pad_token_id, max_model_len=128, max_output_tokens=2)  # fmt: skip
+
+    finetune_llm_multiturn([agent], max_turns=3, env_factory=env_factory, max_steps=2,
+                           evaluation_interval=2, batch_size=2, group_size=2, run_dir=tmp_path,
+                           verbose=False)  # fmt: skip
+    rows = MetricsLogger.read(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert "fitness" in rows[-1]
+    assert agent.steps >= 2
