@@ -305,6 +305,7 @@ class LLMAlgorithm:
         self.fitness: list[float] = []
         self.scores: list[float] = []
         self.mutation_history: list[dict[str, Any]] = []
+        self._broadcast_weights()
         self._build_optimizers()
 
     # -- optimisation state ----------------------------------------------------------------------
@@ -621,6 +622,42 @@ class LLMAlgorithm:
         out["mean_kl"] = out.get("kl", 0.0)
         return out
 
+    @staticmethod
+    def _distributed() -> bool:
+        return (
+            torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1
+        )
+
+    def _sync_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        """Data parallelism: sum the gradients over processes.
+
+        Every process's loss is already divided by the global (all-reduced) token or sequence
+        count, so the sum is the gradient of the global-batch loss, exactly as one process
+        would compute it on the whole batch (DDP's average would need equal local batches).
+        """
+        if not self._distributed():
+            return
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.reshape(-1) for p in params])  # type: ignore[union-attr]
+        torch.distributed.all_reduce(flat)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p))  # type: ignore[union-attr]
+            offset += n
+
+    def _broadcast_weights(self) -> None:
+        """Start every process from rank 0's trainable weights (and reference)."""
+        if not self._distributed():
+            return
+        with torch.no_grad():
+            for t in [*self.policy.parameters(), *self.policy.buffers()]:
+                torch.distributed.broadcast(t.data, src=0)
+
     def _check_batch(self, batch: Batch) -> None:
         """Subclass hook: options the batch must support."""
 
@@ -630,7 +667,7 @@ class LLMAlgorithm:
         """Subclass hook: further global denominators of a minibatch."""
         return {}
 
-    def _step(  # noqa: PLR0912
+    def _step(  # noqa: PLR0912, PLR0915
         self,
         batch: Batch,
         rows: torch.Tensor,
@@ -670,6 +707,7 @@ class LLMAlgorithm:
             for k, v in info.items():
                 parts[k] = parts.get(k, 0.0) + float(v) * weight
         params = self._trainable()
+        self._sync_gradients(params)
         finite = torch.tensor([1.0 if math.isfinite(total) else 0.0], device=self.device)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)

@@ -1,0 +1,37 @@
+"""Run by ``torch.distributed.run`` (2 CPU processes, gloo): a few GRPO ``learn()`` steps.
+
+Each rank takes its share of the prompts of a fixed global batch; after every step it writes
+its actor weights to ``OUT/rank<r>_step<k>.safetensors``. Usage: ``ddp_learn.py OUT``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ddp_common import STEPS, global_batches, make_agent
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    accelerator = Accelerator(cpu=True)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    assert world == 2, f"expected 2 processes, got {world} (not really distributed)"
+    agent = make_agent(accelerator=accelerator)
+    for step, (ids, masks, rewards, prompts_per_rank) in enumerate(global_batches()):
+        rows = slice(rank * prompts_per_rank, (rank + 1) * prompts_per_rank)
+        metrics = agent.learn((ids[rows], masks[rows], rewards[rows]))
+        weights = {n: p.detach().contiguous() for n, p in agent.policy.named_parameters() if p.requires_grad}  # fmt: skip
+        weights["loss"] = torch.tensor([metrics["loss"]])
+        save_file(weights, str(out / f"rank{rank}_step{step}.safetensors"))
+    assert step == STEPS - 1
+    accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    main()

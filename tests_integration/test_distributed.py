@@ -1,0 +1,45 @@
+"""Data-parallel training on CPU, launched as users launch it (torchrun + accelerate, gloo)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+
+def test_two_process_grpo_equals_one_process_on_the_global_batch(tmp_path: Path) -> None:
+    from ddp_common import STEPS, global_batches, make_agent
+
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    with socket.socket() as s:  # torchrun's --master_port 0 hangs: pick a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(port),
+           str(SCRIPTS / "ddp_learn.py"), str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    torch.set_num_threads(1)
+    single = make_agent()
+    for step, (ids, masks, rewards, _) in enumerate(global_batches()):
+        metrics = single.learn((ids, masks, rewards))
+        ranks = [load_file(str(tmp_path / f"rank{r}_step{step}.safetensors")) for r in (0, 1)]
+        assert ranks[0].keys() == ranks[1].keys()
+        for name in ranks[0].keys() - {"loss"}:  # the ranks' weights stay bit-identical
+            assert torch.equal(ranks[0][name], ranks[1][name]), (step, name)
+        # the summed per-rank losses are the global loss; weights match one process on it
+        assert abs(float(ranks[0]["loss"] + ranks[1]["loss"]) - metrics["loss"]) < 1e-5
+        mine = {n: p.detach() for n, p in single.policy.named_parameters() if p.requires_grad}
+        for name, value in mine.items():
+            # float32 reduction order differs (gloo sum vs one pass); Adam amplifies it on tiny grads
+            torch.testing.assert_close(ranks[0][name], value, rtol=1e-4, atol=2e-5)
+    assert step == STEPS - 1
