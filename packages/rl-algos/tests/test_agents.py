@@ -258,3 +258,21 @@ def test_unknown_and_ignored_constructor_arguments() -> None:
         GRPO(**kw)
     with pytest.raises(ValueError, match="absolute ratio bounds"):
         GRPO(actor_network=tiny_model(), clip_coef=(1.2, 0.8), **kw)
+
+
+def test_load_classmethod_rebuilds_the_agent(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    agent = make_agent("GRPO", lr=1e-2, max_grad_norm=1.0)
+    b = make_batch()
+    agent.learn(b.experiences())
+    agent.save_checkpoint(tmp_path / "c")
+    loaded = GRPO.load(tmp_path / "c", actor_network=tiny_model(), lora_config=lora_config())
+    assert type(loaded) is GRPO
+    assert (loaded.group_size, loaded.lr, loaded.steps) == (agent.group_size, agent.lr, agent.steps)
+    for (n, x), y in zip(actor_state(agent).items(), actor_state(loaded).values(), strict=True):
+        assert torch.equal(x, y), n
+    with pytest.raises(ValueError, match="pass `actor_network`"):
+        GRPO.load(tmp_path / "c")
+    with pytest.raises(ValueError, match="not an agent checkpoint"):
+        GRPO.load(tmp_path, actor_network=tiny_model())
+    with pytest.raises(ValueError, match="holds a GRPO, not a LLMPPO"):
+        LLMPPO.load(tmp_path / "c", actor_network=tiny_model())

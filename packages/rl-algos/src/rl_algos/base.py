@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 import random
 import warnings
@@ -112,6 +113,14 @@ def _stack(name: str, parts: Any, pad: float | int | bool, dtype: torch.dtype) -
     )
 
 
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 class LLMAlgorithm:
     """Shared machinery of the LLM agents (AgileRL's constructor arguments).
 
@@ -128,6 +137,18 @@ class LLMAlgorithm:
     algo_name: ClassVar[str] = "llm"
     uses_critic: ClassVar[bool] = False
     default_group_size: ClassVar[int] = 1
+    _registry: ClassVar[dict[str, type[LLMAlgorithm]]] = {}
+    _init_kwargs: dict[str, Any]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        LLMAlgorithm._registry[cls.__name__] = cls
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> LLMAlgorithm:  # noqa: D102
+        obj = super().__new__(cls)
+        # the JSON-representable constructor arguments, saved with checkpoints for `load`
+        obj._init_kwargs = {k: v for k, v in kwargs.items() if _jsonable(v)}
+        return obj
 
     def __init__(  # noqa: PLR0915 - AgileRL's constructor surface
         self,
@@ -783,6 +804,7 @@ class LLMAlgorithm:
             "python_rng": list(self._rng.getstate()[1]),
             "python_rng_pos": self._rng.getstate()[2],
             "torch_rng": self._torch_rng.get_state().tolist(),
+            "init_kwargs": self._init_kwargs,
         }
 
     def save_checkpoint(
@@ -807,6 +829,40 @@ class LLMAlgorithm:
             scheduler=self.lr_scheduler if load_optimizer else None,
         )
         self._load_state(state)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        actor_network: Any = None,
+        device: str | torch.device = "cpu",
+        accelerator: Any = None,
+        **overrides: Any,
+    ) -> LLMAlgorithm:
+        """Rebuild an agent from a checkpoint: its class and constructor arguments, then weights.
+
+        The checkpoint holds the adapters (or the full weights) but not the base model: pass
+        ``actor_network`` (a fresh base) unless the agent was built from ``model_name``.
+        Arguments that are not JSON (``lora_config``, ``tokenizer``, ``hp_config``) come back
+        through ``overrides``.
+        """
+        state_file = Path(path) / "state.json"
+        if not state_file.is_file():
+            raise ValueError(f"{path} is not an agent checkpoint (no state.json)")
+        state = json.loads(state_file.read_text())
+        klass = LLMAlgorithm._registry.get(str(state.get("class")), cls)
+        if not issubclass(klass, cls):
+            raise ValueError(f"{path} holds a {klass.__name__}, not a {cls.__name__}")
+        kwargs = {**state.get("init_kwargs", {}), **overrides}
+        for name in ("actor_network", "device", "accelerator"):
+            kwargs.pop(name, None)
+        if actor_network is None and kwargs.get("model_name") is None:
+            raise ValueError(
+                "pass `actor_network` (a fresh base model): checkpoints hold adapters, not the base"
+            )
+        agent = klass(actor_network=actor_network, device=device, accelerator=accelerator, **kwargs)
+        agent.load_checkpoint(path)
+        return agent
 
     def _load_state(self, state: dict[str, Any]) -> None:
         self.index, self.steps = int(state["index"]), int(state["steps"])
