@@ -276,3 +276,31 @@ def test_load_classmethod_rebuilds_the_agent(tmp_path) -> None:  # type: ignore[
         GRPO.load(tmp_path, actor_network=tiny_model())
     with pytest.raises(ValueError, match="holds a GRPO, not a LLMPPO"):
         LLMPPO.load(tmp_path / "c", actor_network=tiny_model())
+
+
+@pytest.mark.parametrize(
+    ("algo", "kw"),
+    [
+        ("GRPO", {}),
+        ("GRPO", {"loss_type": "cispo"}),
+        ("GRPO", {"loss_aggregation": "token_mean", "clip_coef": (0.8, 1.3)}),
+        ("LLMREINFORCE", {}),
+        ("LLMREINFORCE", {"clip_coef": None}),
+        ("LLMPPO", {}),
+    ],
+)
+def test_fused_loss_path_equals_the_plain_path(algo: str, kw: dict) -> None:  # type: ignore[type-arg]
+    """use_liger_loss=True routes the policy term through rl_kernels.fused_policy_loss."""
+    b = make_batch()
+    grads = []
+    losses = []
+    for fused in (False, True):
+        agent = make_agent(algo, use_liger_loss=fused, micro_batch_size_per_gpu=4, **kw)
+        losses.append(agent.learn(b.experiences())["loss"])
+        grads.append(
+            {n: p.grad.clone() for n, p in agent.policy.named_parameters() if p.grad is not None}
+        )
+    assert grads[0].keys() == grads[1].keys()
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=1e-7)
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-5, atol=1e-7)

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 from rl_adapters import PolicyModel, load_checkpoint, save_checkpoint
-from rl_kernels import fused_logprobs
+from rl_kernels import fused_logprobs, fused_policy_loss
 from rl_losses import Aggregation, KLKind, kl_penalty, rollout_correction
 from rl_rollout import HFEngine, SamplingParams
 
@@ -584,6 +584,57 @@ class LLMAlgorithm:
             info["kl"] = kl.metrics()["kl_mean"]
         return loss, info
 
+    def _fused_spec(self, mb: dict[str, Any], norm: dict[str, float]) -> dict[str, Any] | None:
+        """Subclass hook: ``fused_policy_loss`` arguments for this loss, or None (plain path)."""
+        return None
+
+    def _fused_extra(
+        self, mb: dict[str, Any], norm: dict[str, float]
+    ) -> tuple[torch.Tensor | None, dict[str, Any]]:
+        """Subclass hook: loss terms outside the policy kernel (PPO's value loss)."""
+        return None, {}
+
+    def _fused_loss(
+        self, mb: dict[str, Any], norm: dict[str, float], spec: dict[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The policy loss by :func:`rl_kernels.fused_policy_loss` (``use_liger_loss=True``).
+
+        The chunked kernel projects only the valid tokens and computes the gradient in its
+        forward, so the ``[N, T, V]`` logits never exist; it equals the plain path (value and
+        gradient) to float32 rounding.
+        """
+        ids, mask = mb["input_ids"], mb["mask"]
+        hidden = self.policy.hidden_states(ids, mb["attention_mask"])[:, :-1]
+        ref = mb["ref"] if (mb["ref"] is not None and self.beta > 0) else None
+        out = fused_policy_loss(
+            hidden,
+            self.policy.lm_head_weight,
+            ids[:, 1:],
+            mask,
+            mb["advantages"],
+            old_logprobs=mb["old"],
+            ref_logprobs=ref,
+            bias=self.policy.lm_head_bias,
+            temperature=self.temperature,
+            kl_coef=self.beta if ref is not None else 0.0,
+            kl_kind=self.kl_kind,
+            is_weights=mb.get("is_weights"),
+            chunk_rows=self.fused_logprobs_chunk_rows,
+            **spec,
+        )
+        info: dict[str, Any] = {
+            "pg_loss": float(out.policy_loss.detach()),
+            "clip_fraction": float(out.clip_frac_low + out.clip_frac_high),
+            "approx_kl": float(out.approx_kl),
+            "kl": float(out.kl_loss.detach()) / self.beta if ref is not None else 0.0,
+        }
+        loss = out.loss
+        extra, extra_info = self._fused_extra(mb, norm)
+        if extra is not None:
+            loss = loss + extra
+        info.update(extra_info)
+        return loss, info
+
     def _normalizers(self, mask: torch.Tensor) -> dict[str, float]:
         """Global denominators of one minibatch (summed over processes)."""
         counts = torch.tensor(
@@ -714,11 +765,15 @@ class LLMAlgorithm:
             for k, v in extra.items():
                 mb[k] = v[idx]
             self.policy.eval()
-            lp = self._logprobs(mb["input_ids"], mb["attention_mask"], mb["mask"])
-            if not bool(torch.isfinite(lp[mb["mask"]]).all()):
-                total = math.nan  # the guard below raises or skips; nothing is applied
-                break
-            loss, info = self._loss(mb, lp, norm)
+            spec = self._fused_spec(mb, norm) if self.use_liger_loss else None
+            if spec is not None:
+                loss, info = self._fused_loss(mb, norm, spec)
+            else:
+                lp = self._logprobs(mb["input_ids"], mb["attention_mask"], mb["mask"])
+                if not bool(torch.isfinite(lp[mb["mask"]]).all()):
+                    total = math.nan  # the guard below raises or skips; nothing is applied
+                    break
+                loss, info = self._loss(mb, lp, norm)
             if self.accelerator is not None:
                 self.accelerator.backward(loss)
             else:

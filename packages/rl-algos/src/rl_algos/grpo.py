@@ -204,6 +204,28 @@ class GRPO(LLMAlgorithm):
             "clip_high": self.clip_coef_high if self.clip_coef_high is not None else c,
         }
 
+    def _fused_spec(self, mb: dict[str, Any], norm: dict[str, float]) -> dict[str, Any] | None:
+        if self.importance_sampling_level != "token" or self.loss_type == "gspo":
+            return None
+        if "keep" in mb:
+            mb["mask"] = mb["mask"] & mb["keep"][:, None]
+        agg = self.loss_aggregation
+        spec: dict[str, Any] = {
+            "aggregation": agg,
+            "normalizer": norm["tokens"] if agg == "token_mean" else norm["sequences"],
+            "max_length": self.max_length_norm,
+        }
+        if self.use_kl_advantage_shaping:
+            mb["ref"] = None
+        if self.loss_type == "cispo":
+            c = self.clip_coef if isinstance(self.clip_coef, float) else 0.2
+            spec.update(
+                objective="cispo", clamp=self.cispo_clamp, eps_low=c, eps_high=self.cispo_eps_high
+            )
+        else:
+            spec.update(objective="ppo", **self._clip_kwargs())
+        return spec
+
     def _loss(
         self, mb: dict[str, Any], lp: torch.Tensor, norm: dict[str, float]
     ) -> tuple[torch.Tensor, dict[str, Any]]:

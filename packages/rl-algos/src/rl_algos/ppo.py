@@ -126,29 +126,24 @@ class LLMPPO(LLMAlgorithm):
             torch.distributed.all_reduce(count)
         return {"turns": max(1.0, float(count))}
 
-    def _loss(
-        self, mb: dict[str, Any], lp: torch.Tensor, norm: dict[str, float]
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
-        mask, adv = mb["mask"], mb["advantages"]
+    def _clip(self) -> dict[str, Any]:
         c = self.clip_coef
-        clip: dict[str, Any] = (
-            {"ratio_bounds": (float(c[0]), float(c[1]))}
-            if isinstance(c, tuple)
-            else {"clip_low": 0.2 if c is None else float(c)}
-        )
-        pg = clipped_surrogate(
-            lp,
-            mb["old"],
-            adv,
-            mask,
-            aggregation="token_mean",
-            normalizer=norm["tokens"],
-            is_weights=mb.get("is_weights"),
-            **clip,
-        )
+        if isinstance(c, tuple):
+            return {"ratio_bounds": (float(c[0]), float(c[1]))}
+        return {"clip_low": 0.2 if c is None else float(c)}
+
+    def _fused_spec(self, mb: dict[str, Any], norm: dict[str, float]) -> dict[str, Any] | None:
+        return {
+            "objective": "ppo",
+            "aggregation": "token_mean",
+            "normalizer": norm["tokens"],
+            **self._clip(),
+        }
+
+    def _value_term(self, mb: dict[str, Any], norm: dict[str, float]) -> Any:
         K = mb["returns"].shape[1]
         values = self._turn_values(mb["input_ids"], mb["attention_mask"], mb["turn_ids_full"], K)
-        vl = value_loss(
+        return value_loss(
             values,
             mb["old_values"],
             mb["returns"],
@@ -157,6 +152,28 @@ class LLMPPO(LLMAlgorithm):
             aggregation="token_mean",
             normalizer=norm["turns"],
         )
+
+    def _fused_extra(
+        self, mb: dict[str, Any], norm: dict[str, float]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        vl = self._value_term(mb, norm)
+        return self.vf_coef * vl.loss, {"value_loss": float(vl.loss.detach())}
+
+    def _loss(
+        self, mb: dict[str, Any], lp: torch.Tensor, norm: dict[str, float]
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        mask = mb["mask"]
+        pg = clipped_surrogate(
+            lp,
+            mb["old"],
+            mb["advantages"],
+            mask,
+            aggregation="token_mean",
+            normalizer=norm["tokens"],
+            is_weights=mb.get("is_weights"),
+            **self._clip(),
+        )
         loss, info = self._finish_loss(pg, lp, mb["ref"], mask, "token_mean", norm["tokens"])
-        info["value_loss"] = float(vl.loss.detach())
-        return loss + self.vf_coef * vl.loss, info
+        extra, extra_info = self._fused_extra(mb, norm)
+        info.update(extra_info)
+        return loss + extra, info

@@ -87,6 +87,19 @@ class LLMREINFORCE(LLMAlgorithm):
         adv = broadcast_to_tokens(rebn(returns, turn_mask), turn_ids)
         return {"advantages": adv, "turn_ids_full": turn_ids}
 
+    def _fused_spec(self, mb: dict[str, Any], norm: dict[str, float]) -> dict[str, Any] | None:
+        if self.importance_sampling_level != "token":
+            return None
+        spec: dict[str, Any] = {"aggregation": "token_mean", "normalizer": norm["tokens"]}
+        c = self.clip_coef
+        if c is None:
+            spec["objective"] = "reinforce"
+        elif isinstance(c, tuple):
+            spec.update(objective="ppo", ratio_bounds=(float(c[0]), float(c[1])))
+        else:
+            spec.update(objective="ppo", clip_low=float(c))
+        return spec
+
     def _loss(
         self, mb: dict[str, Any], lp: torch.Tensor, norm: dict[str, float]
     ) -> tuple[torch.Tensor, dict[str, Any]]:
