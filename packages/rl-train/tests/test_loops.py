@@ -83,3 +83,27 @@ def test_multiturn_loop_runs_with_turn_level_credit(tmp_path: Path, algo: str) -
     assert [r["step"] for r in rows] == [1, 2]
     assert "fitness" in rows[-1]
     assert agent.steps >= 2
+
+
+def test_evolution_with_tournament_and_mutations(tmp_path: Path) -> None:
+    from rl_algos import HyperparameterConfig, RLParameter
+    from rl_train import Mutations, TournamentSelection
+
+    hp = HyperparameterConfig(lr=RLParameter(min=1e-4, max=1e-2))
+    pop = []
+    for i in range(3):
+        agent, env = setup(seed=0)
+        agent.hp_config, agent.index = hp, i
+        pop.append(agent)
+    tournament = TournamentSelection(tournament_size=2, elitism=True, population_size=3, seed=0)
+    mutation = Mutations(no_mutation=0.0, rl_hp=1.0, rand_seed=0)
+    out = finetune_llm_reasoning(pop, env, max_steps=4, evaluation_interval=2, evo_steps=2,
+                                 tournament=tournament, mutation=mutation, run_dir=tmp_path,
+                                 verbose=False, plot=False)  # fmt: skip
+    assert [a.index for a in out] == [0, 1, 2]
+    assert all(a is not b for a in out for b in pop)  # the next generations are clones
+    assert len(out[1].mutation_history) >= 1  # mutated twice over two generations, bounded
+    assert all(1e-4 <= rec["after"] <= 1e-2 for a in out for rec in a.mutation_history)
+    assert out[0].mutation_history == [] or out[0].mutation_history[-1]["step"] < out[0].steps
+    with pytest.raises(ValueError, match="only mutate RL hyperparameters"):
+        Mutations(architecture=0.2)

@@ -7,6 +7,7 @@ TensorBoard; :func:`plot_reward_curve` the PNG.
 
 from importlib.metadata import version as _version
 
+from rl_train.hpo import Mutations, TournamentSelection
 from rl_train.loops import finetune_llm_multiturn, finetune_llm_reasoning, latest_checkpoint
 from rl_train.metrics import MetricsLogger, plot_reward_curve
 
@@ -14,6 +15,8 @@ __version__: str = _version("rl-train")
 
 __all__ = [
     "MetricsLogger",
+    "Mutations",
+    "TournamentSelection",
     "__version__",
     "finetune_llm_multiturn",
     "finetune_llm_reasoning",
