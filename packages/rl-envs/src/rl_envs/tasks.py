@@ -20,7 +20,7 @@ import string
 from collections.abc import Callable
 from typing import Any
 
-from datasets import Dataset, Features, Value  # type: ignore[import-untyped]
+from datasets import Dataset, Features, Value
 
 from rl_envs.rewards import extract_final_answer, numbers_equal
 

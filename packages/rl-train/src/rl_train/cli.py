@@ -41,6 +41,24 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--run-dir", default="runs/demo", help="where the run is written")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
     demo.add_argument("--debug", action="store_true", help="show tracebacks")
+    run = sub.add_parser(
+        "run",
+        help="train from a YAML config",
+        description="Train from a YAML config; `key.sub=value` arguments override it.",
+    )
+    run.add_argument("config", help="YAML file (see examples/)")
+    run.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--debug", action="store_true", help="show tracebacks")
+    ev = sub.add_parser(
+        "eval",
+        help="evaluate a checkpoint",
+        description="Greedy accuracy of a checkpoint on the data of a config.",
+    )
+    ev.add_argument("checkpoint", help="a checkpoint directory (or a step_* directory)")
+    ev.add_argument("--config", default=None, help="the run's YAML (default: built-in demo)")
+    ev.add_argument("overrides", nargs="*", help="key.sub=value overrides")
+    ev.add_argument("--debug", action="store_true", help="show tracebacks")
     return parser
 
 
@@ -100,6 +118,28 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from rl_train.config import load_config
+    from rl_train.run import train
+
+    config = load_config(args.config, args.overrides)
+    summary = train(config, verbose=not args.quiet)
+    print(f"greedy accuracy before training: {summary['accuracy_before']:.2f}")
+    print(f"greedy accuracy after training:  {summary['accuracy_after']:.2f}")
+    print(f"run directory: {summary['run_dir']}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from rl_train.config import load_config
+    from rl_train.run import evaluate
+
+    config = load_config(args.config, args.overrides)
+    result = evaluate(config, args.checkpoint)
+    print(f"greedy accuracy: {result['accuracy']:.2f}   test reward: {result['test_reward']:.3f}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``rl-train`` command and return its exit status.
 
@@ -111,9 +151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "demo":
+    commands = {"demo": _demo, "run": _run, "eval": _eval}
+    if args.command in commands:
         try:
-            return _demo(args)
+            return commands[args.command](args)
         except (ValueError, FileNotFoundError) as exc:
             if args.debug:
                 raise

@@ -1,0 +1,206 @@
+"""Run configuration for ``rl-train run``: typed dataclasses read from YAML, with overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["ConfigError", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "load_config"]
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported as one line by the command line."""
+
+
+@dataclass
+class ModelConfig:
+    """Which model to train."""
+
+    name: str = "tiny"
+    """Hub id or local path of a causal LM, or ``"tiny"`` (the embedded demo model)."""
+    tokenizer: str | None = None
+    """Tokenizer path (default: ``name``)."""
+    full_finetune: bool = False
+    """Train every weight instead of LoRA adapters (the tiny model always does)."""
+    lora_r: int = 16
+    """LoRA rank."""
+    lora_alpha: int = 32
+    """LoRA scaling numerator."""
+    lora_target_modules: str | list[str] = "all-linear"
+    """LoRA target modules (peft's syntax)."""
+    dtype: str = "float32"
+    """Weights dtype when loading from the hub (float32, bfloat16, float16)."""
+
+
+@dataclass
+class DataConfig:
+    """Where prompts and answers come from."""
+
+    task: str | None = "successor_digit"
+    """A built-in task (``rl_envs.tasks``); ignored when ``train_path`` or ``hub`` is set."""
+    train_path: str | None = None
+    """A JSON/JSONL/CSV file with question and answer columns."""
+    test_path: str | None = None
+    """The evaluation file (default: the last 10% of ``train_path``)."""
+    hub: str | None = None
+    """A ``datasets`` hub name (needs internet), e.g. ``openai/gsm8k``."""
+    hub_config: str | None = None
+    """The hub dataset's configuration name (e.g. ``main``)."""
+    question_column: str = "question"
+    """Question column name."""
+    answer_column: str = "answer"
+    """Answer column name."""
+    n_train: int = 400
+    """Built-in task: training questions."""
+    n_test: int = 40
+    """Built-in task: test questions."""
+    template: str = "{question}"
+    """The user message; ``{question}`` (or any column in braces) is replaced."""
+    system_prompt: str | None = None
+    """An optional system message."""
+    prompts_per_step: int = 8
+    """Prompts per training step (per process)."""
+    reward: str = "demo"
+    """``demo`` (exact answer, half credit for a right prefix), ``exact_match`` (number-aware,
+    answer extraction) or ``tagged`` (exact match plus a ``<answer>`` format bonus)."""
+
+
+@dataclass
+class TrainConfig:
+    """How long and where."""
+
+    steps: int = 300
+    """Training steps."""
+    evaluation_interval: int = 25
+    """Steps between greedy evaluations."""
+    checkpoint_steps: int | None = 100
+    """Steps between checkpoints (null: none)."""
+    run_dir: str = "runs/run"
+    """Run directory (metrics, checkpoints, curve, resolved config)."""
+    seed: int = 0
+    """Seed of the model initialisation, data order and sampling."""
+    max_reward: float | None = None
+    """Stop early once the test reward reaches this."""
+    resume: bool = False
+    """Continue from the latest checkpoint in ``run_dir``."""
+
+
+@dataclass
+class RunConfig:
+    """A whole ``rl-train run`` configuration."""
+
+    algo: str = "grpo"
+    """grpo, gspo, cispo, dr_grpo, dapo, rloo, reinforce_pp, reinforce or ppo."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The model."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The data."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """The schedule."""
+    agent: dict[str, Any] = field(default_factory=dict)
+    """Agent constructor arguments (``group_size``, ``lr``, ``beta``, ``max_output_tokens``...)."""
+    engine: str = "hf"
+    """Generation engine: ``hf`` or ``vllm`` (CUDA)."""
+    deepspeed_config: str | None = None
+    """A DeepSpeed JSON config (used under ``accelerate launch``)."""
+
+
+def _suggest(key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(valid)}"
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'the config'} must be a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in names:
+            prefix = f"{where}." if where else ""
+            valid = [prefix + n for n in names]
+            raise ConfigError(f"unknown key {path!r}{_suggest(path, valid)}")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = _build(hint, value, path)  # type: ignore[arg-type]
+        else:
+            kwargs[key] = _check_type(value, hint, path)
+    return cls(**kwargs)
+
+
+def _check_type(value: Any, hint: Any, path: str) -> Any:
+    origin = typing.get_origin(hint)
+    options = typing.get_args(hint) if origin in (typing.Union, types.UnionType) else (hint,)
+    for option in options:
+        base = typing.get_origin(option) or option
+        if option is type(None) and value is None:
+            return value
+        if base is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if base is Any or (isinstance(base, type) and isinstance(value, base)):
+            if base is int and isinstance(value, bool):
+                continue
+            return value
+    raise ConfigError(f"{path} must be {hint}, got {value!r}")
+
+
+def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    node = tree
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted!r}: {part!r} is not a section")
+    node[parts[-1]] = value
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML config (or the defaults) and apply ``key.sub=value`` overrides.
+
+    Raises:
+        ConfigError: a missing file, bad YAML, an unknown key (with the nearest valid one),
+            a value of the wrong type, or an unknown algorithm.
+    """
+    tree: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p} is not valid YAML: {exc}".splitlines()[0]) from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p} must hold a mapping at the top level")
+        tree = loaded
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value (e.g. train.steps=50)")
+        key, raw = item.split("=", 1)
+        _set(tree, key.strip(), yaml.safe_load(raw))
+    config: RunConfig = _build(RunConfig, tree, "")
+    from rl_train.demo import ALGORITHMS
+
+    if config.algo not in ALGORITHMS:
+        raise ConfigError(
+            f"unknown algorithm {config.algo!r}{_suggest(config.algo, list(ALGORITHMS))}"
+        )
+    if config.engine not in ("hf", "vllm"):
+        raise ConfigError(f"engine must be 'hf' or 'vllm', got {config.engine!r}")
+    if config.deepspeed_config is not None and not Path(config.deepspeed_config).is_file():
+        raise ConfigError(f"deepspeed_config file {config.deepspeed_config!r} does not exist")
+    return config
+
+
+def to_dict(config: RunConfig) -> dict[str, Any]:
+    """The resolved config as plain data (saved in the run directory)."""
+    return dataclasses.asdict(config)

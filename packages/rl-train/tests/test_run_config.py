@@ -1,0 +1,96 @@
+"""`rl-train run` / `rl-train eval` with YAML configs: the examples run, bad configs fail cleanly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from rl_train.cli import EXIT_USAGE, main
+from rl_train.config import ConfigError, load_config
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+CPU_EXAMPLES = sorted(p for p in EXAMPLES.glob("*_tiny.yaml"))
+
+
+def test_every_algorithm_has_a_cpu_example() -> None:
+    from rl_train.demo import ALGORITHMS
+
+    assert sorted(p.name.removesuffix("_tiny.yaml") for p in CPU_EXAMPLES) == sorted(ALGORITHMS)
+
+
+@pytest.mark.parametrize("path", CPU_EXAMPLES, ids=lambda p: p.stem)
+def test_cpu_example_configs_run_a_few_steps(
+    path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["run", str(path), "train.steps=2", "train.evaluation_interval=2",
+                 "train.checkpoint_steps=2", f"train.run_dir={tmp_path}", "--quiet"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    assert "greedy accuracy after training" in capsys.readouterr().out
+    assert (tmp_path / "config.json").is_file()
+    assert (tmp_path / "checkpoints" / "latest.json").is_file()
+    # and the checkpoint evaluates
+    assert (
+        main(["eval", str(tmp_path / "checkpoints" / "step_00000002"), "--config", str(path)]) == 0
+    )
+    assert "greedy accuracy:" in capsys.readouterr().out
+
+
+def test_gpu_example_parses() -> None:
+    config = load_config(EXAMPLES / "qwen2.5-0.5b_gsm8k_grpo.yaml")
+    assert config.model.name == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert config.agent["group_size"] == 8
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "overrides", "message"),
+    [
+        ("algo: grpo\nmodel:\n  name: /no/such/model\n", [], "cannot load model '/no/such/model'"),
+        ("algo: grpoo\n", [], "unknown algorithm 'grpoo'; did you mean 'grpo'?"),
+        ("algo: grpo\ntrian:\n  steps: 3\n", [], "unknown key 'trian'; did you mean 'train'?"),
+        (
+            "algo: grpo\ntrain:\n  stepz: 3\n",
+            [],
+            "unknown key 'train.stepz'; did you mean 'train.steps'?",
+        ),
+        ("algo: grpo\ndata:\n  task: no_such_task\n", [], "unknown task 'no_such_task'"),
+        (
+            "deepspeed_config: /no/ds.json\n",
+            [],
+            "deepspeed_config file '/no/ds.json' does not exist",
+        ),
+        ("train:\n  steps: many\n", [], "train.steps must be"),
+        ("algo: grpo\n", ["train.steps"], "must look like key=value"),
+        (
+            "algo: grpo\nagent:\n  no_such_arg: 1\n",
+            ["train.steps=1"],
+            "unexpected arguments ['no_such_arg']",
+        ),
+    ],
+)
+def test_bad_configs_are_one_line_exit_2(
+    yaml_text: str,
+    overrides: list[str],
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml_text)
+    code = main(["run", str(cfg), *overrides, f"train.run_dir={tmp_path / 'run'}", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE
+    assert message in err, err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_missing_config_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "/no/such.yaml"]) == EXIT_USAGE
+    assert "config file '/no/such.yaml' does not exist" in capsys.readouterr().err
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("algo: nope\n")
+    with pytest.raises(ConfigError, match="unknown algorithm"):
+        main(["run", str(cfg), "--debug"])
