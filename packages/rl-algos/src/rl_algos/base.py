@@ -193,6 +193,8 @@ class LLMAlgorithm:
         kl_kind: KLKind = "k3",
         skip_nonfinite: bool = False,
         full_finetune: bool = False,
+        stop_sequences: Sequence[str] = (),
+        logit_mask: torch.Tensor | None = None,
         tokenizer: Any = None,
         **ignored: Any,
     ) -> None:
@@ -248,6 +250,8 @@ class LLMAlgorithm:
         self.vllm_importance_sampling_cap = vllm_importance_sampling_cap
         self.kl_kind = kl_kind
         self.skip_nonfinite = skip_nonfinite
+        self.stop_sequences = tuple(stop_sequences)
+        self.logit_mask = logit_mask
         self.model_name = model_name
         self.use_vllm = use_vllm
         self.vllm_config = vllm_config
@@ -357,11 +361,15 @@ class LLMAlgorithm:
     def sampling_params(self, training: bool = True) -> SamplingParams:
         """The sampling settings of ``get_action`` (training) or evaluation (greedy)."""
         max_new = self.max_output_tokens or max(1, (self.max_model_len or 1024) // 2)
+        if self.stop_sequences and isinstance(self.tokenizer, _IdsTokenizer):
+            raise ValueError("`stop_sequences` need a real tokenizer: pass `tokenizer=`")
         if not training:
             return SamplingParams.eval_preset(
                 max_new_tokens=max_new,
                 min_new_tokens=min(self.min_output_tokens, max_new),
                 stop_token_ids=self.stop_token_ids,
+                stop=self.stop_sequences,
+                logit_mask=self.logit_mask,
             )
         return SamplingParams(
             temperature=self.temperature,
@@ -375,6 +383,8 @@ class LLMAlgorithm:
             n=self._group_size(True),
             seed=self._rng.randrange(2**31),
             return_logprobs=True,
+            stop=self.stop_sequences,
+            logit_mask=self.logit_mask,
         )
 
     def get_action(

@@ -10,16 +10,30 @@ from importlib.metadata import version as _version
 from rl_train.hpo import Mutations, TournamentSelection
 from rl_train.loops import finetune_llm_multiturn, finetune_llm_reasoning, latest_checkpoint
 from rl_train.metrics import MetricsLogger, plot_reward_curve
+from rl_train.trainer import (
+    AgentTrainer,
+    BaseRLTrainer,
+    available_trainers,
+    get_trainer,
+    make_trainer,
+    register_trainer,
+)
 
 __version__: str = _version("rl-train")
 
 __all__ = [
+    "AgentTrainer",
+    "BaseRLTrainer",
     "MetricsLogger",
     "Mutations",
     "TournamentSelection",
     "__version__",
+    "available_trainers",
     "finetune_llm_multiturn",
     "finetune_llm_reasoning",
+    "get_trainer",
     "latest_checkpoint",
+    "make_trainer",
     "plot_reward_curve",
+    "register_trainer",
 ]

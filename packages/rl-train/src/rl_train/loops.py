@@ -101,6 +101,8 @@ def finetune_llm_reasoning(  # noqa: PLR0912, PLR0915 - the seeds' loop, kept in
     eval_fn: Callable[[LLMAlgorithm], dict[str, float]] | None = None,
     tensorboard: bool = True,
     plot: bool = True,
+    log_fn: Callable[[dict[str, float]], None] | None = None,
+    save_fn: Callable[[Path], None] | None = None,
 ) -> list[LLMAlgorithm]:
     """Train ``pop`` on a :class:`rl_envs.ReasoningGym` (AgileRL's loop, same arguments).
 
@@ -144,6 +146,8 @@ def finetune_llm_reasoning(  # noqa: PLR0912, PLR0915 - the seeds' loop, kept in
         eval_fn: Extra evaluation ``agent -> {name: value}`` logged with the metrics.
         tensorboard: Also write TensorBoard events.
         plot: Write ``reward_curve.png`` at the end.
+        log_fn: Called with each step's metrics row (trlX's hook).
+        save_fn: Called with each checkpoint directory after it is written.
 
     Returns:
         The trained population.
@@ -205,6 +209,8 @@ def finetune_llm_reasoning(  # noqa: PLR0912, PLR0915 - the seeds' loop, kept in
                     _, agents = tournament.select(agents)
                     agents = mutation.mutation(agents)
             logger.log(done, row)
+            if log_fn is not None:
+                log_fn({"step": done, **row})
             bar.update(1)
             bar.set_postfix(
                 reward=f"{row['mean_reward']:.3f}",
@@ -213,7 +219,9 @@ def finetune_llm_reasoning(  # noqa: PLR0912, PLR0915 - the seeds' loop, kept in
             )
             if checkpoint_steps and done % checkpoint_steps == 0:
                 state = env.state_dict() if hasattr(env, "state_dict") else None
-                _save(run, done, agents, state)
+                saved = _save(run, done, agents, state)
+                if save_fn is not None:
+                    save_fn(saved)
             if max_reward is not None and best >= max_reward:
                 break
     finally:
