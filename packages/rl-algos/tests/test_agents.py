@@ -304,3 +304,36 @@ def test_fused_loss_path_equals_the_plain_path(algo: str, kw: dict) -> None:  # 
     assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=1e-7)
     for n in grads[0]:
         torch.testing.assert_close(grads[1][n], grads[0][n], rtol=1e-5, atol=1e-7)
+
+
+def test_population_shares_the_frozen_base() -> None:
+    """4 LoRA agents cost one base plus 4 adapter sets, and still train independently."""
+
+    def storage(agents) -> int:  # type: ignore[no-untyped-def]
+        seen: dict[int, int] = {}
+        for a in agents:
+            for t in [*a.policy.parameters(), *a.policy.buffers()]:
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(seen.values())
+
+    one = make_agent("GRPO", lr=1e-2)
+    pop = [one] + [one.clone(index=i) for i in range(1, 4)]
+    single, total = storage([one]), storage(pop)
+    base = sum(
+        p.numel() * p.element_size() for n, p in one.policy.named_parameters() if ".lora_" not in n
+    )
+    assert total < single + 3 * (single - base) + 1024  # only the adapters were copied
+    assert total < 0.4 * 4 * single  # far below 4 full copies
+    b = make_batch()
+    pop[1].learn(b.experiences())
+    moved = [n for n, p in actor_state(pop[1]).items() if not torch.equal(p, actor_state(one)[n])]
+    assert moved
+    frozen_before = {
+        n: p.clone()
+        for n, p in one.policy.named_parameters()
+        if not p.requires_grad and ".lora_" not in n
+    }
+    for n, p in pop[2].policy.named_parameters():
+        if n in frozen_before:
+            assert p.data_ptr() == dict(one.policy.named_parameters())[n].data_ptr()
+            assert torch.equal(p, frozen_before[n])

@@ -938,9 +938,13 @@ class LLMAlgorithm:
         self._torch_rng.set_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
 
     def clone(self, index: int | None = None) -> LLMAlgorithm:
-        """An independent copy (its own base copy, adapters, optimizer state and RNGs)."""
+        """An independent copy: its own adapters, optimizer state and RNGs.
+
+        In LoRA mode the frozen base weights are shared with this agent (not copied); with
+        ``full_finetune`` the whole model is copied.
+        """
         twin = copy.copy(self)
-        twin.policy = copy.deepcopy(self.policy)
+        twin.policy = copy.deepcopy(self.policy, self._shared_base_memo())
         twin.engine = HFEngine(
             twin.policy.causal_lm,
             self.tokenizer,
@@ -959,6 +963,23 @@ class LLMAlgorithm:
         if index is not None:
             twin.index = index
         return twin
+
+    def _shared_base_memo(self) -> dict[int, Any]:
+        """``deepcopy`` memo that keeps the frozen base weights shared (LoRA mode).
+
+        Clones then hold their own adapters (actor, reference, critic), value head and
+        optimizer state, but point at the same base tensors: a population costs one base plus
+        one set of adapters per member, not a full model per member.
+        """
+        if self.policy.peft is None:
+            return {}
+        memo: dict[int, Any] = {}
+        for name, p in self.policy.named_parameters():
+            if not p.requires_grad and ".lora_" not in name and "value_head" not in name:
+                memo[id(p)] = p
+        for _, b in self.policy.named_buffers():
+            memo[id(b)] = b
+        return memo
 
     @classmethod
     def population(cls, size: int, **kwargs: Any) -> list[LLMAlgorithm]:
