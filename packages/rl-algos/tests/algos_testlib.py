@@ -404,6 +404,7 @@ PPO_KW: dict[str, Any] = {
     "cliprange_value": 0.2,
     "critic_lr": 1e-3,
     "turn_value_reduction": "first",
+    "whiten_advantages": False,  # the spec's GAE-only advantages; whitening is tested apart
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 import torch
-from rl_advantages import broadcast_to_tokens, gae, pool_to_turns
+from rl_advantages import broadcast_to_tokens, gae, pool_to_turns, whiten
 from rl_losses import clipped_surrogate, value_loss
 
 from rl_algos.base import Batch, LLMAlgorithm
@@ -46,7 +46,8 @@ class LLMPPO(LLMAlgorithm):
     Each turn is one action: its value comes from the critic (``turn_value_reduction``), its
     advantage and return from GAE over the turns (:func:`rl_advantages.gae`, ``gamma``,
     ``gae_lambda``; arXiv 1506.02438), spread over the turn's tokens. The loss is the clipped
-    surrogate (token mean) plus ``vf_coef`` times the (optionally clipped, ``cliprange_value``)
+    surrogate (token mean; advantages whitened over the batch's action tokens unless
+    ``whiten_advantages=False``, as TRL and verl do) plus ``vf_coef`` times the (optionally clipped, ``cliprange_value``)
     value loss over turns plus ``beta`` times the k3 KL to the reference. Actor and critic have
     separate AdamW optimizers (``lr`` and ``critic_lr``).
     """
@@ -63,6 +64,7 @@ class LLMPPO(LLMAlgorithm):
         cliprange_value: float | None = 0.2,
         critic_lr: float | None = None,
         turn_value_reduction: Literal["first", "mean", "final"] = "first",
+        whiten_advantages: bool = True,
         **kwargs: Any,
     ) -> None:
         for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
@@ -73,6 +75,7 @@ class LLMPPO(LLMAlgorithm):
         self.gamma, self.gae_lambda, self.vf_coef = gamma, gae_lambda, vf_coef
         self.cliprange_value = cliprange_value
         self.turn_value_reduction = turn_value_reduction
+        self.whiten_advantages = whiten_advantages
         self._critic_lr = critic_lr
         super().__init__(*args, **kwargs)
 
@@ -110,8 +113,11 @@ class LLMPPO(LLMAlgorithm):
         turn_ids, turn_mask, r = turn_layout(batch)
         v_old = self._turn_values(batch.input_ids, batch.attention_mask, turn_ids, r.shape[1])
         est = gae(r, v_old, turn_mask, self.gamma, self.gae_lambda)
+        adv = broadcast_to_tokens(est.advantages, turn_ids)
+        if self.whiten_advantages:  # over every action token of the batch (TRL, verl)
+            adv = whiten(adv, batch.mask)
         return {
-            "advantages": broadcast_to_tokens(est.advantages, turn_ids),
+            "advantages": adv,
             "returns": est.returns,
             "old_values": v_old,
             "turn_mask": turn_mask,
