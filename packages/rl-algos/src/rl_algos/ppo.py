@@ -47,9 +47,9 @@ class LLMPPO(LLMAlgorithm):
     advantage and return from GAE over the turns (:func:`rl_advantages.gae`, ``gamma``,
     ``gae_lambda``; arXiv 1506.02438), spread over the turn's tokens. The loss is the clipped
     surrogate (token mean; advantages whitened over the batch's action tokens unless
-    ``whiten_advantages=False``, as TRL and verl do) plus ``vf_coef`` times the (optionally clipped, ``cliprange_value``)
-    value loss over turns plus ``beta`` times the k3 KL to the reference. Actor and critic have
-    separate AdamW optimizers (``lr`` and ``critic_lr``).
+    ``whiten_advantages=False``, as TRL and verl do) plus ``vf_coef`` times the (optionally
+    clipped, ``cliprange_value``) value loss over turns plus ``beta`` times the k3 KL to the
+    reference. Actor and critic are two parameter groups of one AdamW (``lr``, ``critic_lr``).
     """
 
     algo_name: ClassVar[str] = "ppo"
