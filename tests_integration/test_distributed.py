@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -15,17 +16,23 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 
-def test_two_process_grpo_equals_one_process_on_the_global_batch(tmp_path: Path) -> None:
-    from ddp_common import STEPS, global_batches, make_agent
-
+def launch(out: Path, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
     with socket.socket() as s:  # torchrun's --master_port 0 hangs: pick a free port
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--master_addr", "127.0.0.1", "--master_port", str(port),
-           str(SCRIPTS / "ddp_learn.py"), str(tmp_path)]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+           str(SCRIPTS / "ddp_learn.py"), str(out), *extra]  # fmt: skip
+    return subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def test_two_process_grpo_equals_one_process_on_the_global_batch(tmp_path: Path) -> None:
+    from ddp_common import STEPS, global_batches, make_agent
+
+    proc = launch(tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     torch.set_num_threads(1)
@@ -43,3 +50,12 @@ def test_two_process_grpo_equals_one_process_on_the_global_batch(tmp_path: Path)
             # float32 reduction order differs (gloo sum vs one pass); Adam amplifies it on tiny grads
             torch.testing.assert_close(ranks[0][name], value, rtol=1e-4, atol=2e-5)
     assert step == STEPS - 1
+
+
+def test_a_rank_that_raises_ends_the_run_with_an_error_not_a_hang(tmp_path: Path) -> None:
+    """Rank 1 raises at step 1 while rank 0 waits in a collective: torchrun tears both down."""
+    start = time.monotonic()
+    proc = launch(tmp_path, "1", timeout=240)  # a TimeoutExpired here would be the hang
+    assert proc.returncode != 0
+    assert "injected failure on rank 1" in proc.stdout + proc.stderr
+    assert time.monotonic() - start < 240

@@ -1,7 +1,8 @@
 """Run by ``torch.distributed.run`` (2 CPU processes, gloo): a few GRPO ``learn()`` steps.
 
 Each rank takes its share of the prompts of a fixed global batch; after every step it writes
-its actor weights to ``OUT/rank<r>_step<k>.safetensors``. Usage: ``ddp_learn.py OUT``.
+its actor weights to ``OUT/rank<r>_step<k>.safetensors``. Usage: ``ddp_learn.py OUT [FAIL_RANK]``
+(with FAIL_RANK, that rank raises at step 1, while the other waits in a collective).
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ def main() -> None:
     rank, world = accelerator.process_index, accelerator.num_processes
     assert world == 2, f"expected 2 processes, got {world} (not really distributed)"
     agent = make_agent(accelerator=accelerator)
+    fail_rank = int(sys.argv[2]) if len(sys.argv) > 2 else -1
     for step, (ids, masks, rewards, prompts_per_rank) in enumerate(global_batches()):
         rows = slice(rank * prompts_per_rank, (rank + 1) * prompts_per_rank)
+        if rank == fail_rank and step == 1:
+            raise RuntimeError(f"injected failure on rank {rank}")
         metrics = agent.learn((ids[rows], masks[rows], rewards[rows]))
         weights = {n: p.detach().contiguous() for n, p in agent.policy.named_parameters() if p.requires_grad}  # fmt: skip
         weights["loss"] = torch.tensor([metrics["loss"]])
