@@ -337,3 +337,32 @@ def test_population_shares_the_frozen_base() -> None:
         if n in frozen_before:
             assert p.data_ptr() == dict(one.policy.named_parameters())[n].data_ptr()
             assert torch.equal(p, frozen_before[n])
+
+
+def test_ppo_shared_critic_with_full_finetuning(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """critic_mode='shared' (trlX's layout): a value head on the actor's hidden states."""
+    kw = {
+        "critic_mode": "shared",
+        "full_finetune": True,
+        "lora_config": None,
+        "lr": 1e-2,
+        "max_grad_norm": 1.0,
+    }
+    agent = make_agent("LLMPPO", perturb_seed=None, **kw)
+    assert agent.policy.peft is None
+    assert agent.policy.value_head is not None
+    head0 = {n: p.detach().clone() for n, p in agent.policy.value_head.named_parameters()}
+    b = make_batch()
+    metrics = agent.learn(b.experiences())
+    assert math.isfinite(metrics["value_loss"])
+    assert any(not torch.equal(p, head0[n]) for n, p in agent.policy.value_head.named_parameters())
+    agent.save_checkpoint(tmp_path / "c")
+    twin = make_agent("LLMPPO", perturb_seed=None, **kw)
+    twin.load_checkpoint(tmp_path / "c")
+    for (n, p), q in zip(
+        agent.policy.value_head.named_parameters(), twin.policy.value_head.parameters(), strict=True
+    ):
+        assert torch.equal(p, q), n
+    assert agent.learn(b.experiences())["loss"] == twin.learn(b.experiences())["loss"]
+    with pytest.raises(ValueError, match="`critic_mode` must be"):
+        make_agent("LLMPPO", critic_mode="separate")

@@ -268,7 +268,7 @@ class LLMAlgorithm:
             if full_finetune
             else ("adapter" if use_separate_reference_adapter else "base")
         )
-        if full_finetune and self.uses_critic:
+        if full_finetune and self._critic_adapter():
             raise ValueError("full_finetune=True is not supported with a critic (LLMPPO): use LoRA")
         if actor_network is None:
             self.policy = PolicyModel.from_pretrained(
@@ -276,7 +276,7 @@ class LLMAlgorithm:
                 model_config=model_config,
                 lora_config=lora_config,
                 reference=reference_mode,
-                critic=self.uses_critic,
+                critic=self._critic_adapter(),
                 gradient_checkpointing=gradient_checkpointing,
                 activation_offload=activation_offload,
                 lora_target_scope=lora_target_scope or "language",
@@ -288,7 +288,7 @@ class LLMAlgorithm:
                 actor_network,
                 lora_config=lora_config,
                 reference=reference_mode,
-                critic=self.uses_critic,
+                critic=self._critic_adapter(),
                 gradient_checkpointing=gradient_checkpointing,
                 activation_offload=activation_offload,
                 lora_target_scope=lora_target_scope or "language",  # type: ignore[arg-type]
@@ -332,6 +332,10 @@ class LLMAlgorithm:
         self.mutation_history: list[dict[str, Any]] = []
         self._broadcast_weights()
         self._build_optimizers()
+
+    def _critic_adapter(self) -> bool:
+        """Whether the policy needs a critic LoRA adapter and value head (rl-adapters)."""
+        return self.uses_critic
 
     # -- optimisation state ----------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 import torch
+from rl_adapters import ValueHead
 from rl_advantages import broadcast_to_tokens, gae, pool_to_turns, whiten
 from rl_losses import clipped_surrogate, value_loss
 
@@ -43,6 +44,11 @@ def turn_values(
 class LLMPPO(LLMAlgorithm):
     """PPO for LLMs (arXiv 1707.06347) with a critic adapter and value head on the same base.
 
+    ``critic_mode="adapter"`` (AgileRL's layout, LoRA only): the critic is its own LoRA adapter
+    plus a value head on the shared frozen base. ``critic_mode="shared"`` (trlX's layout): a
+    value head on the actor's hidden states, the value loss training the trunk too; it also
+    works with ``full_finetune=True``.
+
     Each turn is one action: its value comes from the critic (``turn_value_reduction``), its
     advantage and return from GAE over the turns (:func:`rl_advantages.gae`, ``gamma``,
     ``gae_lambda``; arXiv 1506.02438), spread over the turn's tokens. The loss is the clipped
@@ -65,6 +71,7 @@ class LLMPPO(LLMAlgorithm):
         critic_lr: float | None = None,
         turn_value_reduction: Literal["first", "mean", "final"] = "first",
         whiten_advantages: bool = True,
+        critic_mode: Literal["adapter", "shared"] = "adapter",
         **kwargs: Any,
     ) -> None:
         for name, value in (("gamma", gamma), ("gae_lambda", gae_lambda)):
@@ -76,8 +83,29 @@ class LLMPPO(LLMAlgorithm):
         self.cliprange_value = cliprange_value
         self.turn_value_reduction = turn_value_reduction
         self.whiten_advantages = whiten_advantages
+        if critic_mode not in ("adapter", "shared"):
+            raise ValueError(f"`critic_mode` must be 'adapter' or 'shared', got {critic_mode!r}")
+        self.critic_mode = critic_mode
         self._critic_lr = critic_lr
         super().__init__(*args, **kwargs)
+        if critic_mode == "shared":
+            # trlX's layout: a value head on the actor's own hidden states (shared trunk; the
+            # value loss also trains the trunk). Works with full fine-tuning.
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.seed + 1)
+                head = ValueHead(int(self.policy.causal_lm.config.hidden_size))
+            self.policy.value_head = head.to(self.device)
+            self._broadcast_weights()
+            self._build_optimizers()
+
+    def _critic_adapter(self) -> bool:
+        return getattr(self, "critic_mode", "adapter") == "adapter"
+
+    def _critic_parameters(self) -> list[torch.nn.Parameter]:
+        if self.critic_mode == "shared":
+            head = self.policy.value_head
+            return [] if head is None else list(head.parameters())
+        return self.policy.trainable_parameters("critic")
 
     @property
     def critic_lr(self) -> float:
@@ -90,7 +118,7 @@ class LLMPPO(LLMAlgorithm):
         self.optimizer = torch.optim.AdamW(
             [
                 {"params": self.actor_parameters(), "lr": self.lr},
-                {"params": self.policy.trainable_parameters("critic"), "lr": self.critic_lr},
+                {"params": self._critic_parameters(), "lr": self.critic_lr},
             ],
             lr=self.lr,
             weight_decay=0.0,
@@ -104,7 +132,12 @@ class LLMPPO(LLMAlgorithm):
     def _turn_values(
         self, ids: torch.Tensor, attn: torch.Tensor, turn_ids: torch.Tensor, K: int
     ) -> torch.Tensor:
-        values = self.policy.values(ids, attn)[:, :-1]
+        if self.critic_mode == "shared":
+            head = self.policy.value_head
+            assert head is not None
+            values = head(self.policy.hidden_states(ids, attn))[:, :-1]
+        else:
+            values = self.policy.values(ids, attn)[:, :-1]
         return turn_values(values, turn_ids, K, self.turn_value_reduction)
 
     def _advantages(

@@ -171,12 +171,9 @@ def build_agent(config: DemoConfig, model: Any, tokenizer: PreTrainedTokenizerFa
         "batch_size": config.prompts_per_step * config.group_size,
         "seed": config.seed,
     }
-    if config.algo == "ppo":
-        from peft import LoraConfig
-
-        lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0)
-        return rl_algos.LLMPPO(**common, lora_config=lora, critic_lr=config.lr)
     common["full_finetune"] = True
+    if config.algo == "ppo":  # trlX's shared-trunk critic: a random tiny model needs full FT
+        return rl_algos.LLMPPO(**common, critic_mode="shared", critic_lr=config.lr)
     if config.algo == "reinforce":
         return rl_algos.LLMREINFORCE(**common)
     common["group_size"] = config.group_size

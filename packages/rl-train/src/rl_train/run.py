@@ -141,7 +141,9 @@ def build_agent_from_config(config: RunConfig, model: Any, tokenizer: Any) -> An
         "use_vllm": config.engine == "vllm",
         "model_name": None if config.model.name == "tiny" else config.model.name,
     }
-    full = (config.model.full_finetune or config.model.name == "tiny") and config.algo != "ppo"
+    full = config.model.full_finetune or config.model.name == "tiny"
+    if full and config.algo == "ppo":
+        kwargs.setdefault("critic_mode", "shared")  # a LoRA critic needs a LoRA actor
     if full:
         common["full_finetune"] = True
     else:
