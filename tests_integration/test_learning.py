@@ -50,12 +50,12 @@ def test_algorithm_learns_successor_digit(algo: str, tmp_path: Path) -> None:
     assert greedy_accuracy(agent, env) >= TARGET
 
 
-@pytest.mark.parametrize("algo", ["grpo", "reinforce"])
+@pytest.mark.parametrize("algo", ["grpo", "reinforce", "ppo"])
 def test_multiturn_guess_the_number_improves_with_turn_level_credit(
     algo: str, tmp_path: Path
 ) -> None:
-    """GRPO with per-turn group-relative advantages and LLMREINFORCE with per-turn returns
-    (ReBN): the greedy episode return on unseen seeds rises clearly over the untrained policy
+    """GRPO with per-turn group-relative advantages, LLMREINFORCE with per-turn returns (ReBN)
+    and LLMPPO with turn-level GAE: the greedy episode return on unseen seeds rises clearly over the untrained policy
     (from -0.2, invalid guesses, to >= 0.1; a correct guess is worth 1)."""
     from rl_envs import TokenObservationWrapper
     from rl_envs.tasks import GuessTheNumberEnv
