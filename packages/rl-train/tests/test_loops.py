@@ -107,3 +107,34 @@ def test_evolution_with_tournament_and_mutations(tmp_path: Path) -> None:
     assert out[0].mutation_history == [] or out[0].mutation_history[-1]["step"] < out[0].steps
     with pytest.raises(ValueError, match="only mutate RL hyperparameters"):
         Mutations(architecture=0.2)
+
+
+def test_crash_in_the_middle_of_a_checkpoint_keeps_the_previous_one(tmp_path: Path) -> None:
+    """The second agent's save dies mid-way (as under SIGKILL): the pointer still names the
+    previous complete checkpoint, and a resumed run starts from it."""
+    a, env = setup()
+    b, _ = setup(seed=1)
+    real_save = b.save_checkpoint
+    calls = {"n": 0}
+
+    def dying_save(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 2:
+            Path(path).mkdir(parents=True)
+            (Path(path) / "partial.safetensors").write_bytes(b"\x00" * 10)
+            raise KeyboardInterrupt("killed while writing")
+        return real_save(path, *args, **kwargs)
+
+    b.save_checkpoint = dying_save  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        finetune_llm_reasoning([a, b], env, max_steps=6, evaluation_interval=2, checkpoint_steps=2,
+                               run_dir=tmp_path, verbose=False, plot=False)  # fmt: skip
+    latest = latest_checkpoint(tmp_path)
+    assert latest is not None
+    assert latest.name == "step_00000002"
+    a2, env2 = setup()
+    b2, _ = setup(seed=1)
+    finetune_llm_reasoning([a2, b2], env2, max_steps=6, evaluation_interval=2, checkpoint_steps=2,
+                           run_dir=tmp_path, resume=True, verbose=False, plot=False)  # fmt: skip
+    assert latest_checkpoint(tmp_path).name == "step_00000006"  # type: ignore[union-attr]
+    assert [r["step"] for r in MetricsLogger.read(tmp_path / "metrics.jsonl")] == list(range(1, 7))
