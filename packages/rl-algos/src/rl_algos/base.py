@@ -736,12 +736,13 @@ class LLMAlgorithm:
             p.grad.copy_(flat[offset : offset + n].view_as(p))  # type: ignore[union-attr]
             offset += n
 
-    def _broadcast_weights(self) -> None:
-        """Start every process from rank 0's trainable weights (and reference)."""
+    def _broadcast_weights(self, module: torch.nn.Module | None = None) -> None:
+        """Start every process from rank 0's weights (of ``module``, default the policy)."""
         if not self._distributed():
             return
+        module = self.policy if module is None else module
         with torch.no_grad():
-            for t in [*self.policy.parameters(), *self.policy.buffers()]:
+            for t in [*module.parameters(), *module.buffers()]:
                 torch.distributed.broadcast(t.data, src=0)
 
     def _check_batch(self, batch: Batch) -> None:

@@ -95,7 +95,7 @@ class LLMPPO(LLMAlgorithm):
                 torch.manual_seed(self.seed + 1)
                 head = ValueHead(int(self.policy.causal_lm.config.hidden_size))
             self.policy.value_head = head.to(self.device)
-            self._broadcast_weights()
+            self._broadcast_weights(self.policy.value_head)
             self._build_optimizers()
 
     def _critic_adapter(self) -> bool:

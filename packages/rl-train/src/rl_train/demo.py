@@ -20,7 +20,9 @@ from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 __all__ = [
     "ALGORITHMS",
+    "TINY_AGENT",
     "DemoConfig",
+    "agent_factory",
     "build_agent",
     "build_env",
     "demo_reward",
@@ -147,37 +149,24 @@ def build_env(config: DemoConfig, tokenizer: PreTrainedTokenizerFast) -> Reasoni
     )
 
 
-def build_agent(config: DemoConfig, model: Any, tokenizer: PreTrainedTokenizerFast) -> Any:
-    """The agent for ``config.algo`` with the demo's settings."""
+#: Agent settings that make the embedded tiny model learn (``rl-train demo`` and ``tiny`` configs).
+TINY_AGENT: dict[str, Any] = {
+    "lr": 1e-3,
+    "beta": 0.0,
+    "temperature": 1.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "max_grad_norm": 1.0,
+    "max_output_tokens": 2,
+    "max_model_len": 64,
+}
+
+
+def agent_factory(algo: str) -> Any:
+    """The rl-algos class or preset of ``algo`` (one of :data:`ALGORITHMS`)."""
     import rl_algos
 
-    if config.algo not in ALGORITHMS:
-        raise ValueError(
-            f"unknown algorithm {config.algo!r}; choose one of {', '.join(ALGORITHMS)}"
-        )
-    common: dict[str, Any] = {
-        "actor_network": model,
-        "pad_token_id": tokenizer.pad_token_id,
-        "pad_token": tokenizer.pad_token,
-        "tokenizer": tokenizer,
-        "lr": config.lr,
-        "beta": 0.0,
-        "temperature": 1.0,
-        "top_k": 0,
-        "top_p": 1.0,
-        "max_grad_norm": 1.0,
-        "max_output_tokens": config.max_output_tokens,
-        "max_model_len": config.max_model_len,
-        "batch_size": config.prompts_per_step * config.group_size,
-        "seed": config.seed,
-    }
-    common["full_finetune"] = True
-    if config.algo == "ppo":  # trlX's shared-trunk critic: a random tiny model needs full FT
-        return rl_algos.LLMPPO(**common, critic_mode="shared", critic_lr=config.lr)
-    if config.algo == "reinforce":
-        return rl_algos.LLMREINFORCE(**common)
-    common["group_size"] = config.group_size
-    factories = {
+    factories: dict[str, Any] = {
         "grpo": rl_algos.GRPO,
         "gspo": rl_algos.GSPO,
         "cispo": rl_algos.CISPO,
@@ -185,8 +174,36 @@ def build_agent(config: DemoConfig, model: Any, tokenizer: PreTrainedTokenizerFa
         "dapo": rl_algos.dapo,
         "rloo": rl_algos.rloo,
         "reinforce_pp": rl_algos.reinforce_pp,
+        "reinforce": rl_algos.LLMREINFORCE,
+        "ppo": rl_algos.LLMPPO,
     }
-    return factories[config.algo](**common)
+    if algo not in factories:
+        raise ValueError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGORITHMS)}")
+    return factories[algo]
+
+
+def build_agent(config: DemoConfig, model: Any, tokenizer: PreTrainedTokenizerFast) -> Any:
+    """The agent for ``config.algo`` with the demo's settings (full fine-tuning)."""
+    kwargs: dict[str, Any] = {
+        **TINY_AGENT,
+        "lr": config.lr,
+        "max_output_tokens": config.max_output_tokens,
+        "max_model_len": config.max_model_len,
+        "batch_size": config.prompts_per_step * config.group_size,
+        "seed": config.seed,
+        "full_finetune": True,
+    }
+    if config.algo == "ppo":  # trlX's shared-trunk critic: a random tiny model needs full FT
+        kwargs.update(critic_mode="shared", critic_lr=config.lr)
+    elif config.algo != "reinforce":
+        kwargs["group_size"] = config.group_size
+    return agent_factory(config.algo)(
+        actor_network=model,
+        pad_token_id=tokenizer.pad_token_id,
+        pad_token=tokenizer.pad_token,
+        tokenizer=tokenizer,
+        **kwargs,
+    )
 
 
 def greedy_accuracy(agent: Any, env: ReasoningGym) -> float:

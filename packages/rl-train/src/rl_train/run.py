@@ -10,18 +10,6 @@ from rl_train.config import ConfigError, RunConfig, to_dict
 
 __all__ = ["build_agent_from_config", "build_env_from_config", "build_model", "evaluate", "train"]
 
-# Defaults that make the embedded tiny model learn (see rl_train.demo).
-TINY_AGENT = {
-    "lr": 1e-3,
-    "beta": 0.0,
-    "temperature": 1.0,
-    "top_k": 0,
-    "top_p": 1.0,
-    "max_grad_norm": 1.0,
-    "max_output_tokens": 2,
-    "max_model_len": 64,
-}
-
 
 def build_model(config: RunConfig) -> tuple[Any, Any]:
     """``(model, tokenizer)``: the embedded tiny pair, or a hub/local causal LM."""
@@ -125,8 +113,9 @@ def build_env_from_config(config: RunConfig, tokenizer: Any) -> Any:
 
 def build_agent_from_config(config: RunConfig, model: Any, tokenizer: Any) -> Any:
     """The agent of ``config.algo`` with ``config.agent``'s arguments over sensible defaults."""
-    import rl_algos
     from peft import LoraConfig
+
+    from rl_train.demo import TINY_AGENT, agent_factory
 
     kwargs: dict[str, Any] = dict(TINY_AGENT) if config.model.name == "tiny" else {}
     kwargs.update(config.agent)
@@ -153,21 +142,10 @@ def build_agent_from_config(config: RunConfig, model: Any, tokenizer: Any) -> An
             target_modules=config.model.lora_target_modules,
             lora_dropout=0.0,
         )
-    factories: dict[str, Any] = {
-        "grpo": rl_algos.GRPO,
-        "gspo": rl_algos.GSPO,
-        "cispo": rl_algos.CISPO,
-        "dr_grpo": rl_algos.dr_grpo,
-        "dapo": rl_algos.dapo,
-        "rloo": rl_algos.rloo,
-        "reinforce_pp": rl_algos.reinforce_pp,
-        "reinforce": rl_algos.LLMREINFORCE,
-        "ppo": rl_algos.LLMPPO,
-    }
     if config.algo in ("reinforce", "ppo"):
         kwargs.pop("group_size", None)
     try:
-        return factories[config.algo](**common, **kwargs)
+        return agent_factory(config.algo)(**common, **kwargs)
     except TypeError as exc:
         raise ConfigError(f"agent: {exc}") from exc
 
