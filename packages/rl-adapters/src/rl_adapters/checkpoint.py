@@ -4,6 +4,7 @@ A checkpoint is a directory::
 
     actor/ reference/ critic/     PEFT adapter dirs (adapter_model.safetensors, adapter_config.json)
     value_head.safetensors        the critic's value head
+    <name>.safetensors + .json    extra heads passed as ``heads={name: module}`` (e.g. ILQL's)
     model.safetensors             the whole model (full fine-tuning)
     optimizer.safetensors/.json   optimizer state: tensors / everything else
     scheduler.json (+ .safetensors)
@@ -28,12 +29,14 @@ import random
 import shutil
 import tempfile
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
-from safetensors.torch import load_file, load_model, save_file, save_model
+from safetensors.torch import load_file, load_model, save_file
+from torch import nn
 
 from rl_adapters.lora import comparable_lora_config
 from rl_adapters.policy import PolicyModel
@@ -161,6 +164,30 @@ def _describe(policy: PolicyModel) -> dict[str, Any]:
     }
 
 
+#: File stems used by the checkpoint itself: extra heads may not take these names.
+_RESERVED_STEMS = {"value_head", "model", "optimizer", "scheduler", "rng", "state", "manifest"}
+
+
+def _check_head_names(heads: Mapping[str, nn.Module]) -> None:
+    for name, module in heads.items():
+        if not name.isidentifier() or name in _RESERVED_STEMS or name in ("actor", "reference"):
+            raise ValueError(
+                f"`heads` key {name!r} must be a Python identifier other than "
+                f"{sorted(_RESERVED_STEMS | {'actor', 'reference'})}"
+            )
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"`heads`[{name!r}] must be a torch.nn.Module, got {type(module)}")
+
+
+def _head_config(module: nn.Module) -> dict[str, Any]:
+    """A head's JSON description: class, ``config.to_dict()`` (if any) and tensor shapes."""
+    config = getattr(module, "config", None)
+    to_dict = getattr(config, "to_dict", None)
+    described = to_dict() if callable(to_dict) else {}
+    shapes = {k: list(v.shape) for k, v in module.state_dict().items()}
+    return {"class": type(module).__name__, "config": described, "shapes": shapes}
+
+
 def _fsync_tree(directory: Path) -> None:
     for path in sorted(directory.rglob("*")):
         if path.is_file():
@@ -178,6 +205,7 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any | None = None,
     state: dict[str, Any] | None = None,
+    heads: Mapping[str, nn.Module] | None = None,
 ) -> Path:
     """Save a policy (and optimizer, scheduler, RNG and caller state) atomically, without pickle.
 
@@ -188,6 +216,9 @@ def save_checkpoint(
         optimizer: Optimizer whose state to save, or None.
         scheduler: LR scheduler (``state_dict()`` of JSON types and tensors), or None.
         state: JSON-serialisable caller state (step counters, hyperparameters), or None.
+        heads: Extra modules kept beside the policy (e.g. ``{"ilql_heads": ILQLHeads}``):
+            each is written as ``<name>.safetensors`` (its state dict) and ``<name>.json``
+            (its class, ``config.to_dict()`` and tensor shapes), covered by the manifest.
 
     Returns:
         The checkpoint directory.
@@ -201,11 +232,13 @@ def save_checkpoint(
             json.dumps(state, allow_nan=True)
         except (TypeError, ValueError) as exc:
             raise TypeError(f"`state` must be JSON-serialisable: {exc}") from exc
+    heads = dict(heads or {})
+    _check_head_names(heads)
     target.parent.mkdir(parents=True, exist_ok=True)
     _recover_interrupted_swap(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        _write_checkpoint(policy, tmp, optimizer, scheduler, state)
+        _write_checkpoint(policy, tmp, optimizer, scheduler, state, heads)
         _fsync_tree(tmp)
         if target.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
@@ -227,17 +260,24 @@ def _write_checkpoint(
     optimizer: torch.optim.Optimizer | None,
     scheduler: Any | None,
     state: dict[str, Any] | None,
+    heads: Mapping[str, nn.Module] | None = None,
 ) -> None:
     if policy.peft is not None:
         for role in policy.adapter_roles:
             policy.peft.save_pretrained(str(out), selected_adapters=[role])
     else:
-        save_model(policy.causal_lm, str(out / "model.safetensors"))
+        save_file(_dedup_state(policy.causal_lm), str(out / "model.safetensors"), {"format": "pt"})
     if policy.value_head is not None:
         save_file(
             {k: v.detach().cpu().contiguous() for k, v in policy.value_head.state_dict().items()},
             str(out / "value_head.safetensors"),
         )
+    for name, module in (heads or {}).items():
+        save_file(
+            {k: v.detach().cpu().contiguous() for k, v in module.state_dict().items()},
+            str(out / f"{name}.safetensors"),
+        )
+        _write_json(out / f"{name}.json", _head_config(module))
     if optimizer is not None:
         _save_structured(out, "optimizer", optimizer.state_dict())
     if scheduler is not None:
@@ -249,7 +289,26 @@ def _write_checkpoint(
         for p in sorted(out.rglob("*"))
         if p.is_file()
     }
-    _write_json(out / MANIFEST, {**_describe(policy), "files": files})
+    described = {name: _head_config(m) for name, m in (heads or {}).items()}
+    extra = {"heads": described} if described else {}
+    _write_json(out / MANIFEST, {**_describe(policy), **extra, "files": files})
+
+
+def _dedup_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors, copied to CPU, with tied weights saved once (first name kept).
+
+    Copies rather than ``safetensors.save_model``: under DeepSpeed the parameters are views
+    into flat buffers, which ``save_model`` refuses as shared storage. ``load_model`` prefers
+    the saved names when it resolves the tied ones.
+    """
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in model.state_dict(keep_vars=True).items():
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        out[name] = tensor.detach().to("cpu", copy=True).contiguous()
+    return out
 
 
 def _recover_interrupted_swap(target: Path) -> None:
@@ -363,6 +422,34 @@ def _check_fits(policy: PolicyModel, manifest: dict[str, Any], merge: bool = Fal
         )
 
 
+def _check_heads_fit(heads: Mapping[str, nn.Module], manifest: dict[str, Any]) -> None:
+    saved = manifest.get("heads", {})
+    for name, module in heads.items():
+        if name not in saved:
+            raise CheckpointError(
+                f"the checkpoint holds no head {name!r} (it has {sorted(saved) or 'none'}); it "
+                "was saved without `heads=`"
+            )
+        mine = _head_config(module)
+        # the structure must match; settings such as a Polyak rate may differ
+        if (saved[name]["class"], saved[name]["shapes"]) != (mine["class"], mine["shapes"]):
+            raise CheckpointError(
+                f"head {name!r} does not fit:\n"
+                f"  checkpoint: {json.dumps(saved[name], sort_keys=True)}\n"
+                f"  model:      {json.dumps(mine, sort_keys=True)}"
+            )
+
+
+def _load_heads(heads: Mapping[str, nn.Module], root: Path) -> None:
+    for name, module in heads.items():
+        path = root / f"{name}.safetensors"
+        tensors = _load_tensors(path)
+        mine = module.state_dict()
+        if set(tensors) != set(mine) or any(tensors[k].shape != mine[k].shape for k in mine):
+            raise CheckpointError(f"head {name!r}: {path.name} does not match its module")
+        module.load_state_dict(tensors)  # copies into the existing tensors: requires_grad kept
+
+
 def load_checkpoint(
     policy: PolicyModel,
     directory: str | os.PathLike[str],
@@ -370,6 +457,7 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any | None = None,
     merge_lora_config: bool = False,
+    heads: Mapping[str, nn.Module] | None = None,
 ) -> dict[str, Any]:
     """Load a checkpoint written by :func:`save_checkpoint` into ``policy`` (and the rest).
 
@@ -389,6 +477,9 @@ def load_checkpoint(
             they compute exactly what they did; modules only the model targets start as no-ops.
             Optimizers over the old adapter parameters must be rebuilt (so ``optimizer`` must be
             None when a merge happens).
+        heads: Extra modules saved with ``save_checkpoint(..., heads=...)``, by the same names;
+            each must be in the checkpoint with the same class and tensor shapes (other
+            settings in its ``config``, e.g. a Polyak rate, may differ and stay the module's).
 
     Returns:
         The caller ``state`` that was saved.
@@ -398,6 +489,9 @@ def load_checkpoint(
     manifest = _verify(root)
     before = policy.lora_config
     _check_fits(policy, manifest, merge=merge_lora_config)
+    heads = dict(heads or {})
+    _check_head_names(heads)
+    _check_heads_fit(heads, manifest)
     merged = policy.lora_config is not before
     if merged and optimizer is not None:
         raise CheckpointError(
@@ -421,6 +515,7 @@ def load_checkpoint(
         load_model(policy.causal_lm, str(root / "model.safetensors"))
     if policy.value_head is not None:
         policy.value_head.load_state_dict(_load_tensors(root / "value_head.safetensors"))
+    _load_heads(heads, root)
     if optimizer is not None:
         if not (root / "optimizer.json").is_file():
             raise CheckpointError(f"{root} holds no optimizer state")

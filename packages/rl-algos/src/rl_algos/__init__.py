@@ -1,7 +1,8 @@
-"""rl-algos: PPO, REINFORCE (ReBN) and the GRPO family for causal LMs.
+"""rl-algos: PPO, REINFORCE (ReBN), the GRPO family and offline ILQL for causal LMs.
 
 Assembled from the rl-* packages (adapters, rollout, kernels, losses, advantages), with
 AgileRL's API and ``rl_*`` imports: ``from rl_algos import GRPO, LLMPPO, LLMREINFORCE``.
+``ILQL`` learns offline from (sequence, reward) pairs and decodes value-guided.
 """
 
 from importlib.metadata import version as _version
@@ -16,6 +17,7 @@ from rl_algos.config import (
     VLLMConfig,
 )
 from rl_algos.grpo import CISPO, GRPO, GSPO, dapo, dr_grpo, reinforce_pp, rloo_agent
+from rl_algos.ilql import ILQL
 from rl_algos.ppo import LLMPPO
 from rl_algos.reinforce import LLMREINFORCE
 
@@ -27,6 +29,7 @@ __all__ = [
     "CISPO",
     "GRPO",
     "GSPO",
+    "ILQL",
     "LLMPPO",
     "LLMREINFORCE",
     "ActionResult",

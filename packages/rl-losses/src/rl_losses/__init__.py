@@ -2,8 +2,9 @@
 
 Inputs: ``logprobs``, ``old_logprobs``, ``ref_logprobs`` [N, T], ``advantages`` [N] or [N, T],
 ``mask`` [N, T] (True where a token counts), optional ``turn_ids`` [N, T]. Each objective
-returns a typed result holding the loss and detached diagnostics. See the README for the
-peer-conventions table (CISPO clamp, GSPO gradient, KL direction, aggregation).
+returns a typed result holding the loss and detached diagnostics. The ILQL terms
+(``ilql_loss`` and its parts) cover offline value-based RL (arXiv 2206.11871). See the README
+for the peer-conventions table (CISPO clamp, GSPO gradient, KL direction, aggregation).
 """
 
 from importlib.metadata import version as _version
@@ -11,6 +12,16 @@ from importlib.metadata import version as _version
 from rl_losses.aggregate import AGGREGATIONS, Aggregation, aggregate
 from rl_losses.correction import rollout_correction
 from rl_losses.entropy import entropy_bonus, high_entropy_mask
+from rl_losses.ilql import (
+    ILQLLossOutput,
+    TargetReduction,
+    awac_loss,
+    cql_loss,
+    expectile_loss,
+    ilql_loss,
+    ilql_td_loss,
+    next_state_values,
+)
 from rl_losses.kl import KLKind, kl_estimate, kl_penalty
 from rl_losses.outputs import (
     EntropyOutput,
@@ -39,27 +50,35 @@ __all__ = [
     "AGGREGATIONS",
     "Aggregation",
     "EntropyOutput",
+    "ILQLLossOutput",
     "KLKind",
     "KLOutput",
     "Level",
     "PolicyLossOutput",
     "Pooling",
     "RolloutCorrection",
+    "TargetReduction",
     "ValueLossOutput",
     "__version__",
     "aggregate",
     "available_policy_losses",
+    "awac_loss",
     "cispo_loss",
     "clip_cov_loss",
     "clipped_surrogate",
+    "cql_loss",
     "entropy_bonus",
+    "expectile_loss",
     "get_policy_loss",
     "gmpo_loss",
     "gspo_loss",
     "high_entropy_mask",
+    "ilql_loss",
+    "ilql_td_loss",
     "kl_cov_loss",
     "kl_estimate",
     "kl_penalty",
+    "next_state_values",
     "register_policy_loss",
     "reinforce_loss",
     "rollout_correction",

@@ -5,7 +5,8 @@ implementations: :class:`HFEngine` (Hugging Face ``generate``; CPU or GPU), :cla
 (colocated vLLM; ``pip install 'rl-rollout[vllm]'``) and :class:`RemoteEngine` (a client of a
 :class:`RolloutServer` serving either). :class:`SamplingParams`, :func:`process_logits` (the
 exact processing that was sampled from, for trainer-side recomputation) and
-:class:`RolloutResult`.
+:class:`RolloutResult`. :func:`value_guided_decoding` turns ILQL's heads into a logits hook
+(``log_softmax(logits) + beta * (Q - V)``, arXiv 2206.11871).
 """
 
 from importlib.metadata import version as _version
@@ -22,6 +23,13 @@ from rl_rollout.engine import (
 from rl_rollout.params import LogitsHook, SamplingParams, process_logits
 from rl_rollout.result import RolloutResult, assemble_result
 from rl_rollout.server import RemoteEngine, RolloutServer, RolloutServerError
+from rl_rollout.value_guided import (
+    HeadsFn,
+    HiddenStateCapture,
+    ValueGuidedProcessor,
+    value_guided_decoding,
+    value_guided_logits,
+)
 from rl_rollout.vllm_engine import VLLMEngine
 
 __version__: str = _version("rl-rollout")
@@ -29,6 +37,8 @@ __version__: str = _version("rl-rollout")
 __all__ = [
     "Engine",
     "HFEngine",
+    "HeadsFn",
+    "HiddenStateCapture",
     "LogitsHook",
     "RemoteEngine",
     "RolloutResult",
@@ -36,6 +46,7 @@ __all__ = [
     "RolloutServerError",
     "SamplingParams",
     "VLLMEngine",
+    "ValueGuidedProcessor",
     "__version__",
     "assemble_result",
     "available_engines",
@@ -44,4 +55,6 @@ __all__ = [
     "get_engine",
     "process_logits",
     "register_engine",
+    "value_guided_decoding",
+    "value_guided_logits",
 ]

@@ -8,6 +8,7 @@ TensorBoard; :func:`plot_reward_curve` the PNG.
 from importlib.metadata import version as _version
 
 from rl_train.hpo import Mutations, TournamentSelection
+from rl_train.ilql import ILQLTrainer, make_experience, train_offline
 from rl_train.loops import finetune_llm_multiturn, finetune_llm_reasoning, latest_checkpoint
 from rl_train.metrics import MetricsLogger, plot_reward_curve
 from rl_train.trainer import (
@@ -24,6 +25,7 @@ __version__: str = _version("rl-train")
 __all__ = [
     "AgentTrainer",
     "BaseRLTrainer",
+    "ILQLTrainer",
     "MetricsLogger",
     "Mutations",
     "TournamentSelection",
@@ -33,7 +35,9 @@ __all__ = [
     "finetune_llm_reasoning",
     "get_trainer",
     "latest_checkpoint",
+    "make_experience",
     "make_trainer",
     "plot_reward_curve",
     "register_trainer",
+    "train_offline",
 ]

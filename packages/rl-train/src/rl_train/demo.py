@@ -42,6 +42,7 @@ ALGORITHMS = (
     "reinforce_pp",
     "reinforce",
     "ppo",
+    "ilql",
 )
 ALPHABET = string.digits + string.ascii_lowercase + " +-*/=?.,:()!'\n"
 
@@ -176,6 +177,7 @@ def agent_factory(algo: str) -> Any:
         "reinforce_pp": rl_algos.reinforce_pp,
         "reinforce": rl_algos.LLMREINFORCE,
         "ppo": rl_algos.LLMPPO,
+        "ilql": rl_algos.ILQL,
     }
     if algo not in factories:
         raise ValueError(f"unknown algorithm {algo!r}; choose one of {', '.join(ALGORITHMS)}")
@@ -195,7 +197,7 @@ def build_agent(config: DemoConfig, model: Any, tokenizer: PreTrainedTokenizerFa
     }
     if config.algo == "ppo":  # trlX's shared-trunk critic: a random tiny model needs full FT
         kwargs.update(critic_mode="shared", critic_lr=config.lr)
-    elif config.algo != "reinforce":
+    elif config.algo not in ("reinforce", "ilql"):
         kwargs["group_size"] = config.group_size
     return agent_factory(config.algo)(
         actor_network=model,

@@ -1,0 +1,286 @@
+"""ILQL agent: one learn() against a float64 reference, micro-batching, target syncs, value-guided
+decoding, checkpoints with the heads, clones, and clear errors for bad offline data."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+from typing import Any
+
+import algos_testlib as tl
+import pytest
+import rl_losses
+import torch
+from rl_algos import ILQL
+
+LOSS_TOL: dict[str, float] = {"rel": 1e-4, "abs": 1e-6}  # float32 agent vs float64 reference
+GRAD_TOL: dict[str, float] = {"rtol": 1e-3, "atol": 1e-6}
+SAME_LOSS_TOL: dict[str, float] = {"rel": 1e-5, "abs": 1e-7}
+SAME_GRAD_TOL: dict[str, float] = {"rtol": 1e-5, "atol": 1e-7}
+ILQL_KW: dict[str, Any] = {"gamma": 0.9, "tau": 0.8, "cql_scale": 0.3, "awac_scale": 0.7,
+                           "awac_beta": 0.5, "alpha": 0.5, "steps_for_target_q_sync": 1}  # fmt: skip
+
+
+def make_ilql(full_finetune: bool = False, **overrides: Any) -> ILQL:
+    kw = tl.agent_kwargs(beta=0.0, **{**ILQL_KW, **overrides})
+    if full_finetune:
+        kw.pop("lora_config")
+        kw["full_finetune"] = True
+    agent = ILQL(actor_network=tl.tiny_model(0), **kw)
+    if not full_finetune:
+        tl.perturb_adapter(agent.policy, "actor", seed=1)
+    with torch.no_grad():  # online heads != target heads, so the two roles are distinguishable
+        gen = torch.Generator().manual_seed(7)
+        for p in agent.heads.q_heads.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return agent
+
+
+def token_rewards(batch: tl.Batch) -> torch.Tensor:
+    """Per-token rewards at some action positions (0 elsewhere)."""
+    gen = torch.Generator().manual_seed(3)
+    r = torch.randn(batch.masks.shape, generator=gen)
+    keep = batch.masks & (torch.rand(batch.masks.shape, generator=gen) < 0.5)
+    return torch.where(keep, r, torch.zeros(()))
+
+
+def reference_loss(policy: Any, heads: Any, batch: tl.Batch, rewards: torch.Tensor) -> torch.Tensor:
+    """The ILQL loss from full logits and heads at every position, in float64."""
+    att = tl.attention_from(batch.ids, batch.masks)
+    lp = tl.reference_logprobs(policy, batch.ids, att, "actor")
+    hidden = policy.hidden_states(batch.ids, att)[:, :-1]
+    out = heads(hidden)
+    if rewards.dim() == 1:  # the terminal reward sits on each row's last action
+        r = torch.zeros(batch.masks.shape, dtype=torch.float64)
+        for n in range(batch.n):
+            last = int(batch.masks[n].nonzero().max())
+            r[n, last] = float(rewards[n])
+    else:
+        r = rewards.double()
+    kw = {k: ILQL_KW[k] for k in ("gamma", "tau", "cql_scale", "awac_scale", "awac_beta")}
+    result = rl_losses.ilql_loss(lp, list(out.qs), list(out.target_qs), out.values,
+                                 batch.ids[:, 1:], r, batch.masks, **kw)  # fmt: skip
+    return result.loss
+
+
+def grads_of(params: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
+    return {
+        n: (torch.zeros_like(p) if p.grad is None else p.grad.detach()).double()
+        for n, p in params.items()
+    }
+
+
+CASES = [
+    pytest.param(False, True, "terminal", id="lora-2q-terminal"),
+    pytest.param(False, False, "per_token", id="lora-1q-per-token"),
+    pytest.param(True, True, "per_token", id="full-2q-per-token"),
+]
+
+
+@pytest.mark.parametrize(("full", "two_qs", "reward_kind"), CASES)
+def test_learn_matches_float64_reference(full: bool, two_qs: bool, reward_kind: str) -> None:
+    agent = make_ilql(full, two_qs=two_qs)
+    batch = tl.make_batch()
+    rewards = batch.rewards if reward_kind == "terminal" else token_rewards(batch)
+    names = tl.trainable_names(agent)
+    twin = tl.float64_copy(agent.policy)
+    twin_heads = copy.deepcopy(agent.heads).double()
+    metrics = agent.learn((batch.ids.clone(), batch.masks.clone(), rewards.clone()))
+    ref = reference_loss(twin, twin_heads, batch, rewards)
+    ref.backward()
+    assert metrics["loss"] == pytest.approx(float(ref.detach()), **LOSS_TOL)
+    ref_grads = grads_of({n: p for n, p in twin.named_parameters() if n in names})
+    torch.testing.assert_close(tl.agent_grads(agent.policy, names), ref_grads, **GRAD_TOL)
+    head_grads = grads_of(dict(twin_heads.named_parameters()))
+    mine = grads_of(dict(agent.heads.named_parameters()))
+    assert max(float(g.abs().max()) for g in head_grads.values()) > 1e-3
+    torch.testing.assert_close(mine, head_grads, **GRAD_TOL)
+    assert metrics["target_syncs"] == 1.0
+    assert metrics["mean_reward"] == pytest.approx(
+        float(rewards.sum(-1).mean() if rewards.dim() == 2 else rewards.mean()), rel=1e-6
+    )
+    for key in ("q_loss", "v_loss", "cql_loss", "awac_loss", "q_mean", "v_mean", "grad_norm"):
+        assert math.isfinite(metrics[key]), key
+
+
+def test_micro_batches_give_the_same_step() -> None:
+    batch = tl.make_batch()
+    whole, split = make_ilql(), make_ilql(micro_batch_size_per_gpu=2)
+    m1 = whole.learn(batch.experiences())
+    m2 = split.learn(batch.experiences())
+    assert m1["loss"] == pytest.approx(m2["loss"], **SAME_LOSS_TOL)
+    for key in ("q_loss", "v_loss", "cql_loss", "awac_loss", "q_mean"):
+        assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-6), key
+    names = tl.trainable_names(whole)
+    torch.testing.assert_close(tl.agent_grads(whole.policy, names),
+                               tl.agent_grads(split.policy, names), **SAME_GRAD_TOL)  # fmt: skip
+
+
+def test_target_heads_sync_every_k_steps() -> None:
+    agent = make_ilql(alpha=0.5, steps_for_target_q_sync=2, batch_size=2)  # 3 steps per learn
+    batch = tl.make_batch()
+
+    def targets() -> dict[str, torch.Tensor]:
+        return {k: v.clone() for k, v in agent.heads.target_q_heads.state_dict().items()}
+
+    start = targets()
+    first = agent.learn(batch.experiences())  # steps 1-3: a sync after step 2
+    assert agent.steps == 3 and first["target_syncs"] == 1.0
+    after_first = targets()
+    assert any(not torch.equal(v, after_first[k]) for k, v in start.items())
+    second = agent.learn(batch.experiences())  # steps 4-6: syncs after steps 4 and 6
+    assert agent.steps == 6 and second["target_syncs"] == 2.0
+    assert all(not p.requires_grad for p in agent.heads.target_q_heads.parameters())
+    # a sync is exactly one Polyak step: set up a known state and take one
+    with torch.no_grad():
+        online = {k: v.clone() for k, v in agent.heads.q_heads.state_dict().items()}
+        old = targets()
+    agent.heads.sync_target()
+    for k, v in agent.heads.target_q_heads.state_dict().items():
+        torch.testing.assert_close(v, 0.5 * online[k] + 0.5 * old[k])
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def manual_greedy(agent: ILQL, prompt: list[int], steps: int) -> list[int]:
+    seq, out = list(prompt), []
+    for _ in range(steps):
+        x = torch.tensor([seq])
+        with torch.no_grad():
+            hidden = agent.policy.hidden_states(x, torch.ones_like(x))[:, -1]
+            logits = agent.policy.logits(x, torch.ones_like(x))[:, -1]
+            q = agent.heads.target_q(hidden)
+            v = agent.heads.values(hidden)
+        scores = torch.log_softmax(logits, -1) + agent.decode_beta * (q - v[:, None])
+        token = int(scores.argmax())
+        out.append(token)
+        seq.append(token)
+        if token == tl.EOS_ID:
+            break
+    return out
+
+
+@pytest.mark.parametrize("decode_beta", [0.0, 2.0])
+def test_get_action_is_value_guided(decode_beta: float) -> None:
+    agent = make_ilql(decode_beta=decode_beta, max_output_tokens=4)
+    with torch.no_grad():
+        for head in agent.heads.target_q_heads:
+            head[-1].bias[40] += 0.4  # token 40 looks good to the target heads
+    prompts = [{"input_ids": torch.tensor([[tl.BOS_ID, 10, 11]])},
+               {"input_ids": torch.tensor([[tl.BOS_ID, 20]])}]  # fmt: skip
+    result = agent.get_action(prompts, training=False)
+    for prompt, seq, amask in zip(prompts, result.completion_ids, result.action_masks, strict=True):
+        p = prompt["input_ids"][0].tolist()
+        got = seq[0, len(p) :][amask[0, len(p) - 1 :]].tolist()
+        assert got == manual_greedy(agent, p, 4), decode_beta
+    if decode_beta > 0:  # guidance changed the answer
+        assert 40 in [t for s in result.completion_ids for t in s[0].tolist()]
+    sampled = agent.get_action(prompts, training=True)
+    assert len(sampled.completion_ids) == 2
+    assert (
+        agent._hook is None
+        and not agent.policy.causal_lm.get_output_embeddings()._forward_pre_hooks
+    )
+
+
+# --------------------------------------------------------------------------- checkpoints, clones
+
+
+def test_checkpoint_round_trip_with_heads(tmp_path: Path) -> None:
+    agent = make_ilql()
+    batch = tl.make_batch()
+    agent.learn(batch.experiences())
+    path = agent.save_checkpoint(tmp_path / "ck")
+    names = {p.name for p in path.iterdir()}
+    assert {"ilql_heads.safetensors", "ilql_heads.json", "optimizer.safetensors"} <= names
+    assert not [p for p in path.rglob("*") if p.suffix in (".pt", ".bin", ".pkl", ".pth")]
+
+    loaded = ILQL.load(path, actor_network=tl.tiny_model(0), lora_config=tl.lora_config())
+    assert isinstance(loaded, ILQL) and loaded.steps == agent.steps and loaded.gamma == 0.9
+    for k, v in agent.heads.state_dict().items():
+        assert torch.equal(v, loaded.heads.state_dict()[k]), k
+    prompts = [{"input_ids": torch.tensor([[tl.BOS_ID, 10, 11]])}]
+    a = agent.get_action(prompts, training=False).completion_ids[0]
+    b = loaded.get_action(prompts, training=False).completion_ids[0]
+    assert torch.equal(a, b)
+    # the optimizer state came back too: one more step is identical
+    m1, m2 = agent.learn(batch.experiences()), loaded.learn(batch.experiences())
+    assert m1["loss"] == pytest.approx(m2["loss"], rel=1e-6)
+    for k, v in agent.heads.state_dict().items():
+        torch.testing.assert_close(v, loaded.heads.state_dict()[k], rtol=1e-5, atol=1e-7)
+
+
+def test_clone_has_its_own_heads() -> None:
+    agent = make_ilql()
+    twin = agent.clone(index=1)
+    assert isinstance(twin, ILQL) and twin.heads is not agent.heads
+    ids = {id(p) for p in agent.heads.parameters()}
+    assert not ids & {id(p) for p in twin.heads.parameters()}
+    twin.learn(tl.make_batch().experiences())
+    assert any(not torch.equal(v, twin.heads.state_dict()[k])
+               for k, v in agent.heads.state_dict().items())  # fmt: skip
+    opt_params = {id(p) for g in twin.optimizer.param_groups for p in g["params"]}
+    assert {id(p) for p in twin.heads.trainable_parameters()} <= opt_params
+    assert not ids & opt_params
+
+
+# --------------------------------------------------------------------------- bad data
+
+
+def test_bad_offline_data_errors_name_the_argument_and_fix() -> None:
+    agent = make_ilql()
+    b = tl.make_batch()
+    ids, masks, r = b.experiences()
+    cases: list[tuple[Any, str]] = [
+        ((ids, masks, r[:4]), r"`rewards` has 4 entries for 6 sequences .* one reward per sequence"),
+        ((ids, masks, None), r"`rewards` is None: ILQL learns from \(sample, reward\) pairs"),
+        (([], [], []), r"`completion_ids` is empty: the offline dataset has no sequences"),
+        ((ids[:0], masks[:0], r[:0]), r"`completion_ids` is empty"),
+        ((ids, masks, torch.tensor([])), r"`rewards` is empty but there are 6 sequences"),
+        ((ids, masks, torch.where(torch.arange(6) == 2, math.nan, r)),
+         r"`rewards` has NaN or inf for sequence\(s\) \[2\]: fix the reward function or drop"),
+        ((ids, masks[:, :-1], r), r"`action_masks` has shape \[6, 10\] but `completion_ids` has shape \[6, 12\]"),
+        ((ids, torch.zeros_like(masks), r), r"`action_masks` rows \[0, 1, 2, 3, 4\] \(6 of 6\) have no action token"),
+        ((ids, masks, torch.ones(6, 5)), r"per-token `rewards` has shape \[6, 5\] but `action_masks` has shape \[6, 11\]"),
+        ((ids, masks, torch.ones(6, 11)), r"per-token `rewards` are nonzero at .* non-action position"),
+        ((ids, masks), r"`experiences` must be \(completion_ids"),
+        ({"completion_ids": ids, "rewards": r}, r"`experiences` lacks \['action_masks'\]"),
+    ]  # fmt: skip
+    for experiences, message in cases:
+        with pytest.raises(ValueError, match=message):
+            agent.learn(experiences)
+    assert agent.steps == 0  # nothing was applied
+
+
+def test_non_finite_loss_is_guarded() -> None:
+    """The shared optimizer step's guard: raise (weights untouched) or skip with a warning."""
+    for skip in (False, True):
+        agent = make_ilql(skip_nonfinite=skip)
+        with torch.no_grad():
+            agent.heads.v_head[-1].bias.fill_(math.nan)
+        before = {k: v.clone() for k, v in agent.heads.q_heads.state_dict().items()}
+        if skip:
+            with pytest.warns(RuntimeWarning, match="non-finite loss or gradient"):
+                metrics = agent.learn(tl.make_batch().experiences())
+            assert metrics["skipped_steps"] == 1.0
+        else:
+            with pytest.raises(FloatingPointError, match="Pass skip_nonfinite=True"):
+                agent.learn(tl.make_batch().experiences())
+        assert agent.steps == 0
+        for k, v in agent.heads.q_heads.state_dict().items():
+            assert torch.equal(v, before[k]), k
+
+
+def test_bad_hyperparameters() -> None:
+    with pytest.raises(ValueError, match=r"`beta` \(the KL coefficient .*\) must be 0 for ILQL"):
+        ILQL(actor_network=tl.tiny_model(0), **tl.agent_kwargs(beta=0.1))
+    with pytest.raises(ValueError, match="use the Hugging Face engine"):
+        ILQL(actor_network=tl.tiny_model(0), **tl.agent_kwargs(beta=0.0, use_vllm=True))
+    for kw, message in [({"tau": 1.0}, r"`tau` must be in \(0, 1\)"),
+                        ({"gamma": -0.1}, r"`gamma` must be in \[0, 1\]"),
+                        ({"steps_for_target_q_sync": 0}, "`steps_for_target_q_sync` must be >= 1"),
+                        ({"decode_q": "both"}, "`decode_q` must be 'target' or 'online'")]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            ILQL(actor_network=tl.tiny_model(0), **tl.agent_kwargs(beta=0.0, **kw))
