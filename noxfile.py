@@ -1,8 +1,9 @@
 """Task runner for the rl-* workspace (nox with the uv backend).
 
-Plain ``nox`` runs the default sessions: lint, typecheck, every ``test-<package>``, isolation and
-integration. Environments are synced from the committed ``uv.lock`` (``--locked``): a stale lock
-fails instead of being rewritten.
+Plain ``nox`` runs the default sessions: lint, typecheck, every ``test-<package>``, isolation,
+integration (which also executes every Python example of the docs site), slow and docs. Environments
+are synced from the committed ``uv.lock`` (``--locked``): a stale lock fails instead of being
+rewritten.
 
 Sessions:
     test-<package>   that package's unit tests, in an environment holding only the package, its
@@ -12,9 +13,9 @@ Sessions:
     isolation        wheels of the torch-only packages in fresh venvs: import, compute, and no
                      transformers/peft/accelerate/datasets
     integration      tests_integration/ (not slow)
-    slow             every test marked ``slow``
+    slow             every test marked ``slow`` (DeepSpeed ZeRO-2/3, SIGKILL + resume, ...)
     bench            tools/bench/ benchmarks (medians and ratios; see tools/bench/README.md)
-    docs             mkdocs build --strict
+    docs             mkdocs build --strict (the site's examples run in ``integration``)
     build-<package>  wheel + sdist into dist/<package> with --no-sources, installed in a fresh venv
 """
 
@@ -112,13 +113,15 @@ def isolation(session: nox.Session) -> None:
 
 @nox.session
 def integration(session: nox.Session) -> None:
-    sync(session, "--all-packages", "--group", "test")
+    sync(session, "--all-packages", "--extra", "deepspeed", "--group", "test")
     session.run("pytest", "tests_integration", "-m", "not slow", *session.posargs)
 
 
-@nox.session(default=False)
+@nox.session
 def slow(session: nox.Session) -> None:
-    sync(session, "--all-packages", "--group", "test")
+    # DeepSpeed's first launch JIT-builds a C++ op (~75 s); later launches reuse the cache in
+    # TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions)
+    sync(session, "--all-packages", "--extra", "deepspeed", "--group", "test")
     dirs = [f"packages/{p}/tests" for p in PACKAGES]
     session.run(
         "pytest", *dirs, "tools/rl-testing/tests", "tests_integration", "-m", "slow",
@@ -134,7 +137,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "tools/bench/run.py", *session.posargs)
 
 
-@nox.session(default=False)
+@nox.session
 def docs(session: nox.Session) -> None:
     sync(session, "--all-packages", "--group", "docs")
     session.run(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -16,14 +17,16 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 
-def launch(out: Path, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def launch(
+    out: Path, *extra: str, timeout: float = 300, script: str = "ddp_learn.py"
+) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
     with socket.socket() as s:  # torchrun's --master_port 0 hangs: pick a free port
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--master_addr", "127.0.0.1", "--master_port", str(port),
-           str(SCRIPTS / "ddp_learn.py"), str(out), *extra]  # fmt: skip
+           str(SCRIPTS / script), str(out), *extra]  # fmt: skip
     return subprocess.run(
         cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
@@ -59,3 +62,32 @@ def test_a_rank_that_raises_ends_the_run_with_an_error_not_a_hang(tmp_path: Path
     assert proc.returncode != 0
     assert "injected failure on rank 1" in proc.stdout + proc.stderr
     assert time.monotonic() - start < 240
+
+
+def test_finetune_loop_under_ddp_writes_once_and_its_checkpoint_loads(tmp_path: Path) -> None:
+    """``finetune_llm_reasoning`` on 2 processes: ranks stay identical; process 0 alone
+    writes the metrics (means over processes), the curve and the checkpoints."""
+    proc = launch(tmp_path, script="ddp_finetune.py")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [load_file(str(tmp_path / f"rank{r}.safetensors")) for r in (0, 1)]
+    for name, value in ranks[0].items():
+        assert torch.equal(value, ranks[1][name]), name
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]  # once, not once per process
+    assert "fitness" in rows[2] and "fitness" in rows[5]
+    assert (tmp_path / "reward_curve.png").is_file()
+    latest = json.loads((tmp_path / "checkpoints" / "latest.json").read_text())
+    assert latest["step"] == 6
+
+    from rl_algos import GRPO
+    from rl_train.demo import tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    loaded = GRPO.load(
+        tmp_path / "checkpoints" / latest["name"] / "agent_0",
+        actor_network=tiny_model(len(tokenizer), seed=0),
+        tokenizer=tokenizer,
+    )
+    assert loaded.steps == 6
+    for name, p in loaded.policy.named_parameters():
+        assert torch.equal(p.detach(), ranks[0][name]), name

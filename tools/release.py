@@ -219,7 +219,10 @@ def install(python: Path, targets: Iterable[str | Path], find_links: Path | None
     """``uv pip install`` into the environment of ``python`` (no workspace sources)."""
     args = [uv(), "pip", "install", "--quiet", "--python", str(python)]
     if find_links is not None:
+        # our wheels are rebuilt under an unchanged version: never take one from uv's cache
+        ours = sorted({w.name.split("-")[0].replace("_", "-") for w in find_links.glob("*.whl")})
         args += ["--find-links", str(find_links)]
+        args += [a for name in ours for a in ("--refresh-package", name)]
     run([*args, *[str(t) for t in targets]])
 
 

@@ -13,6 +13,8 @@ GROUP = 3
 PROMPTS = 4  # global; each of the 2 ranks gets 2
 STEPS = 3
 L = 14
+#: The DeepSpeed runs' extra agent arguments: 2 micro-batches per rank's minibatch (6 rows).
+DS_AGENT = {"micro_batch_size_per_gpu": 4, "max_output_tokens": 6}
 
 
 def make_agent(**kw: Any) -> GRPO:
@@ -20,8 +22,7 @@ def make_agent(**kw: Any) -> GRPO:
     return GRPO(
         actor_network=model, pad_token_id=tok.pad_token_id, pad_token=tok.pad_token,
         group_size=GROUP, batch_size=64, lr=1e-2, beta=0.05, max_grad_norm=1.0, seed=3,
-        lora_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0),
-        **kw,
+        **{"lora_config": LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0), **kw},
     )  # fmt: skip
 
 

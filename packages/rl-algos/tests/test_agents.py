@@ -366,3 +366,37 @@ def test_ppo_shared_critic_with_full_finetuning(tmp_path) -> None:  # type: igno
     assert agent.learn(b.experiences())["loss"] == twin.learn(b.experiences())["loss"]
     with pytest.raises(ValueError, match="`critic_mode` must be"):
         make_agent("LLMPPO", critic_mode="separate")
+
+
+def test_reinforce_pp_counts_the_kl_once_in_the_reward_not_again_as_a_loss() -> None:
+    """REINFORCE++ (arXiv 2501.03262 eq. 4) folds beta * KL into the reward; no KL loss term."""
+    import algos_testlib as tl
+
+    batch = tl.make_batch()
+    experiences = (batch.ids, batch.masks, batch.rewards)
+    agent = tl.make_agent("GRPO", advantage_estimator="reinforce_pp_baseline", beta=0.5)
+    metrics = agent.learn(experiences)
+    assert "kl" not in metrics
+    assert metrics["loss"] == pytest.approx(metrics["pg_loss"], rel=1e-6, abs=1e-7)
+    control = tl.make_agent("GRPO", beta=0.5)  # GRPO's KL is a loss term: loss != pg_loss
+    cm = control.learn(experiences)
+    assert cm["kl"] > 0 and abs(cm["loss"] - cm["pg_loss"]) > 1e-6
+
+
+def test_filtered_groups_leave_the_loss_and_its_normaliser() -> None:
+    """DAPO's dynamic sampling (arXiv 2503.14476 eq. 11): one step on a batch with an
+    all-equal group equals one step on the batch without that group."""
+    import algos_testlib as tl
+
+    rewards = (1.0, 1.0, 1.0, 2.0, 0.0, 0.75)  # group 0 is all-equal: zero advantage
+    full = tl.make_batch(rewards=rewards)
+    kept = tl.make_batch(
+        prompts=tl.PROMPTS[1:], completions=tl.COMPLETIONS[3:], rewards=rewards[3:]
+    )
+    kw = {"filter_zero_adv": True, "loss_aggregation": "token_mean", "beta": 0.0}
+    a, b = tl.make_agent("GRPO", **kw), tl.make_agent("GRPO", **kw)
+    ma = a.learn((full.ids, full.masks, full.rewards))
+    mb = b.learn((kept.ids, kept.masks, kept.rewards))
+    assert ma["loss"] == pytest.approx(mb["loss"], rel=1e-5)
+    for (name, pa), pb in zip(a.policy.named_parameters(), b.policy.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-7, msg=name)

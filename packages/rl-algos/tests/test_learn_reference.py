@@ -90,7 +90,11 @@ def test_grpo_family_loss_and_grads_match_reference(
             temperature=tl.TEMPERATURE,
             loss_type=effective_type,
             clip_coef=clip_coef,
-            aggregation=extra.get("loss_aggregation", "seq_mean_token_mean"),
+            # CISPO's paper normalises by the batch's token count; GRPO's by sequence
+            aggregation=extra.get(
+                "loss_aggregation",
+                "token_mean" if effective_type == "cispo" else "seq_mean_token_mean",
+            ),
             adv_norm=extra.get("adv_norm", "mean_std"),
         )
 

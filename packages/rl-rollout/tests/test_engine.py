@@ -601,3 +601,32 @@ def test_unknown_truncation_mode_raises() -> None:
 
     with pytest.raises(ValueError, match="truncation"):
         build_and_generate()
+
+
+def test_generate_kwargs_reach_generate_and_sampling_ones_are_refused() -> None:
+    """``generate_kwargs`` (e.g. ZeRO-3's ``synced_gpus``) pass through to ``generate``."""
+    engine, model, _ = make("qwen2")
+    seen: dict[str, Any] = {}
+    original = model.generate
+
+    def spy(**kwargs: Any) -> Any:
+        seen.update(kwargs)
+        return original(**kwargs)
+
+    model.generate = spy  # a spy on the real call, which still runs
+    engine.generate_kwargs = {"output_scores": False}
+    params = SamplingParams(n=2, max_new_tokens=3, seed=0)
+    assert engine.generate(PROMPTS, params).completion_ids.shape[0] == 6
+    assert seen["output_scores"] is False
+    engine.generate_kwargs = {"top_p": 0.5}
+    with pytest.raises(ValueError, match=r"generate_kwargs.*top_p.*SamplingParams"):
+        engine.generate(PROMPTS, params)
+
+
+def test_greedy_generation_does_not_warn_about_sampling_flags(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    engine, _, _ = make("qwen2")
+    with caplog.at_level("WARNING"):
+        engine.generate(PROMPTS, SamplingParams.eval_preset(max_new_tokens=3))
+    assert "not valid" not in caplog.text

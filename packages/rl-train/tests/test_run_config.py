@@ -94,3 +94,33 @@ def test_debug_shows_the_traceback(tmp_path: Path) -> None:
     cfg.write_text("algo: nope\n")
     with pytest.raises(ConfigError, match="unknown algorithm"):
         main(["run", str(cfg), "--debug"])
+
+
+@pytest.mark.parametrize(
+    ("content", "launched", "message"),
+    [
+        ('{"zero_optimization": {"stage": 2}}', False, "deepspeed_config needs a launcher"),
+        ("zero_optimization: 2", True, "is not a readable JSON file"),
+    ],
+)
+def test_bad_deepspeed_setups_are_one_line_exit_2(
+    content: str,
+    launched: bool,
+    message: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ds = tmp_path / "ds.json"
+    ds.write_text(content)
+    if launched:
+        monkeypatch.setenv("WORLD_SIZE", "1")
+    else:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"deepspeed_config: {ds}\n")
+    code = main(["run", str(cfg), f"train.run_dir={tmp_path / 'run'}", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE
+    assert message in err, err
+    assert len(err.strip().splitlines()) == 1, err

@@ -7,6 +7,8 @@ import dataclasses
 import json
 import math
 import random
+import shutil
+import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +27,13 @@ from rl_algos.config import (
     HyperparameterConfig,
     VLLMConfig,
     cosine_schedule,
+)
+from rl_algos.distributed import (
+    deepspeed_plugin,
+    gathered,
+    prepare_deepspeed,
+    world_size,
+    zero_stage,
 )
 
 __all__ = ["Batch", "LLMAlgorithm"]
@@ -150,7 +159,7 @@ class LLMAlgorithm:
         obj._init_kwargs = {k: v for k, v in kwargs.items() if _jsonable(v)}
         return obj
 
-    def __init__(  # noqa: PLR0915 - AgileRL's constructor surface
+    def __init__(  # noqa: PLR0912, PLR0915 - AgileRL's constructor surface
         self,
         pad_token_id: int,
         pad_token: str,
@@ -243,6 +252,8 @@ class LLMAlgorithm:
         self.hp_config = hp_config
         self.cosine_lr_schedule_config = cosine_lr_schedule_config
         self.accelerator = accelerator
+        self._zero_stage = zero_stage(accelerator)
+        self._ds_engine: Any = None
         self.seed = seed
         self.use_liger_loss = use_liger_loss
         self.fused_logprobs_chunk_rows = fused_logprobs_chunk_rows
@@ -310,6 +321,12 @@ class LLMAlgorithm:
             max_model_len=max_model_len,
             prompts_per_batch=hf_generate_chunk_size,
         )
+        if use_vllm and model_name is None:
+            raise ValueError(
+                "use_vllm=True needs `model_name` (a hub name or path): vLLM loads the model "
+                "itself, and the trained weights are pushed to it after every learn()"
+            )
+        self._vllm_lora_dir: str | None = None
         if use_vllm:  # pragma: no cover - needs vLLM and CUDA
             from rl_rollout import VLLMEngine
 
@@ -417,6 +434,7 @@ class LLMAlgorithm:
             if am is not None:
                 row = row[torch.as_tensor(am).reshape(-1).bool()]
             ids.append(row.tolist())
+        self._deepspeed()
         params = self.sampling_params(training)
         if not repeat_prompts:  # rows are already expanded trajectories: one sample each
             params = dataclasses.replace(params, n=1)
@@ -450,26 +468,71 @@ class LLMAlgorithm:
         mask: torch.Tensor,
         role: str = "actor",
     ) -> torch.Tensor:
-        """[N, T] log-probs of tokens 1..L-1 at ``mask`` positions (0 elsewhere)."""
+        """[N, T] log-probs of tokens 1..L-1 at ``mask`` positions (0 elsewhere).
+
+        Under ZeRO-3 every process runs the output projection (it gathers the weights, a
+        collective) even when its rows are empty or not finite.
+        """
         hidden = self.policy.hidden_states(input_ids, attention_mask, role=role)[:, :-1]
         targets = input_ids[:, 1:]
         out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
-        if not bool(mask.any()):
+        if not bool(mask.any()) and self._zero_stage != 3:
             return out + 0.0 * hidden.sum()  # keeps the graph connected
         rows = hidden[mask]
-        if not bool(torch.isfinite(rows).all()):
-            # non-finite activations: a NaN loss, handled (raise or skip) by the step guard
-            return out.masked_fill(mask, math.nan) + 0.0 * rows.nan_to_num().sum()
-        picked = fused_logprobs(
-            rows,
-            self.policy.lm_head_weight,
-            targets[mask],
-            bias=self.policy.lm_head_bias,
-            temperature=self.temperature,
-            chunk_rows=self.fused_logprobs_chunk_rows,
-        )
-        assert isinstance(picked, torch.Tensor)
-        return out.masked_scatter(mask, picked.float())
+        finite = bool(torch.isfinite(rows).all())
+        if not finite:  # a NaN loss, handled (raise or skip) by the step guard
+            rows = rows.nan_to_num(0.0, 0.0, 0.0)
+        if self._zero3_trainable_head():
+            picked = self._logprobs_by_module(rows, targets[mask])
+        else:
+            weight, bias = self._head()
+            if rows.shape[0] == 0:
+                return out + 0.0 * hidden.sum()
+            fused = fused_logprobs(
+                rows,
+                weight,
+                targets[mask],
+                bias=bias,
+                temperature=self.temperature,
+                chunk_rows=self.fused_logprobs_chunk_rows,
+            )
+            assert isinstance(fused, torch.Tensor)
+            picked = fused
+        if not finite:
+            return out.masked_fill(mask, math.nan) + 0.0 * picked.sum()
+        out = out.masked_scatter(mask, picked.float())
+        return out + 0.0 * hidden.sum() if rows.shape[0] == 0 else out
+
+    def _zero3_trainable_head(self) -> bool:
+        head = [self.policy.lm_head_weight, self.policy.lm_head_bias]
+        return self._zero_stage == 3 and any(p is not None and p.requires_grad for p in head)
+
+    def _head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``([V, H], [V] or None)``: the output projection for the fused kernels.
+
+        Under ZeRO-3 the (frozen) weights are partitioned: a gathered copy is returned, which
+        the kernels keep for their backward.
+        """
+        weight, bias = self.policy.lm_head_weight, self.policy.lm_head_bias
+        if self._zero_stage != 3:
+            return weight, bias
+        with gathered([weight, bias], enabled=True):
+            return weight.detach().clone(), None if bias is None else bias.detach().clone()
+
+    def _logprobs_by_module(self, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """[M] log-probs through the output-embedding module, chunked (ZeRO-3, trainable head).
+
+        ZeRO-3 partitions a trainable ``lm_head`` and gathers it only inside the module's own
+        forward hooks, which also route its gradient back to the partitions; the fused kernel,
+        which reads the weight directly, cannot. Each chunk materialises ``[chunk, V]`` logits.
+        """
+        head = self.policy.causal_lm.get_output_embeddings()
+        chunk = self.fused_logprobs_chunk_rows or 1024
+        parts = []
+        for s in range(0, max(1, rows.shape[0]), chunk):  # also empty: the gather is collective
+            logits = head(rows[s : s + chunk]).float() / self.temperature
+            parts.append(logits.log_softmax(-1).gather(-1, targets[s : s + chunk, None])[:, 0])
+        return torch.cat(parts)
 
     # -- learn ---------------------------------------------------------------------------------
 
@@ -620,15 +683,16 @@ class LLMAlgorithm:
         ids, mask = mb["input_ids"], mb["mask"]
         hidden = self.policy.hidden_states(ids, mb["attention_mask"])[:, :-1]
         ref = mb["ref"] if (mb["ref"] is not None and self.beta > 0) else None
+        weight, bias = self._head()
         out = fused_policy_loss(
             hidden,
-            self.policy.lm_head_weight,
+            weight,
             ids[:, 1:],
             mask,
             mb["advantages"],
             old_logprobs=mb["old"],
             ref_logprobs=ref,
-            bias=self.policy.lm_head_bias,
+            bias=bias,
             temperature=self.temperature,
             kl_coef=self.beta if ref is not None else 0.0,
             kl_kind=self.kl_kind,
@@ -706,7 +770,26 @@ class LLMAlgorithm:
             else batch.rewards.mean()
         )
         out["mean_kl"] = out.get("kl", 0.0)
+        if self.use_vllm and metrics.get("loss"):
+            self._push_weights_to_engine()
         return out
+
+    def _push_weights_to_engine(self) -> None:  # pragma: no cover - needs vLLM and CUDA
+        """After an update, give the generation engine (vLLM) the trained actor.
+
+        LoRA: the actor adapter is saved (safetensors) to a fresh directory and loaded as a
+        new adapter (vLLM reads it at the next ``generate``; the previous version's directory
+        is removed then). Full fine-tuning: every weight is copied by name.
+        """
+        if self.policy.peft is None:
+            self.engine.update_weights(self.policy.causal_lm.named_parameters())
+            return
+        previous = self._vllm_lora_dir
+        self._vllm_lora_dir = tempfile.mkdtemp(prefix="rl-algos-vllm-lora-")
+        self.policy.peft.save_pretrained(self._vllm_lora_dir, selected_adapters=["actor"])
+        self.engine.load_lora("actor", str(Path(self._vllm_lora_dir) / "actor"))
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
 
     @staticmethod
     def _distributed() -> bool:
@@ -754,6 +837,40 @@ class LLMAlgorithm:
         """Subclass hook: further global denominators of a minibatch."""
         return {}
 
+    def _deepspeed(self) -> Any:
+        """The DeepSpeed engine, built on first use; None without DeepSpeed.
+
+        Built lazily (first ``get_action``, ``learn`` or checkpoint call) so that subclasses
+        finish their model and optimizer first. Under ZeRO-3 it partitions the weights, so
+        generation runs with ``synced_gpus``.
+        """
+        if self._ds_engine is None and deepspeed_plugin(self.accelerator) is not None:
+            if self.use_liger_loss and self._zero3_trainable_head():
+                raise ValueError(
+                    "use_liger_loss=True cannot train an lm_head partitioned by ZeRO-3 (full "
+                    "fine-tuning): use LoRA, ZeRO-2, or use_liger_loss=False"
+                )
+            if self.use_vllm:
+                raise ValueError("use_vllm=True is not supported with DeepSpeed yet: use DDP")
+            self._ds_engine = prepare_deepspeed(
+                self.accelerator,
+                self.policy,
+                self.optimizer,
+                self.micro_batch_size_per_gpu or self.batch_size,
+                self.max_grad_norm,
+            )
+            if self._zero_stage == 3 and world_size() > 1:
+                self.engine.generate_kwargs = {"synced_gpus": True}
+        return self._ds_engine
+
+    def _all_ranks(self, flag: bool) -> bool:
+        """``flag`` and-ed over processes (every rank gets the same answer)."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN)
+        return bool(t.item() == 1.0)
+
     def _step(  # noqa: PLR0912, PLR0915
         self,
         batch: Batch,
@@ -763,15 +880,19 @@ class LLMAlgorithm:
         extra: dict[str, torch.Tensor],
         metrics: dict[str, list[float]],
     ) -> None:
+        ds = self._deepspeed()
         mask = batch.mask[rows]
+        if "keep" in extra:  # rows filtered out of the loss leave the denominators too
+            mask = mask & extra["keep"][rows][:, None]
         norm = self._normalizers(mask)
         norm.update(self._more_normalizers(extra, rows))
         micro = self.micro_batch_size_per_gpu or len(rows)
+        starts = range(0, len(rows), micro)
         for opt in self._optimizers():
             opt.zero_grad(set_to_none=True)
         total: float = 0.0
         parts: dict[str, float] = {}
-        for s in range(0, len(rows), micro):
+        for s in starts:
             idx = rows[s : s + micro]
             mb = batch.rows(idx)
             mb["old"] = old[idx]
@@ -780,16 +901,30 @@ class LLMAlgorithm:
             for k, v in extra.items():
                 mb[k] = v[idx]
             self.policy.eval()
+            if ds is not None and hasattr(ds.optimizer, "clear_backward_seen_flag"):
+                # what DeepSpeedEngine.forward does first: the micro-step bookkeeping that
+                # makes ZeRO accumulate (not overwrite) gradients across micro-batches
+                ds.optimizer.clear_backward_seen_flag()
             spec = self._fused_spec(mb, norm) if self.use_liger_loss else None
             if spec is not None:
                 loss, info = self._fused_loss(mb, norm, spec)
+                ok = bool(torch.isfinite(loss.detach()))
             else:
                 lp = self._logprobs(mb["input_ids"], mb["attention_mask"], mb["mask"])
-                if not bool(torch.isfinite(lp[mb["mask"]]).all()):
-                    total = math.nan  # the guard below raises or skips; nothing is applied
-                    break
-                loss, info = self._loss(mb, lp, norm)
-            if self.accelerator is not None:
+                ok = bool(torch.isfinite(lp[mb["mask"]]).all())
+                if ok:
+                    loss, info = self._loss(mb, lp, norm)
+                    ok = bool(torch.isfinite(loss.detach()))
+            if ds is not None:  # DeepSpeed reduces inside backward: all ranks agree first
+                ok = self._all_ranks(ok)
+            if not ok:
+                total = math.nan  # the guard below raises or skips; nothing is applied
+                break
+            if ds is not None:
+                ds.set_gradient_accumulation_boundary(s == starts[-1])
+                # DeepSpeed averages over ranks; the loss already has global denominators
+                ds.backward(loss * world_size(), scale_wrt_gas=False)
+            elif self.accelerator is not None:
                 self.accelerator.backward(loss)
             else:
                 loss.backward()
@@ -797,32 +932,34 @@ class LLMAlgorithm:
             weight = float(mb["mask"].sum()) / norm["tokens"]
             for k, v in info.items():
                 parts[k] = parts.get(k, 0.0) + float(v) * weight
-        params = self._trainable()
-        self._sync_gradients(params)
-        finite = torch.tensor([1.0 if math.isfinite(total) else 0.0], device=self.device)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
-        grad_norm = float("nan")
-        if finite.item() == 1.0 and self.max_grad_norm is not None:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
-        elif finite.item() == 1.0:
-            grads = [p.grad.detach().norm() for p in params if p.grad is not None]
-            grad_norm = float(torch.stack(grads).norm()) if grads else 0.0
-        if finite.item() != 1.0 or not math.isfinite(grad_norm):
+        if ds is not None:
+            grad_norm = math.nan
+            if math.isfinite(total):  # every rank agreed on every micro-batch
+                ds.step()
+                value = ds.get_global_grad_norm()
+                grad_norm = float(value) if value is not None else math.nan
+            else:
+                ds.zero_grad()
+                ds.optimizer.zero_grad(set_to_none=True)
+                self._nonfinite(total, grad_norm, metrics)
+                return
+        else:
+            params = self._trainable()
+            self._sync_gradients(params)
+            finite = self._all_ranks(math.isfinite(total))
+            grad_norm = float("nan")
+            if finite and self.max_grad_norm is not None:
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
+            elif finite:
+                grads = [p.grad.detach().norm() for p in params if p.grad is not None]
+                grad_norm = float(torch.stack(grads).norm()) if grads else 0.0
+            if not finite or not math.isfinite(grad_norm):
+                for opt in self._optimizers():
+                    opt.zero_grad(set_to_none=True)
+                self._nonfinite(total, grad_norm, metrics)
+                return
             for opt in self._optimizers():
-                opt.zero_grad(set_to_none=True)
-            message = (
-                f"non-finite loss or gradient at optimizer step {self.steps} of "
-                f"{type(self).__name__} (loss={total}, grad_norm={grad_norm}); the weights "
-                "were not updated"
-            )
-            if not self.skip_nonfinite:
-                raise FloatingPointError(message + ". Pass skip_nonfinite=True to skip such steps")
-            warnings.warn(message + "; step skipped", RuntimeWarning, stacklevel=3)
-            metrics.setdefault("skipped_steps", []).append(1.0)
-            return
-        for opt in self._optimizers():
-            opt.step()
+                opt.step()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         self.steps += 1
@@ -830,6 +967,18 @@ class LLMAlgorithm:
         metrics.setdefault("grad_norm", []).append(grad_norm)
         for k, value in parts.items():
             metrics.setdefault(k, []).append(value)
+
+    def _nonfinite(self, total: float, grad_norm: float, metrics: dict[str, list[float]]) -> None:
+        """A step whose loss or gradient is not finite: raise, or warn and skip it."""
+        message = (
+            f"non-finite loss or gradient at optimizer step {self.steps} of "
+            f"{type(self).__name__} (loss={total}, grad_norm={grad_norm}); the weights "
+            "were not updated"
+        )
+        if not self.skip_nonfinite:
+            raise FloatingPointError(message + ". Pass skip_nonfinite=True to skip such steps")
+        warnings.warn(message + "; step skipped", RuntimeWarning, stacklevel=4)
+        metrics.setdefault("skipped_steps", []).append(1.0)
 
     # -- evaluation ------------------------------------------------------------------------------
 
@@ -877,27 +1026,78 @@ class LLMAlgorithm:
             "init_kwargs": self._init_kwargs,
         }
 
+    def _saved_parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters a checkpoint holds: adapters and heads (LoRA) or all (full)."""
+        return [
+            p
+            for n, p in self.policy.named_parameters()
+            if self.policy.peft is None or "lora_" in n or "value_head" in n
+        ]
+
+    def _optimizer_for_checkpoint(self, wanted: bool) -> torch.optim.Optimizer | None:
+        if wanted and self._deepspeed() is not None:
+            if getattr(self, "_warned_ds_optimizer", False):
+                return None
+            self._warned_ds_optimizer = True
+            warnings.warn(
+                "optimizer state is not saved or loaded under DeepSpeed (its partitions are "
+                "per-rank); a resumed run restarts AdamW's moments",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return None
+        return self.optimizer if wanted else None
+
     def save_checkpoint(
         self, path: str | Path, lora_only: bool = True, save_optimizer: bool = True
     ) -> Path:
-        """Save adapters (safetensors), optimizer/scheduler and agent state (JSON) atomically."""
+        """Save adapters (safetensors), optimizer/scheduler and agent state (JSON) atomically.
+
+        Distributed, every process must call it (ZeRO-3 gathers the weights) and process 0
+        writes. Under DeepSpeed the optimizer state is not saved (a warning says so).
+        """
         del lora_only  # adapters are always what is saved in LoRA mode
-        return save_checkpoint(
-            self.policy,
-            path,
-            optimizer=self.optimizer if save_optimizer else None,
-            scheduler=self.lr_scheduler if save_optimizer else None,
-            state=self._state(),
-        )
+        optimizer = self._optimizer_for_checkpoint(save_optimizer)
+        with gathered(self._saved_parameters(), enabled=self._zero_stage == 3):
+            if not self._distributed() or torch.distributed.get_rank() == 0:
+                save_checkpoint(
+                    self.policy,
+                    path,
+                    optimizer=optimizer,
+                    scheduler=self.lr_scheduler if save_optimizer else None,
+                    state=self._state(),
+                )
+        if self._distributed():
+            torch.distributed.barrier()
+        return Path(path)
 
     def load_checkpoint(self, path: str | Path, load_optimizer: bool = True) -> None:
-        """Restore what :meth:`save_checkpoint` wrote (loading never executes code)."""
-        state = load_checkpoint(
-            self.policy,
-            path,
-            optimizer=self.optimizer if load_optimizer else None,
-            scheduler=self.lr_scheduler if load_optimizer else None,
-        )
+        """Restore what :meth:`save_checkpoint` wrote (loading never executes code).
+
+        Under DeepSpeed every process loads the weights (ZeRO-3 partitions process 0's copy)
+        and DeepSpeed's fp32 master weights are refreshed from them; optimizer state is not
+        loaded.
+        """
+        ds = self._deepspeed()
+        if load_optimizer and not (Path(path) / "optimizer.json").is_file():
+            warnings.warn(
+                f"{path} holds no optimizer state (saved under DeepSpeed or with "
+                "save_optimizer=False): AdamW starts from fresh moments",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            load_optimizer = False
+        optimizer = self._optimizer_for_checkpoint(load_optimizer)
+        params = self._saved_parameters()
+        with gathered(params, enabled=self._zero_stage == 3, modifier_rank=0):
+            state = load_checkpoint(
+                self.policy,
+                path,
+                optimizer=optimizer,
+                scheduler=self.lr_scheduler if load_optimizer else None,
+            )
+        if ds is not None:
+            ds.optimizer.refresh_fp32_params()
         self._load_state(state)
 
     @classmethod
@@ -948,6 +1148,11 @@ class LLMAlgorithm:
         In LoRA mode the frozen base weights are shared with this agent (not copied); with
         ``full_finetune`` the whole model is copied.
         """
+        if self._ds_engine is not None or deepspeed_plugin(self.accelerator) is not None:
+            raise ValueError(
+                "clone() and population() are not supported under DeepSpeed (ZeRO owns one "
+                "model and optimizer per process): use DDP or a single process for HPO"
+            )
         twin = copy.copy(self)
         twin.policy = copy.deepcopy(self.policy, self._shared_base_memo())
         twin.engine = HFEngine(

@@ -11,15 +11,8 @@ __all__ = ["save_llm_checkpoint"]
 def save_llm_checkpoint(agent: Any, checkpoint_path: str | Path) -> Path:
     """Save ``agent`` (adapters, optimizer, state) to ``checkpoint_path`` atomically.
 
-    Under ``accelerate`` only the main process writes, after a barrier on every process.
+    Call it on every process: under ``accelerate`` / ``torchrun`` the weights are gathered
+    where ZeRO-3 partitions them, the main process writes, and every process waits for it.
     """
-    accelerator = getattr(agent, "accelerator", None)
-    if accelerator is not None:
-        accelerator.wait_for_everyone()
-        if not accelerator.is_main_process:
-            accelerator.wait_for_everyone()
-            return Path(checkpoint_path)
     path: Path = agent.save_checkpoint(checkpoint_path)
-    if accelerator is not None:
-        accelerator.wait_for_everyone()
     return path

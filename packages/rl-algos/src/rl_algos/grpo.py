@@ -50,7 +50,8 @@ class GRPO(LLMAlgorithm):
     ``advantage_granularity`` (auto / trajectory / turn), ``turn_ratio_pooling``,
     ``whiten_advantages``, ``adv_clip_range``, ``filter_zero_adv``, ``adv_filter_eps``,
     ``use_kl_advantage_shaping``, ``loss_aggregation`` (default ``seq_mean_token_mean``, the
-    paper's), ``clip_coef_high`` (clip-higher), ``cispo_eps_high``, ``cispo_clamp``,
+    GRPO paper's; ``token_mean`` for CISPO, as in its paper), ``clip_coef_high``
+    (clip-higher), ``cispo_eps_high``, ``cispo_clamp``,
     ``advantage_estimator`` (``"grpo"``, ``"rloo"``, ``"reinforce_pp_baseline"``).
     """
 
@@ -118,7 +119,10 @@ class GRPO(LLMAlgorithm):
         self.filter_zero_adv = filter_zero_adv
         self.adv_filter_eps = adv_filter_eps
         self.use_kl_advantage_shaping = use_kl_advantage_shaping
-        self.loss_aggregation: Aggregation = loss_aggregation or "seq_mean_token_mean"
+        # CISPO's objective (MiniMax-M1 eq. 4) normalises by the batch's total token count
+        self.loss_aggregation: Aggregation = loss_aggregation or (
+            "token_mean" if loss_type == "cispo" else "seq_mean_token_mean"
+        )
         self.clip_coef_high = clip_coef_high
         self.cispo_eps_high = cispo_eps_high
         self.cispo_clamp = cispo_clamp
@@ -194,6 +198,11 @@ class GRPO(LLMAlgorithm):
 
     # -- loss ------------------------------------------------------------------------------------
 
+    @property
+    def _kl_in_reward(self) -> bool:
+        """The KL penalty is already in the advantages (shaping, REINFORCE++): no KL loss."""
+        return self.use_kl_advantage_shaping or self.advantage_estimator == "reinforce_pp_baseline"
+
     def _clip_kwargs(self) -> dict[str, Any]:
         c = self.clip_coef
         if isinstance(c, tuple):
@@ -215,7 +224,7 @@ class GRPO(LLMAlgorithm):
             "normalizer": norm["tokens"] if agg == "token_mean" else norm["sequences"],
             "max_length": self.max_length_norm,
         }
-        if self.use_kl_advantage_shaping:
+        if self._kl_in_reward:
             mb["ref"] = None
         if self.loss_type == "cispo":
             c = self.clip_coef if isinstance(self.clip_coef, float) else 0.2
@@ -277,7 +286,7 @@ class GRPO(LLMAlgorithm):
         loss, info = self._finish_loss(
             pg,
             lp,
-            None if self.use_kl_advantage_shaping else mb["ref"],
+            None if self._kl_in_reward else mb["ref"],
             mask,
             agg,
             normalizer,

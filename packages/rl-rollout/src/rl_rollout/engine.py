@@ -207,6 +207,10 @@ class HFEngine:
         token_budget: Tokens per ``generate`` call, counting ``(prompt + max_new) * n``.
         truncation: ``"error"`` for prompts longer than ``max_model_len - max_new_tokens``
             (the default), or ``"left"`` to keep their last tokens.
+        generate_kwargs: Further ``generate`` arguments, e.g. ``{"synced_gpus": True}`` for a
+            model partitioned by DeepSpeed ZeRO-3 (every process must call ``generate``
+            the same number of times). Sampling arguments are refused: use
+            :class:`SamplingParams`.
     """
 
     def __init__(
@@ -218,6 +222,7 @@ class HFEngine:
         prompts_per_batch: int | None = None,
         token_budget: int | None = None,
         truncation: Literal["error", "left"] = "error",
+        generate_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if truncation not in ("error", "left"):
             raise ValueError(f"`truncation` must be 'error' or 'left', got {truncation!r}")
@@ -231,6 +236,7 @@ class HFEngine:
         self.prompts_per_batch = prompts_per_batch
         self.token_budget = token_budget
         self.truncation = truncation
+        self.generate_kwargs = dict(generate_kwargs or {})
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs a pad and an eos token")
         self.pad_id = int(tokenizer.pad_token_id)
@@ -291,6 +297,15 @@ class HFEngine:
             "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": None, "typical_p": 1.0,
             "repetition_penalty": 1.0, "min_new_tokens": 0, "num_beams": 1,
         }  # fmt: skip
+        clash = sorted(set(self.generate_kwargs) & set(kwargs))
+        if clash:
+            raise ValueError(
+                f"`generate_kwargs` sets {clash}, which the engine controls: put sampling "
+                "settings in SamplingParams"
+            )
+        if params.greedy:  # warpers are unused; a non-default top_k would only warn
+            del kwargs["top_k"]
+        kwargs.update(self.generate_kwargs)
         if params.stop:
             kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
         devices = [device] if device.type == "cuda" else []

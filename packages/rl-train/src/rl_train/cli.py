@@ -87,6 +87,12 @@ def _demo(args: argparse.Namespace) -> int:
         print(f"rl-train: --steps must be >= 1, got {args.steps}", file=sys.stderr)
         return EXIT_USAGE
     torch.set_num_threads(min(2, torch.get_num_threads()))
+    if args.algo == "ilql":  # offline: log a behaviour dataset, then learn from it alone
+        from rl_train.ilql import ILQLDemoConfig, run_ilql_demo
+
+        ilql = ILQLDemoConfig(task=args.task, steps=args.steps, seed=args.seed)
+        run_ilql_demo(ilql, args.run_dir, progress=not args.quiet)
+        return 0
     config = DemoConfig(task=args.task, algo=args.algo, steps=args.steps, seed=args.seed)
     run_dir = Path(args.run_dir)
     tokenizer = tiny_tokenizer()
@@ -124,6 +130,8 @@ def _run(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.overrides)
     summary = train(config, verbose=not args.quiet)
+    if not summary["main_process"]:
+        return 0
     print(f"greedy accuracy before training: {summary['accuracy_before']:.2f}")
     print(f"greedy accuracy after training:  {summary['accuracy_after']:.2f}")
     print(f"run directory: {summary['run_dir']}")

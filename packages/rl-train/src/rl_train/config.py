@@ -109,7 +109,8 @@ class RunConfig:
     engine: str = "hf"
     """Generation engine: ``hf`` or ``vllm`` (CUDA)."""
     deepspeed_config: str | None = None
-    """A DeepSpeed JSON config (used under ``accelerate launch``)."""
+    """A DeepSpeed JSON config (ZeRO-2/3; needs a launcher: ``torchrun`` or ``accelerate
+    launch``). Under a launcher without it the run is DDP."""
 
 
 def _suggest(key: str, valid: list[str]) -> str:

@@ -21,6 +21,59 @@ __all__ = ["finetune_llm_multiturn", "finetune_llm_reasoning", "latest_checkpoin
 LATEST = "latest.json"
 
 
+# -- several processes (torchrun / accelerate launch) ------------------------------------------
+# Every process trains on its shard; only process 0 writes metrics, curves and checkpoint
+# pointers, and the metrics it logs are means over processes.
+
+
+def _distributed() -> bool:
+    return (
+        torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() > 1
+    )
+
+
+def _is_main() -> bool:
+    return not _distributed() or torch.distributed.get_rank() == 0
+
+
+def _barrier() -> None:
+    if _distributed():
+        torch.distributed.barrier()
+
+
+def _global_mean(row: dict[str, float], device: torch.device) -> dict[str, float]:
+    """``row``'s values averaged over processes (identical keys on every process)."""
+    if not _distributed():
+        return row
+    keys = sorted(row)
+    t = torch.tensor([float(row[k]) for k in keys], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(t)
+    t /= torch.distributed.get_world_size()
+    return dict(zip(keys, t.tolist(), strict=True))
+
+
+class _Silent:
+    """The metrics logger of processes other than 0: keeps the history, writes nothing."""
+
+    def __init__(self) -> None:
+        self.history: list[dict[str, Any]] = []
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.history.append({"step": step, **metrics})
+
+    def truncate(self, step: int) -> None:
+        self.history = [r for r in self.history if r["step"] <= step]
+
+    def close(self) -> None:
+        pass
+
+
+def _logger(run: Path, **kwargs: Any) -> MetricsLogger | _Silent:
+    return MetricsLogger(run, **kwargs) if _is_main() else _Silent()
+
+
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """The newest complete checkpoint directory of a run, or None."""
     pointer = Path(run_dir) / "checkpoints" / LATEST
@@ -41,14 +94,17 @@ def _save(
     root = run_dir / "checkpoints"
     name = f"step_{step:08d}"
     target = root / name
-    if target.exists():
+    if _is_main() and target.exists():
         shutil.rmtree(target)
+    _barrier()
     for i, agent in enumerate(pop):
-        agent.save_checkpoint(target / f"agent_{i}")
-    (target / "loop.json").write_text(json.dumps({"step": step, "env": env_state}))
-    tmp = root / (LATEST + ".tmp")
-    tmp.write_text(json.dumps({"name": name, "step": step}))
-    os.replace(tmp, root / LATEST)
+        agent.save_checkpoint(target / f"agent_{i}")  # every process: ZeRO-3 gathers
+    if _is_main():
+        (target / "loop.json").write_text(json.dumps({"step": step, "env": env_state}))
+        tmp = root / (LATEST + ".tmp")
+        tmp.write_text(json.dumps({"name": name, "step": step}))
+        os.replace(tmp, root / LATEST)
+    _barrier()
     return target
 
 
@@ -163,7 +219,7 @@ def finetune_llm_reasoning(  # noqa: PLR0912, PLR0915 - the seeds' loop, kept in
         raise ValueError(f"`max_steps` must be >= 1, got {total}")
     run = Path(run_dir or checkpoint_path or "runs/reasoning")
     agents = list(pop)
-    logger = MetricsLogger(
+    logger = _logger(
         run, tensorboard=tensorboard, wandb_project="rl-train" if wb else None, resume=resume
     )
     start = 0
@@ -179,7 +235,9 @@ def finetune_llm_reasoning(  # noqa: PLR0912, PLR0915 - the seeds' loop, kept in
         logger.truncate(start)
     if prompts is None:
         prompts = env.reset(reset_dataloaders=True)
-    bar = tqdm(total=total, initial=start, disable=not verbose, desc="train", unit="step")
+    bar = tqdm(
+        total=total, initial=start, disable=not (verbose and _is_main()), desc="train", unit="step"
+    )
     best = -float("inf")
     try:
         for step in range(start, total):
@@ -195,7 +253,12 @@ def finetune_llm_reasoning(  # noqa: PLR0912, PLR0915 - the seeds' loop, kept in
             row = _row(metrics, rewards, time.perf_counter() - t0)
             done = step + 1
             if done % evaluation_interval == 0 or done == total:
-                fitness = [float(agent.test(env, loop=eval_loop)) for agent in agents]
+                fitness = []
+                for agent in agents:
+                    agent.test(env, loop=eval_loop)
+                    # selection must agree across processes: the fitness is the global mean
+                    agent.fitness[-1] = _global_mean({"f": agent.fitness[-1]}, agent.device)["f"]
+                    fitness.append(agent.fitness[-1])
                 row["fitness"] = max(fitness)
                 best = max(best, row["fitness"])
                 if eval_fn is not None:
@@ -208,6 +271,7 @@ def finetune_llm_reasoning(  # noqa: PLR0912, PLR0915 - the seeds' loop, kept in
                 ):
                     _, agents = tournament.select(agents)
                     agents = mutation.mutation(agents)
+            row = _global_mean(row, agents[0].device)
             logger.log(done, row)
             if log_fn is not None:
                 log_fn({"step": done, **row})
@@ -230,7 +294,7 @@ def finetune_llm_reasoning(  # noqa: PLR0912, PLR0915 - the seeds' loop, kept in
     if save_elite:
         elite = max(agents, key=lambda a: a.fitness[-1] if a.fitness else -float("inf"))
         elite.save_checkpoint(elite_path or run / "elite")
-    if plot:
+    if plot and _is_main():
         plot_reward_curve(logger.history, run / "reward_curve.png", title="reward")
     return agents
 
@@ -267,9 +331,9 @@ def finetune_llm_multiturn(
     if not pop:
         raise ValueError("`pop` is empty: pass at least one agent")
     run = Path(run_dir or "runs/multiturn")
-    logger = MetricsLogger(run, tensorboard=tensorboard)
+    logger = _logger(run, tensorboard=tensorboard)
     agents = list(pop)
-    bar = tqdm(total=max_steps, disable=not verbose, desc="train", unit="step")
+    bar = tqdm(total=max_steps, disable=not (verbose and _is_main()), desc="train", unit="step")
     try:
         for step in range(max_steps):
             t0 = time.perf_counter()
@@ -302,13 +366,14 @@ def finetune_llm_multiturn(
                     _greedy_return(agent, env_factory, eval_episodes, seed=10**6)
                     for agent in agents
                 )
+            row = _global_mean(row, agents[0].device)
             logger.log(step + 1, row)
             bar.update(1)
             bar.set_postfix(reward=f"{row['mean_reward']:.3f}", s=f"{row['step_time']:.2f}")
     finally:
         bar.close()
         logger.close()
-    if plot:
+    if plot and _is_main():
         plot_reward_curve(logger.history, run / "reward_curve.png", title="episode return")
     return agents
 

@@ -3,12 +3,57 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from rl_train.config import ConfigError, RunConfig, to_dict
 
-__all__ = ["build_agent_from_config", "build_env_from_config", "build_model", "evaluate", "train"]
+__all__ = [
+    "build_accelerator",
+    "build_agent_from_config",
+    "build_env_from_config",
+    "build_model",
+    "evaluate",
+    "train",
+]
+
+
+def build_accelerator(config: RunConfig) -> Any:
+    """An ``accelerate.Accelerator`` under a launcher or with ``deepspeed_config``; else None.
+
+    Launched by ``torchrun`` / ``accelerate launch`` (``WORLD_SIZE`` is set), the agent and the
+    environment share it: DDP (gloo on CPU, nccl on GPUs), or DeepSpeed with the JSON config.
+    On CPU the process group is gloo explicitly, without which accelerate silently runs one
+    process, and DeepSpeed is not dropped (``Accelerator(cpu=True)`` would drop it).
+
+    Raises:
+        ConfigError: ``deepspeed_config`` without a launcher, or a file that is not JSON.
+    """
+    launched = "WORLD_SIZE" in os.environ
+    if config.deepspeed_config is None and not launched:
+        return None
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
+
+    cuda = torch.cuda.is_available()
+    if config.deepspeed_config is None:
+        return Accelerator(cpu=not cuda)
+    if not launched:
+        raise ConfigError(
+            "deepspeed_config needs a launcher: torchrun --nproc_per_node N -m rl_train run "
+            "CONFIG.yaml (or accelerate launch --num_processes N -m rl_train run ...)"
+        )
+    path = Path(config.deepspeed_config)
+    try:
+        ds = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"deepspeed_config {str(path)!r} is not a readable JSON file: {exc}"
+        ) from exc
+    handlers = [] if cuda else [InitProcessGroupKwargs(backend="gloo")]
+    return Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds), kwargs_handlers=handlers)
 
 
 def build_model(config: RunConfig) -> tuple[Any, Any]:
@@ -59,8 +104,8 @@ def _reward(name: str) -> Any:
     raise ConfigError(f"data.reward must be demo, exact_match or tagged, got {name!r}")
 
 
-def build_env_from_config(config: RunConfig, tokenizer: Any) -> Any:
-    """The ``ReasoningGym`` of ``config.data``."""
+def build_env_from_config(config: RunConfig, tokenizer: Any, accelerator: Any = None) -> Any:
+    """The ``ReasoningGym`` of ``config.data`` (sharded by process with ``accelerator``)."""
     from rl_envs import ReasoningGym
     from rl_envs.tasks import available_tasks, train_test_split_task
 
@@ -108,10 +153,13 @@ def build_env_from_config(config: RunConfig, tokenizer: Any) -> Any:
         seed=config.train.seed,
         question_column=d.question_column,
         answer_column=d.answer_column,
+        accelerator=accelerator,
     )
 
 
-def build_agent_from_config(config: RunConfig, model: Any, tokenizer: Any) -> Any:
+def build_agent_from_config(
+    config: RunConfig, model: Any, tokenizer: Any, accelerator: Any = None
+) -> Any:
     """The agent of ``config.algo`` with ``config.agent``'s arguments over sensible defaults."""
     from peft import LoraConfig
 
@@ -129,6 +177,7 @@ def build_agent_from_config(config: RunConfig, model: Any, tokenizer: Any) -> An
         "seed": config.train.seed,
         "use_vllm": config.engine == "vllm",
         "model_name": None if config.model.name == "tiny" else config.model.name,
+        "accelerator": accelerator,
     }
     full = config.model.full_finetune or config.model.name == "tiny"
     if full and config.algo == "ppo":
@@ -156,11 +205,13 @@ def train(config: RunConfig, *, verbose: bool = True) -> dict[str, Any]:
     from rl_train.loops import finetune_llm_reasoning
 
     run_dir = Path(config.train.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
+    accelerator = build_accelerator(config)
+    if accelerator is None or accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
     model, tok = build_model(config)
-    env = build_env_from_config(config, tok)
-    agent = build_agent_from_config(config, model, tok)
+    env = build_env_from_config(config, tok, accelerator)
+    agent = build_agent_from_config(config, model, tok, accelerator)
     before = greedy_accuracy(agent, env)
     finetune_llm_reasoning(
         [agent],
@@ -175,7 +226,12 @@ def train(config: RunConfig, *, verbose: bool = True) -> dict[str, Any]:
         eval_fn=lambda a: {"eval_accuracy": greedy_accuracy(a, env)},
     )
     after = greedy_accuracy(agent, env)
-    return {"accuracy_before": before, "accuracy_after": after, "run_dir": str(run_dir.resolve())}
+    return {
+        "accuracy_before": before,
+        "accuracy_after": after,
+        "run_dir": str(run_dir.resolve()),
+        "main_process": accelerator is None or bool(accelerator.is_main_process),
+    }
 
 
 def evaluate(config: RunConfig, checkpoint: str | Path) -> dict[str, float]:

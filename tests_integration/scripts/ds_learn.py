@@ -1,0 +1,103 @@
+"""Run by ``torch.distributed.run`` (2 CPU processes, gloo): GRPO ``learn()`` under DeepSpeed.
+
+Usage: ``ds_learn.py OUT STAGE [nan|full]``. The agent gets an ``Accelerator`` with a DeepSpeed
+ZeRO-``STAGE`` plugin (the way users configure it). Each rank takes its share of the prompts of
+fixed global batches; after every step it writes its trainable weights (gathered under ZeRO-3)
+and its loss to ``OUT/rank<r>_step<k>.safetensors``; at the end the agent saves a checkpoint to
+``OUT/ckpt`` and rank 0 writes the checkpointed model's logits on a probe batch. With ``nan``,
+rank 1's hidden states turn NaN at step 1: the step must be refused on both ranks. With
+``full``, full fine-tuning (ZeRO-3 then partitions the trainable lm_head too).
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ddp_common import DS_AGENT, STEPS, global_batches, make_agent
+from rl_algos.distributed import gathered
+
+
+def main() -> None:
+    out, stage = Path(sys.argv[1]), int(sys.argv[2])
+    mode = sys.argv[3] if len(sys.argv) > 3 else ""
+    inject_nan = mode == "nan"
+    full = {"full_finetune": True, "lora_config": None} if mode == "full" else {}
+    config = {
+        "zero_optimization": {"stage": stage},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+    }
+    accelerator = Accelerator(
+        deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=config),
+        # without an explicit backend accelerate sees one CPU process (platform-notes.md)
+        kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")],
+    )
+    rank, world = accelerator.process_index, accelerator.num_processes
+    assert world == 2, f"expected 2 processes, got {world} (not really distributed)"
+    agent = make_agent(accelerator=accelerator, skip_nonfinite=inject_nan, **DS_AGENT, **full)
+    assert agent._zero_stage == stage, "DeepSpeed was not enabled"
+    for step, (ids, masks, rewards, prompts_per_rank) in enumerate(global_batches()):
+        rows = slice(rank * prompts_per_rank, (rank + 1) * prompts_per_rank)
+        hook = None
+        if inject_nan and step == 1 and rank == 1:
+            # NaN from the 4th forward on: old and reference log-probs and the first
+            # micro-batch are finite (its gradient is accumulated), the second is NaN
+            hook = (
+                agent.policy.causal_lm.get_decoder()
+                .layers[0]
+                .register_forward_hook(poison_after(3))
+            )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            metrics = agent.learn((ids[rows], masks[rows], rewards[rows]))
+        if hook is not None:
+            hook.remove()
+        skipped = any("step skipped" in str(w.message) for w in caught)
+        params = [p for p in agent.policy.parameters() if p.requires_grad]
+        with gathered(params, enabled=stage == 3):
+            weights = {n: p.detach().clone().contiguous() for n, p in agent.policy.named_parameters() if p.requires_grad}  # fmt: skip
+        weights["loss"] = torch.tensor([metrics.get("loss", float("nan"))])
+        weights["skipped"] = torch.tensor([float(skipped)])
+        weights["grad_norm"] = torch.tensor([metrics.get("grad_norm", float("nan"))])
+        save_file(weights, str(out / f"rank{rank}_step{step}.safetensors"))
+    assert step == STEPS - 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # optimizer state is not saved under DeepSpeed
+        agent.save_checkpoint(out / "ckpt")
+    ids, _, _, _ = global_batches()[0]
+    with torch.no_grad():  # every rank runs the forward (ZeRO-3 gathers layer by layer)
+        logits = agent.policy.causal_lm(input_ids=ids[:4]).logits
+    if rank == 0:
+        save_file({"logits": logits.contiguous()}, str(out / "logits.safetensors"))
+    # generation works under ZeRO (synced across ranks under ZeRO-3)
+    result = agent.get_action([{"input_ids": ids[rank : rank + 1, :5]}], training=False)
+    assert result.completion_ids[0].shape[0] == 1
+    accelerator.wait_for_everyone()
+
+
+def poison_after(calls: int):
+    """A forward hook that passes ``calls`` forwards through, then turns outputs NaN."""
+    seen = [0]
+
+    def hook(module, args, output):
+        seen[0] += 1
+        if seen[0] <= calls:
+            return output
+        if isinstance(output, tuple):
+            return (output[0] * float("nan"), *output[1:])
+        return output * float("nan")
+
+    return hook
+
+
+if __name__ == "__main__":
+    main()
