@@ -41,7 +41,7 @@ def turn_layout(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 class LLMREINFORCE(LLMAlgorithm):
     r"""Turn-level REINFORCE with Return Batch Normalization (GEM, arXiv 2510.01051, Sec. 3).
 
-    Per turn :math:`G_k = \\sum_{j \\ge k} \\gamma^{j-k} r_j`
+    Per turn :math:`G_k = \sum_{j \ge k} \gamma^{j-k} r_j`
     (:func:`rl_advantages.discounted_returns`), normalised over every (sequence, turn) of the
     batch (:func:`rl_advantages.rebn`) and spread over the turn's tokens. With ``clip_coef``
     (default 0.2) the loss is PPO's clipped surrogate, safe for several ``update_epochs``;

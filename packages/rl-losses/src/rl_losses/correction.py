@@ -2,7 +2,7 @@ r"""Rollout/trainer mismatch correction: importance weights from the sampler's l
 
 The engine that samples (vLLM, or the HF engine in another precision) and the trainer compute
 slightly different probabilities for the same tokens. The ratio
-:math:`\rho = \\pi_{old}(y) / \\pi_{sampler}(y)` corrects the policy gradient for it.
+:math:`\rho = \pi_{old}(y) / \pi_{sampler}(y)` corrects the policy gradient for it.
 """
 
 from __future__ import annotations
