@@ -52,6 +52,12 @@ def _gym(**kw: Any) -> Any:
     return ReasoningGym(**args)
 
 
+def _experience(samples: Any, rewards: Any) -> Any:
+    from rl_train.ilql import make_experience
+
+    return make_experience(samples, rewards, _tiny()[1], max_length=16)
+
+
 def _gym_step(completions: Any, reward: Any = None) -> Any:
     env = _gym(reward_fn=reward or (lambda c, a, q: 0.0))
     env.reset()
@@ -176,6 +182,17 @@ def cases() -> list[Case]:
              lambda: _config("deepspeed_config: /no/ds.json\n")),
         Case("rl-train", "config with train.steps: many", ValueError, "train.steps",
              lambda: _config("train:\n  steps: many\n")),
+        # ILQL: bad offline data and loss inputs
+        Case("rl-losses", "expectile_loss(values [2, 3], target_q [2, 4], ...)", ValueError, "target_q",
+             lambda: __import__("rl_losses").expectile_loss(_t(2, 3), _t(2, 4), _m(2, 3))),
+        Case("rl-train", "make_experience(samples, rewards=None)", ValueError, "rewards",
+             lambda: _experience(["a", "b"], None)),
+        Case("rl-train", "make_experience(3 samples, 2 rewards)", ValueError, "rewards",
+             lambda: _experience(["a", "b", "c"], [1.0, 0.0])),
+        Case("rl-train", "make_experience([], [])", ValueError, "samples",
+             lambda: _experience([], [])),
+        Case("rl-train", "make_experience(samples, [nan, 1.0])", ValueError, "rewards",
+             lambda: _experience(["a", "b"], [math.nan, 1.0])),
     ]  # fmt: skip
 
 
