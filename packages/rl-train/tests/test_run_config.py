@@ -59,6 +59,12 @@ def test_gpu_example_parses() -> None:
             "deepspeed_config file '/no/ds.json' does not exist",
         ),
         ("train:\n  steps: many\n", [], "train.steps must be"),
+        ("algo: ilql\n", [], "algo: ilql learns offline: set data.offline_path"),
+        (
+            "algo: ilql\ndata:\n  offline_path: /no/logged.jsonl\n",
+            [],
+            "data.offline_path '/no/logged.jsonl' does not exist",
+        ),
         ("algo: grpo\n", ["train.steps"], "must look like key=value"),
         (
             "algo: grpo\nagent:\n  no_such_arg: 1\n",
@@ -124,3 +130,13 @@ def test_bad_deepspeed_setups_are_one_line_exit_2(
     assert code == EXIT_USAGE
     assert message in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_bad_offline_line_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "logged.jsonl"
+    data.write_text('{"sample": ["1", "2"], "reward": 1.0}\n{"sample": ["3", "4"]}\n')
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"algo: ilql\ndata:\n  offline_path: {data}\n")
+    assert main(["run", str(cfg), f"train.run_dir={tmp_path / 'run'}", "--quiet"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "data.offline_path line 2" in err and len(err.strip().splitlines()) == 1, err

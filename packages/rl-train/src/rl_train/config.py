@@ -70,6 +70,10 @@ class DataConfig:
     reward: str = "demo"
     """``demo`` (exact answer, half credit for a right prefix), ``exact_match`` (number-aware,
     answer extraction) or ``tagged`` (exact match plus a ``<answer>`` format bonus)."""
+    offline_path: str | None = None
+    """Logged data for offline algorithms (``ilql``): a JSONL file, one
+    ``{"sample": [prompt, output, ...] or text, "reward": float}`` per line. The task or
+    dataset above is then only evaluated on."""
 
 
 @dataclass
@@ -197,6 +201,12 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         )
     if config.engine not in ("hf", "vllm"):
         raise ConfigError(f"engine must be 'hf' or 'vllm', got {config.engine!r}")
+    if path is not None:  # relative file paths: the working directory's, else the YAML's
+        base = Path(path).resolve().parent
+        for owner, field_name in ((config, "deepspeed_config"), (config.data, "offline_path")):
+            value = getattr(owner, field_name)
+            if value is not None and not Path(value).exists() and (base / value).exists():
+                setattr(owner, field_name, str(base / value))
     if config.deepspeed_config is not None and not Path(config.deepspeed_config).is_file():
         raise ConfigError(f"deepspeed_config file {config.deepspeed_config!r} does not exist")
     return config
