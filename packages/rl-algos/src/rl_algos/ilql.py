@@ -230,6 +230,13 @@ class ILQL(LLMAlgorithm):
                 "ILQL decodes with its Q/V heads inside the generation loop, which vLLM does not "
                 "run: use the Hugging Face engine (use_vllm=False)"
             )
+        from rl_algos.distributed import zero_stage
+
+        if zero_stage(kwargs.get("accelerator")) == 3:
+            raise ValueError(
+                "ILQL under DeepSpeed ZeRO-3 is not supported (its Q heads and value-guided "
+                "decoding read whole weights): use ZeRO-2, DDP or one process"
+            )
         kwargs["beta"] = 0.0
         for name, value in (("temperature", 1.0), ("top_k", 20), ("top_p", 1.0)):
             kwargs.setdefault(name, value)
