@@ -1,8 +1,8 @@
 """Every algorithm learns from scratch: the embedded tiny model on a built-in task, on CPU.
 
 Each case trains a freshly built 78k-parameter Qwen2 (full fine-tuning) with fixed seeds and
-must reach greedy test accuracy >= 0.9 within 300 steps (PPO: 450) of 8 prompts x 8 samples
-(REINFORCE and PPO: 64 prompts x 1). Accuracy starts at 0.0.
+must reach greedy test accuracy >= 0.9 within 300 steps (PPO: 450, DAPO: 400) of 8 prompts x 8
+samples (REINFORCE and PPO: 64 prompts x 1). Accuracy starts at 0.0.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ from rl_train.demo import (
 
 ALGOS = ["grpo", "gspo", "cispo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce", "ppo"]
 TARGET = 0.9
-BUDGET = {"ppo": 450}  # steps; 300 for the others. PPO (shared-trunk critic) is slower to start
+# steps; 300 for the others. PPO (shared-trunk critic) is slower to start; DAPO's dynamic
+# sampling drops the all-wrong groups that dominate early on (measured: 0.85 at step 275, 1.0 at
+# 300), so it gets a margin against float differences between machines
+BUDGET = {"ppo": 450, "dapo": 400}
 
 
 @pytest.mark.parametrize("algo", ALGOS)
