@@ -170,6 +170,10 @@ def test_bad_configs_and_inputs() -> None:
         ILQLHeadsConfig(hidden_size=4, vocab_size=3, alpha=2.0)
     with pytest.raises(ValueError, match="`sync_every` must be an integer >= 1"):
         ILQLHeadsConfig(hidden_size=4, vocab_size=3, sync_every=0)
+    with pytest.raises(ValueError, match="`two_qs` must be true or false, got 'false'"):
+        ILQLHeadsConfig.from_dict({"hidden_size": 4, "vocab_size": 3, "two_qs": "false"})
+    with pytest.raises(ValueError, match="`alpha` must be a number in"):
+        ILQLHeadsConfig.from_dict({"hidden_size": 4, "vocab_size": 3, "alpha": "0.1"})
     with pytest.raises(ValueError, match=r"unknown ILQL head config keys \['beta'\]"):
         ILQLHeadsConfig.from_dict({"hidden_size": 4, "vocab_size": 3, "beta": 1})
     with pytest.raises(ValueError, match=r"`hidden` has shape \[2, 5, 8\] but the heads expect"):

@@ -281,6 +281,8 @@ def test_bad_hyperparameters() -> None:
     for kw, message in [({"tau": 1.0}, r"`tau` must be in \(0, 1\)"),
                         ({"gamma": -0.1}, r"`gamma` must be in \[0, 1\]"),
                         ({"steps_for_target_q_sync": 0}, "`steps_for_target_q_sync` must be >= 1"),
-                        ({"decode_q": "both"}, "`decode_q` must be 'target' or 'online'")]:  # fmt: skip
+                        ({"decode_q": "both"}, "`decode_q` must be 'target' or 'online'"),
+                        ({"awac_max_weight": 0.0}, "`awac_max_weight` must be > 0 or None"),
+                        ({"heads_lr": -1.0}, "`heads_lr` must be >= 0 or None")]:  # fmt: skip
         with pytest.raises(ValueError, match=message):
             ILQL(actor_network=tl.tiny_model(0), **tl.agent_kwargs(beta=0.0, **kw))

@@ -173,3 +173,27 @@ def test_capture_errors() -> None:
         HiddenStateCapture(nn.Linear(2, 2))
     with pytest.raises(ValueError, match="`beta` must be >= 0"):
         ValueGuidedProcessor(heads, capture, beta=-0.5)
+
+
+def test_capture_reads_each_rows_last_real_state_under_left_padding() -> None:
+    """With left padding, position -1 is every row's last real token: the captured state of a
+    padded batch equals each prompt's own, run alone (a right-padding index would differ)."""
+    model, tok = tiny("qwen2")
+    rows = [ids(tok, p) for p in ("12+3", "ab", "7")]
+    width = max(len(r) for r in rows)
+    batch = torch.full((len(rows), width), int(tok.pad_token_id))
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        batch[i, width - len(r) :] = torch.tensor(r)
+        mask[i, width - len(r) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad(), HiddenStateCapture(model) as capture:
+        model(input_ids=batch, attention_mask=mask, position_ids=positions)
+        padded = capture.last
+        alone = []
+        for r in rows:
+            model(input_ids=torch.tensor([r]))
+            alone.append(capture.last[0])
+    assert padded is not None and padded.shape == (len(rows), model.config.hidden_size)
+    torch.testing.assert_close(padded, torch.stack(alone), rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(alone[0], alone[1])  # the rows' states really differ

@@ -488,10 +488,10 @@ def load_checkpoint(
     _recover_interrupted_swap(root)
     manifest = _verify(root)
     before = policy.lora_config
-    _check_fits(policy, manifest, merge=merge_lora_config)
     heads = dict(heads or {})
     _check_head_names(heads)
-    _check_heads_fit(heads, manifest)
+    _check_heads_fit(heads, manifest)  # before _check_fits, which may rebuild the adapters
+    _check_fits(policy, manifest, merge=merge_lora_config)
     merged = policy.lora_config is not before
     if merged and optimizer is not None:
         raise CheckpointError(

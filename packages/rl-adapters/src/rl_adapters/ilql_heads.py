@@ -54,6 +54,11 @@ class ILQLHeadsConfig:
     """trlX's two-layer heads (H -> 2H -> out, ReLU); False: a single linear layer."""
 
     def __post_init__(self) -> None:
+        for name in ("two_qs", "mlp"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"`{name}` must be true or false, got {getattr(self, name)!r}")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, (int, float)):
+            raise ValueError(f"`alpha` must be a number in [0, 1], got {self.alpha!r}")
         for name in ("hidden_size", "vocab_size", "sync_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -209,6 +209,8 @@ class ILQL(LLMAlgorithm):
             ("decode_beta", decode_beta >= 0, ">= 0"),
             ("alpha", 0 <= alpha <= 1, "in [0, 1]"),
             ("steps_for_target_q_sync", steps_for_target_q_sync >= 1, ">= 1"),
+            ("awac_max_weight", awac_max_weight is None or awac_max_weight > 0, "> 0 or None"),
+            ("heads_lr", heads_lr is None or heads_lr >= 0, ">= 0 or None"),
         ]  # fmt: skip
         for name, ok, rule in checks:
             if not ok:
@@ -230,12 +232,12 @@ class ILQL(LLMAlgorithm):
                 "ILQL decodes with its Q/V heads inside the generation loop, which vLLM does not "
                 "run: use the Hugging Face engine (use_vllm=False)"
             )
-        from rl_algos.distributed import zero_stage
+        from rl_algos.distributed import deepspeed_plugin
 
-        if zero_stage(kwargs.get("accelerator")) == 3:
+        if deepspeed_plugin(kwargs.get("accelerator")) is not None:
             raise ValueError(
-                "ILQL under DeepSpeed ZeRO-3 is not supported (its Q heads and value-guided "
-                "decoding read whole weights): use ZeRO-2, DDP or one process"
+                "ILQL under DeepSpeed is not supported (its Q/V heads live outside the policy "
+                "module DeepSpeed wraps): use DDP or one process"
             )
         kwargs["beta"] = 0.0
         for name, value in (("temperature", 1.0), ("top_k", 20), ("top_p", 1.0)):
@@ -399,7 +401,9 @@ class ILQL(LLMAlgorithm):
         one optimizer step (accumulated over ``micro_batch_size_per_gpu`` rows); the target Q
         heads are Polyak-updated every ``steps_for_target_q_sync`` steps. ``turn_ids`` and
         ``sampling_logps`` are accepted for the loops' signature and unused (ILQL's transitions
-        are the action tokens; there is no importance ratio).
+        are the action tokens; there is no importance ratio). Rows must be right-padded (the
+        attention covers each row up to its last real token). The last action of every row is
+        terminal (V after it is 0), also for outputs cut off by a length limit, as in trlX.
 
         Raises:
             ValueError: bad offline data (empty, mismatched lengths, missing or NaN rewards,

@@ -517,6 +517,10 @@ def ilql_loss(
     v_term = expectile_loss(
         values, target_q, m, tau=tau, aggregation=a, normalizer=nz, max_length=ml
     )
+    if not awac_beta >= 0:
+        raise ValueError(f"`awac_beta` must be >= 0, got {awac_beta}")
+    if awac_max_weight is not None and not awac_max_weight > 0:
+        raise ValueError(f"`awac_max_weight` must be > 0 or None, got {awac_max_weight}")
     adv = target_q - zero_fill(values.detach(), m).to(target_q.dtype)
     awac = awac_loss(
         logprobs,

@@ -248,8 +248,10 @@ def offline_learning_loop(
     """Train ``agent`` (an :class:`rl_algos.ILQL`) on ``dataset`` for ``steps`` steps.
 
     Each step is ``agent.learn`` on the next ``batch_size`` rows (default the agent's) of a
-    seeded shuffle of the dataset, reshuffled every pass. Every ``evaluation_interval`` steps
-    (and after the last) ``eval_fn(agent)`` is added to the step's row. Rows go to
+    seeded shuffle of the dataset, reshuffled every pass (a pass's last rows that do not fill a
+    batch are skipped, like the last partial batch of ``ReasoningGym``'s training split).
+    Every ``evaluation_interval`` steps (and after the last) ``eval_fn(agent)`` is added to the
+    step's row. Rows go to
     ``run_dir``'s ``metrics.jsonl`` / ``metrics.csv`` when ``run_dir`` is given, and to
     ``log_fn``; every ``checkpoint_steps`` steps the agent is saved to
     ``run_dir/checkpoints/step_<n>/agent_0`` (the layout ``rl-train eval`` reads).
