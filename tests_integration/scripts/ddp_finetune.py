@@ -1,6 +1,6 @@
 """Run by ``torch.distributed.run`` (2 CPU processes, gloo): ``finetune_llm_reasoning`` under DDP.
 
-Usage: ``ddp_finetune.py OUT``. The demo's tiny model and task; the environment shards the
+Usage: ``ddp_finetune.py OUT [STEPS [resume]]``. The demo's tiny model and task; the environment shards the
 prompts by process; the loop checkpoints at steps 3 and 6 into ``OUT``. Each rank then writes
 its final weights to ``OUT/rank<r>.safetensors``.
 """
@@ -22,6 +22,8 @@ STEPS = 6
 
 def main() -> None:
     out = Path(sys.argv[1])
+    steps = int(sys.argv[2]) if len(sys.argv) > 2 else STEPS
+    resume = len(sys.argv) > 3 and sys.argv[3] == "resume"
     accelerator = Accelerator(cpu=True)
     assert accelerator.num_processes == 2, "not really distributed"
     tokenizer = tiny_tokenizer()
@@ -38,8 +40,8 @@ def main() -> None:
         **{**TINY_AGENT, "group_size": 4, "batch_size": 8, "full_finetune": True},
     )  # fmt: skip
     finetune_llm_reasoning(
-        [agent], env, max_steps=STEPS, evaluation_interval=3, checkpoint_steps=3,
-        run_dir=out, verbose=False, tensorboard=False,
+        [agent], env, max_steps=steps, evaluation_interval=3, checkpoint_steps=3,
+        run_dir=out, verbose=False, tensorboard=False, resume=resume,
     )  # fmt: skip
     weights = {n: p.detach().contiguous() for n, p in agent.policy.named_parameters()}
     save_file(weights, str(out / f"rank{accelerator.process_index}.safetensors"))

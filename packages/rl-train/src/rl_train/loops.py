@@ -99,6 +99,10 @@ def _save(
     _barrier()
     for i, agent in enumerate(pop):
         agent.save_checkpoint(target / f"agent_{i}")  # every process: ZeRO-3 gathers
+    if _distributed():  # each process's data shard has its own cursor and pending batch
+        rank = torch.distributed.get_rank()
+        (target / f"env_rank{rank}.json").write_text(json.dumps(env_state))
+        _barrier()
     if _is_main():
         (target / "loop.json").write_text(json.dumps({"step": step, "env": env_state}))
         tmp = root / (LATEST + ".tmp")
@@ -229,8 +233,12 @@ def finetune_llm_reasoning(  # noqa: PLR0912, PLR0915 - the seeds' loop, kept in
         for i, agent in enumerate(agents):
             agent.load_checkpoint(ckpt / f"agent_{i}")
         start = int(loop["step"])
-        if loop["env"] is not None and hasattr(env, "load_state_dict"):
-            env.load_state_dict(loop["env"])
+        env_state = loop["env"]
+        if _distributed():
+            own = ckpt / f"env_rank{torch.distributed.get_rank()}.json"
+            env_state = json.loads(own.read_text()) if own.is_file() else env_state
+        if env_state is not None and hasattr(env, "load_state_dict"):
+            env.load_state_dict(env_state)
             prompts = env.current_batch
         logger.truncate(start)
     if prompts is None:
