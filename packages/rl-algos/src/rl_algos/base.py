@@ -31,6 +31,7 @@ from rl_algos.config import (
 from rl_algos.distributed import (
     deepspeed_plugin,
     gathered,
+    is_main_process,
     prepare_deepspeed,
     world_size,
     zero_stage,
@@ -254,6 +255,7 @@ class LLMAlgorithm:
         self.accelerator = accelerator
         self._zero_stage = zero_stage(accelerator)
         self._ds_engine: Any = None
+        self._warned_ds_optimizer = False
         self.seed = seed
         self.use_liger_loss = use_liger_loss
         self.fused_logprobs_chunk_rows = fused_logprobs_chunk_rows
@@ -485,23 +487,23 @@ class LLMAlgorithm:
         if self._zero3_trainable_head():
             picked = self._logprobs_by_module(rows, targets[mask])
         else:
-            weight, bias = self._head()
-            if rows.shape[0] == 0:
-                return out + 0.0 * hidden.sum()
-            fused = fused_logprobs(
-                rows,
-                weight,
-                targets[mask],
-                bias=bias,
-                temperature=self.temperature,
-                chunk_rows=self.fused_logprobs_chunk_rows,
-            )
-            assert isinstance(fused, torch.Tensor)
-            picked = fused
+            weight, bias = self._head()  # a collective under ZeRO-3: also for empty rows
+            picked = rows.new_zeros(0)
+            if rows.shape[0]:
+                fused = fused_logprobs(
+                    rows,
+                    weight,
+                    targets[mask],
+                    bias=bias,
+                    temperature=self.temperature,
+                    chunk_rows=self.fused_logprobs_chunk_rows,
+                )
+                assert isinstance(fused, torch.Tensor)
+                picked = fused
         if not finite:
             return out.masked_fill(mask, math.nan) + 0.0 * picked.sum()
         out = out.masked_scatter(mask, picked.float())
-        return out + 0.0 * hidden.sum() if rows.shape[0] == 0 else out
+        return out + 0.0 * hidden.sum() if rows.shape[0] == 0 else out  # graph stays connected
 
     def _zero3_trainable_head(self) -> bool:
         head = [self.policy.lm_head_weight, self.policy.lm_head_bias]
@@ -793,11 +795,7 @@ class LLMAlgorithm:
 
     @staticmethod
     def _distributed() -> bool:
-        return (
-            torch.distributed.is_available()
-            and torch.distributed.is_initialized()
-            and torch.distributed.get_world_size() > 1
-        )
+        return world_size() > 1
 
     def _sync_gradients(self, params: list[torch.nn.Parameter]) -> None:
         """Data parallelism: sum the gradients over processes.
@@ -906,15 +904,16 @@ class LLMAlgorithm:
                 # makes ZeRO accumulate (not overwrite) gradients across micro-batches
                 ds.optimizer.clear_backward_seen_flag()
             spec = self._fused_spec(mb, norm) if self.use_liger_loss else None
+            value = math.nan
             if spec is not None:
                 loss, info = self._fused_loss(mb, norm, spec)
-                ok = bool(torch.isfinite(loss.detach()))
+                value = float(loss.detach())
             else:
                 lp = self._logprobs(mb["input_ids"], mb["attention_mask"], mb["mask"])
-                ok = bool(torch.isfinite(lp[mb["mask"]]).all())
-                if ok:
+                if bool(torch.isfinite(lp[mb["mask"]]).all()):  # else the loss would raise
                     loss, info = self._loss(mb, lp, norm)
-                    ok = bool(torch.isfinite(loss.detach()))
+                    value = float(loss.detach())
+            ok = math.isfinite(value)
             if ds is not None:  # DeepSpeed reduces inside backward: all ranks agree first
                 ok = self._all_ranks(ok)
             if not ok:
@@ -928,7 +927,7 @@ class LLMAlgorithm:
                 self.accelerator.backward(loss)
             else:
                 loss.backward()
-            total += float(loss.detach())
+            total += value
             weight = float(mb["mask"].sum()) / norm["tokens"]
             for k, v in info.items():
                 parts[k] = parts.get(k, 0.0) + float(v) * weight
@@ -1036,7 +1035,7 @@ class LLMAlgorithm:
 
     def _optimizer_for_checkpoint(self, wanted: bool) -> torch.optim.Optimizer | None:
         if wanted and self._deepspeed() is not None:
-            if getattr(self, "_warned_ds_optimizer", False):
+            if self._warned_ds_optimizer:
                 return None
             self._warned_ds_optimizer = True
             warnings.warn(
@@ -1059,7 +1058,7 @@ class LLMAlgorithm:
         del lora_only  # adapters are always what is saved in LoRA mode
         optimizer = self._optimizer_for_checkpoint(save_optimizer)
         with gathered(self._saved_parameters(), enabled=self._zero_stage == 3):
-            if not self._distributed() or torch.distributed.get_rank() == 0:
+            if is_main_process():
                 save_checkpoint(
                     self.policy,
                     path,

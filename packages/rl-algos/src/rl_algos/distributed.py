@@ -18,7 +18,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["deepspeed_plugin", "gathered", "prepare_deepspeed", "world_size", "zero_stage"]
+__all__ = [
+    "deepspeed_plugin",
+    "gathered",
+    "is_main_process",
+    "prepare_deepspeed",
+    "world_size",
+    "zero_stage",
+]
 
 
 def deepspeed_plugin(accelerator: Any) -> Any:
@@ -42,6 +49,11 @@ def world_size() -> int:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return int(torch.distributed.get_world_size())
     return 1
+
+
+def is_main_process() -> bool:
+    """Process 0 of the default group, or the only process."""
+    return world_size() == 1 or torch.distributed.get_rank() == 0
 
 
 def _fill(config: dict[str, Any], key: str, value: Any) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 from rl_algos import LLMAlgorithm
+from rl_algos.distributed import is_main_process, world_size
 from tqdm.auto import tqdm  # type: ignore[import-untyped]
 
 from rl_train.metrics import MetricsLogger, plot_reward_curve
@@ -27,15 +28,7 @@ LATEST = "latest.json"
 
 
 def _distributed() -> bool:
-    return (
-        torch.distributed.is_available()
-        and torch.distributed.is_initialized()
-        and torch.distributed.get_world_size() > 1
-    )
-
-
-def _is_main() -> bool:
-    return not _distributed() or torch.distributed.get_rank() == 0
+    return world_size() > 1
 
 
 def _barrier() -> None:
@@ -50,7 +43,7 @@ def _global_mean(row: dict[str, float], device: torch.device) -> dict[str, float
     keys = sorted(row)
     t = torch.tensor([float(row[k]) for k in keys], dtype=torch.float64, device=device)
     torch.distributed.all_reduce(t)
-    t /= torch.distributed.get_world_size()
+    t /= world_size()
     return dict(zip(keys, t.tolist(), strict=True))
 
 
@@ -71,7 +64,7 @@ class _Silent:
 
 
 def _logger(run: Path, **kwargs: Any) -> MetricsLogger | _Silent:
-    return MetricsLogger(run, **kwargs) if _is_main() else _Silent()
+    return MetricsLogger(run, **kwargs) if is_main_process() else _Silent()
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -94,7 +87,7 @@ def _save(
     root = run_dir / "checkpoints"
     name = f"step_{step:08d}"
     target = root / name
-    if _is_main() and target.exists():
+    if is_main_process() and target.exists():
         shutil.rmtree(target)
     _barrier()
     for i, agent in enumerate(pop):
@@ -103,7 +96,7 @@ def _save(
         rank = torch.distributed.get_rank()
         (target / f"env_rank{rank}.json").write_text(json.dumps(env_state))
         _barrier()
-    if _is_main():
+    if is_main_process():
         (target / "loop.json").write_text(json.dumps({"step": step, "env": env_state}))
         tmp = root / (LATEST + ".tmp")
         tmp.write_text(json.dumps({"name": name, "step": step}))
@@ -244,7 +237,11 @@ def finetune_llm_reasoning(  # noqa: PLR0912, PLR0915 - the seeds' loop, kept in
     if prompts is None:
         prompts = env.reset(reset_dataloaders=True)
     bar = tqdm(
-        total=total, initial=start, disable=not (verbose and _is_main()), desc="train", unit="step"
+        total=total,
+        initial=start,
+        disable=not (verbose and is_main_process()),
+        desc="train",
+        unit="step",
     )
     best = -float("inf")
     try:
@@ -302,7 +299,7 @@ def finetune_llm_reasoning(  # noqa: PLR0912, PLR0915 - the seeds' loop, kept in
     if save_elite:
         elite = max(agents, key=lambda a: a.fitness[-1] if a.fitness else -float("inf"))
         elite.save_checkpoint(elite_path or run / "elite")
-    if plot and _is_main():
+    if plot and is_main_process():
         plot_reward_curve(logger.history, run / "reward_curve.png", title="reward")
     return agents
 
@@ -341,7 +338,9 @@ def finetune_llm_multiturn(
     run = Path(run_dir or "runs/multiturn")
     logger = _logger(run, tensorboard=tensorboard)
     agents = list(pop)
-    bar = tqdm(total=max_steps, disable=not (verbose and _is_main()), desc="train", unit="step")
+    bar = tqdm(
+        total=max_steps, disable=not (verbose and is_main_process()), desc="train", unit="step"
+    )
     try:
         for step in range(max_steps):
             t0 = time.perf_counter()
@@ -381,7 +380,7 @@ def finetune_llm_multiturn(
     finally:
         bar.close()
         logger.close()
-    if plot and _is_main():
+    if plot and is_main_process():
         plot_reward_curve(logger.history, run / "reward_curve.png", title="episode return")
     return agents
 
