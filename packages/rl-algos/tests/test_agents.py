@@ -54,9 +54,9 @@ def test_get_action_layout_and_sampling_logprobs_match_the_trainer() -> None:
         assert not m[:, : P - 1].any()
         assert m[:, P - 1].all()  # the first generated token is always an action
     # the sampling log-probs (temperature 1, no filtering) equal the trainer's log-probs
-    batch = agent._parse((comp, masks, torch.zeros(2 * GROUP_SIZE)), None, result.sampling_logprobs)
+    batch = agent.parse((comp, masks, torch.zeros(2 * GROUP_SIZE)), None, result.sampling_logprobs)
     with torch.no_grad():
-        old = agent._logprobs(batch.input_ids, batch.attention_mask, batch.mask)
+        old = agent.scorer.logprobs(batch.input_ids, batch.attention_mask, batch.mask)
     assert batch.sampling_logprobs is not None
     torch.testing.assert_close(
         old[batch.mask], batch.sampling_logprobs[batch.mask], rtol=0, atol=1e-5

@@ -179,10 +179,7 @@ def test_get_action_is_value_guided(decode_beta: float) -> None:
         assert 40 in [t for s in result.completion_ids for t in s[0].tolist()]
     sampled = agent.get_action(prompts, training=True)
     assert len(sampled.completion_ids) == 2
-    assert (
-        agent._hook is None
-        and not agent.policy.causal_lm.get_output_embeddings()._forward_pre_hooks
-    )
+    assert not agent.policy.causal_lm.get_output_embeddings()._forward_pre_hooks
 
 
 # --------------------------------------------------------------------------- checkpoints, clones

@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
+from rl_losses import KLKind
 
 __all__ = [
     "ActionResult",
+    "AgentConfig",
     "CosineLRScheduleConfig",
     "HyperparameterConfig",
     "RLParameter",
@@ -140,3 +142,116 @@ class ActionResult:
     def __iter__(self):  # type: ignore[no-untyped-def]
         """``completion_ids, action_masks = agent.get_action(prompts)`` (AgileRL's tuple)."""
         return iter((self.completion_ids, self.action_masks))
+
+    def __len__(self) -> int:
+        """2: the length of AgileRL's ``(completion_ids, action_masks)`` tuple."""
+        return 2
+
+    def __getitem__(self, index: int | slice) -> Any:
+        """``result[0]`` is ``completion_ids``, ``result[1]`` ``action_masks`` (AgileRL's tuple).
+
+        The sampling log-probs are :attr:`sampling_logprobs`; pass them on with
+        ``agent.learn(..., sampling_logps=result.sampling_logprobs)``.
+        """
+        return (self.completion_ids, self.action_masks)[index]
+
+
+@dataclass
+class AgentConfig:
+    """The hyperparameters every LLM agent shares (AgileRL's constructor keywords).
+
+    The agent reads them from here; ``agent.<name>`` reads and writes the same field (so
+    evolutionary HPO's mutations reach the next ``learn()``). Objects that are not
+    hyperparameters (the model, tokenizer, accelerator, LoRA config) stay constructor
+    arguments.
+    """
+
+    #: Fields of this class that the constructor validates (name -> rule).
+    positive: ClassVar[tuple[str, ...]] = ("batch_size", "update_epochs")
+
+    batch_size: int = 16
+    """Rows per minibatch (one optimizer step each)."""
+    beta: float = 0.001
+    """KL(pi || ref) coefficient (0: no reference forward)."""
+    lr: float = 5e-7
+    """Actor learning rate (AdamW)."""
+    clip_coef: float | tuple[float, float] | None = 0.2
+    """Ratio clip: scalar ``c`` for ``[1 - c, 1 + c]``, or absolute ``(lo, hi)`` bounds."""
+    max_grad_norm: float | None = 0.1
+    """Global gradient-norm clip (None: none)."""
+    update_epochs: int = 1
+    """Passes over each batch per ``learn()``."""
+    temperature: float = 0.9
+    """Sampling temperature; the training logits are divided by it too."""
+    repetition_penalty: float = 1.0
+    """Sampling repetition penalty."""
+    top_p: float = 0.95
+    """Nucleus sampling mass."""
+    top_k: int = 50
+    """Top-k sampling (0: off)."""
+    min_p: float = 0.0
+    """Min-p sampling (0: off)."""
+    micro_batch_size_per_gpu: int | None = None
+    """Rows per forward/backward (None: the whole minibatch)."""
+    max_output_tokens: int | None = None
+    """Generated tokens per completion (None: half of ``max_model_len``)."""
+    min_output_tokens: int = 0
+    """Tokens generated before EOS may end a completion."""
+    max_model_len: int | None = 1024
+    """Longest prompt + completion."""
+    hf_generate_chunk_size: int | None = None
+    """Prompts per ``generate`` call of the HF engine (None: all)."""
+    seed: int = 42
+    """Seed of the adapters' initialisation, sampling and minibatch order."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward."""
+    use_separate_reference_adapter: bool = True
+    """LoRA: the reference is its own frozen adapter (False: the base model)."""
+    use_liger_loss: bool = False
+    """Fused chunked lm_head + loss (:func:`rl_kernels.fused_policy_loss`)."""
+    fused_logprobs_chunk_rows: int | None = None
+    """Rows per chunk of the fused head (None: a memory budget decides)."""
+    activation_offload: bool = False
+    """Offload checkpointed activations to CPU."""
+    lora_target_scope: str | None = None
+    """Which modules LoRA targets on multimodal models (default ``"language"``)."""
+    vllm_importance_sampling_correction: bool = True
+    """Correct for sampler/trainer mismatch when sampling log-probs reach ``learn()``."""
+    vllm_importance_sampling_cap: float = 2.0
+    """Cap of the truncated importance weight (:func:`rl_losses.rollout_correction`)."""
+    kl_kind: KLKind = "k3"
+    """KL estimator (:func:`rl_losses.kl_estimate`)."""
+    skip_nonfinite: bool = False
+    """Skip a non-finite step with a warning instead of raising."""
+    full_finetune: bool = False
+    """Train every weight instead of LoRA adapters."""
+    stop_sequences: tuple[str, ...] = ()
+    """Strings that end a completion (need a tokenizer)."""
+    use_vllm: bool = False
+    """Generate with a colocated vLLM engine (CUDA)."""
+
+    def __post_init__(self) -> None:
+        """Check the values (each error names the argument)."""
+        self.stop_sequences = tuple(self.stop_sequences)
+        self.min_output_tokens = self.min_output_tokens or 0
+        for name in self.positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"`{name}` must be >= 1, got {getattr(self, name)}")
+        mb = self.micro_batch_size_per_gpu
+        if mb is not None and mb < 1:
+            raise ValueError(f"`micro_batch_size_per_gpu` must be >= 1, got {mb}")
+        if self.lr < 0 or self.beta < 0:
+            raise ValueError(f"`lr` and `beta` must be >= 0, got lr={self.lr}, beta={self.beta}")
+        if self.temperature <= 0:
+            raise ValueError(
+                f"`temperature` must be > 0 (it divides the training logits), got "
+                f"{self.temperature}"
+            )
+        c = self.clip_coef
+        if isinstance(c, list):  # a tuple read back from JSON (checkpoints)
+            c = tuple(float(x) for x in c)  # type: ignore[assignment]
+            self.clip_coef = c
+        if isinstance(c, tuple) and not (len(c) == 2 and 0 < c[0] < 1 < c[1]):
+            raise ValueError(
+                f"a tuple `clip_coef` must be absolute ratio bounds (lo < 1 < hi), got {c}"
+            )

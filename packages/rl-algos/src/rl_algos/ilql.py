@@ -12,22 +12,34 @@ normalisers, gradient clipping, the non-finite guard), checkpoints and clones.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import torch
-from rl_adapters import ILQLHeads, load_checkpoint, save_checkpoint
-from rl_kernels import fused_logprobs
+from rl_adapters import ILQLHeads
 from rl_losses import ilql_loss
-from rl_rollout import SamplingParams, value_guided_decoding
+from rl_rollout import value_guided_decoding
 
-from rl_algos.base import Batch, LLMAlgorithm, _stack
-from rl_algos.config import ActionResult, cosine_schedule
+from rl_algos.base import LLMAlgorithm
+from rl_algos.batch import (
+    Batch,
+    Estimates,
+    MicroBatch,
+    Normalizers,
+    attention_from_mask,
+    stack_rows,
+    unpack_experiences,
+)
+from rl_algos.config import ActionResult, AgentConfig
+from rl_algos.distributed import deepspeed_plugin
+from rl_algos.generation import generate_actions, prompt_ids
+from rl_algos.learner import broadcast_module
+from rl_algos.objectives import LossTerms
+from rl_algos.scoring import Scorer
 
-__all__ = ["ILQL", "pack_actions", "shape_rewards"]
+__all__ = ["ILQL", "ILQLConfig", "pack_actions", "shape_rewards"]
 
 HEADS_NAME = "ilql_heads"
 
@@ -61,20 +73,7 @@ _EMPTY = (
 
 def _unpack(experiences: Any) -> tuple[Any, Any, Any]:
     """``(completion_ids, action_masks, rewards)`` from a tuple or a dict, checked."""
-    if isinstance(experiences, dict):
-        keys = ("completion_ids", "action_masks", "rewards")
-        missing = [k for k in keys if k not in experiences]
-        if missing:
-            raise ValueError(
-                f"`experiences` lacks {missing}: pass completion_ids [N, L], action_masks "
-                "[N, L - 1] and rewards [N] (or [N, L - 1])"
-            )
-        experiences = tuple(experiences[k] for k in keys)
-    if not isinstance(experiences, tuple | list) or len(experiences) != 3:
-        raise ValueError(
-            "`experiences` must be (completion_ids [N, L], action_masks [N, L - 1], rewards)"
-        )
-    comp, masks, rewards = experiences
+    comp, masks, rewards = unpack_experiences(experiences)
     if rewards is None:
         raise ValueError(
             "`rewards` is None: ILQL learns from (sample, reward) pairs; pass one reward per "
@@ -137,6 +136,74 @@ def shape_rewards(rewards: Any, mask: torch.Tensor) -> tuple[torch.Tensor, torch
     return token_rewards, token_rewards.sum(dim=1)
 
 
+@dataclass
+class ILQLConfig(AgentConfig):
+    """:class:`~rl_algos.config.AgentConfig` plus ILQL's settings (trlX's defaults)."""
+
+    temperature: float = 1.0
+    """Sampling temperature of value-guided decoding."""
+    top_k: int = 20
+    """Top-k of value-guided sampling."""
+    top_p: float = 1.0
+    """Nucleus mass of value-guided sampling."""
+    use_separate_reference_adapter: bool = False
+    """ILQL has no reference policy."""
+    gamma: float = 0.99
+    """Discount in [0, 1]."""
+    tau: float = 0.7
+    """Expectile of the V loss in (0, 1)."""
+    cql_scale: float = 0.1
+    """Weight of the CQL term."""
+    awac_scale: float = 1.0
+    """Weight of the AWAC (LM) term."""
+    awac_beta: float = 0.0
+    """AWAC inverse temperature (0: behaviour cloning)."""
+    awac_max_weight: float | None = None
+    """Clip of the AWAC weight, or None."""
+    two_qs: bool = True
+    """Two Q heads (clipped double-Q) instead of one."""
+    alpha: float = 0.001
+    """Polyak rate of the target heads."""
+    steps_for_target_q_sync: int = 5
+    """Optimizer steps between target updates."""
+    head_mlp: bool = True
+    """trlX's two-layer heads (False: linear heads)."""
+    heads_lr: float | None = None
+    """Learning rate of the heads (default ``lr``)."""
+    target_reduction: Literal["min", "mean"] = "min"
+    """``"min"`` or ``"mean"`` over the (target) Q heads, in the loss and for decoding."""
+    decode_beta: float = 1.0
+    """Guidance strength of decoding (>= 0)."""
+    decode_q: Literal["target", "online"] = "target"
+    """``"target"`` (trlX) or ``"online"`` Q heads for decoding."""
+
+    def __post_init__(self) -> None:
+        """Check the values (each error names the argument)."""
+        super().__post_init__()
+        checks = [
+            ("gamma", 0 <= self.gamma <= 1, "in [0, 1]"),
+            ("tau", 0 < self.tau < 1, "in (0, 1)"),
+            ("cql_scale", self.cql_scale >= 0, ">= 0"),
+            ("awac_scale", self.awac_scale >= 0, ">= 0"),
+            ("awac_beta", self.awac_beta >= 0, ">= 0"),
+            ("decode_beta", self.decode_beta >= 0, ">= 0"),
+            ("alpha", 0 <= self.alpha <= 1, "in [0, 1]"),
+            ("steps_for_target_q_sync", self.steps_for_target_q_sync >= 1, ">= 1"),
+            ("awac_max_weight", self.awac_max_weight is None or self.awac_max_weight > 0,
+             "> 0 or None"),
+            ("heads_lr", self.heads_lr is None or self.heads_lr >= 0, ">= 0 or None"),
+        ]  # fmt: skip
+        for name, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"`{name}` must be {rule}, got {getattr(self, name)!r}")
+        if self.target_reduction not in ("min", "mean"):
+            raise ValueError(
+                f"`target_reduction` must be 'min' or 'mean', got {self.target_reduction!r}"
+            )
+        if self.decode_q not in ("target", "online"):
+            raise ValueError(f"`decode_q` must be 'target' or 'online', got {self.decode_q!r}")
+
+
 class ILQL(LLMAlgorithm):
     r"""Implicit Language Q-Learning (arXiv 2206.11871; trlX's ``AccelerateILQLTrainer``).
 
@@ -176,51 +243,14 @@ class ILQL(LLMAlgorithm):
         decode_beta: Guidance strength :math:`\beta` of decoding (>= 0).
         decode_q: ``"target"`` (trlX) or ``"online"`` Q heads for decoding.
         *args: See :class:`~rl_algos.LLMAlgorithm`.
-        **kwargs: See :class:`~rl_algos.LLMAlgorithm`.
+        **kwargs: See :class:`~rl_algos.LLMAlgorithm` (settings: :class:`ILQLConfig`).
     """
 
     algo_name: ClassVar[str] = "ilql"
+    config_class: ClassVar[type[AgentConfig]] = ILQLConfig
+    config: ILQLConfig
 
-    def __init__(
-        self,
-        *args: Any,
-        gamma: float = 0.99,
-        tau: float = 0.7,
-        cql_scale: float = 0.1,
-        awac_scale: float = 1.0,
-        awac_beta: float = 0.0,
-        awac_max_weight: float | None = None,
-        two_qs: bool = True,
-        alpha: float = 0.001,
-        steps_for_target_q_sync: int = 5,
-        head_mlp: bool = True,
-        heads_lr: float | None = None,
-        target_reduction: Literal["min", "mean"] = "min",
-        decode_beta: float = 1.0,
-        decode_q: Literal["target", "online"] = "target",
-        **kwargs: Any,
-    ) -> None:
-        checks = [
-            ("gamma", 0 <= gamma <= 1, "in [0, 1]"),
-            ("tau", 0 < tau < 1, "in (0, 1)"),
-            ("cql_scale", cql_scale >= 0, ">= 0"),
-            ("awac_scale", awac_scale >= 0, ">= 0"),
-            ("awac_beta", awac_beta >= 0, ">= 0"),
-            ("decode_beta", decode_beta >= 0, ">= 0"),
-            ("alpha", 0 <= alpha <= 1, "in [0, 1]"),
-            ("steps_for_target_q_sync", steps_for_target_q_sync >= 1, ">= 1"),
-            ("awac_max_weight", awac_max_weight is None or awac_max_weight > 0, "> 0 or None"),
-            ("heads_lr", heads_lr is None or heads_lr >= 0, ">= 0 or None"),
-        ]  # fmt: skip
-        for name, ok, rule in checks:
-            if not ok:
-                raise ValueError(f"`{name}` must be {rule}, got {locals()[name]!r}")
-        if target_reduction not in ("min", "mean"):
-            raise ValueError(
-                f"`target_reduction` must be 'min' or 'mean', got {target_reduction!r}"
-            )
-        if decode_q not in ("target", "online"):
-            raise ValueError(f"`decode_q` must be 'target' or 'online', got {decode_q!r}")
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         if kwargs.get("beta", 0.0):
             raise ValueError(
                 f"`beta` (the KL coefficient of the online agents) must be 0 for ILQL, got "
@@ -232,63 +262,56 @@ class ILQL(LLMAlgorithm):
                 "ILQL decodes with its Q/V heads inside the generation loop, which vLLM does not "
                 "run: use the Hugging Face engine (use_vllm=False)"
             )
-        from rl_algos.distributed import deepspeed_plugin
-
         if deepspeed_plugin(kwargs.get("accelerator")) is not None:
             raise ValueError(
                 "ILQL under DeepSpeed is not supported (its Q/V heads live outside the policy "
                 "module DeepSpeed wraps): use DDP or one process"
             )
         kwargs["beta"] = 0.0
-        for name, value in (("temperature", 1.0), ("top_k", 20), ("top_p", 1.0)):
-            kwargs.setdefault(name, value)
-        kwargs.setdefault("use_separate_reference_adapter", False)  # no reference needed
-        self.gamma, self.tau = gamma, tau
-        self.cql_scale, self.awac_scale = cql_scale, awac_scale
-        self.awac_beta, self.awac_max_weight = awac_beta, awac_max_weight
-        self.target_reduction: Literal["min", "mean"] = target_reduction
-        self.decode_beta, self.decode_q = decode_beta, decode_q
-        self._heads_lr = heads_lr
-        self._hook: Any = None
-        self._hidden: torch.Tensor | None = None
         super().__init__(*args, **kwargs)
-        self.heads = ILQLHeads.for_model(
+        cfg = self.config
+        heads = ILQLHeads.for_model(
             self.policy.causal_lm,
-            seed=self.seed + 2,
-            two_qs=two_qs,
-            alpha=alpha,
-            sync_every=steps_for_target_q_sync,
-            mlp=head_mlp,
+            seed=cfg.seed + 2,
+            two_qs=cfg.two_qs,
+            alpha=cfg.alpha,
+            sync_every=cfg.steps_for_target_q_sync,
+            mlp=cfg.head_mlp,
         ).to(self.device)
-        self._broadcast_weights(self.heads)
-        self._build_optimizers()
+        self.extra_modules = {HEADS_NAME: heads}
+        broadcast_module(heads)
+        self.learner = self.build_learner()
 
-    # -- optimisation state ----------------------------------------------------------------------
+    @property
+    def heads(self) -> ILQLHeads:
+        """The Q, target-Q and V heads (:class:`rl_adapters.ILQLHeads`)."""
+        heads: ILQLHeads = self.extra_modules[HEADS_NAME]  # type: ignore[assignment]
+        return heads
 
     @property
     def heads_lr(self) -> float:
         """Learning rate of the ILQL heads (defaults to ``lr``)."""
-        return self.lr if self._heads_lr is None else self._heads_lr
+        return self.config.lr if self.config.heads_lr is None else self.config.heads_lr
 
-    def _build_optimizers(self) -> None:
-        heads = getattr(self, "heads", None)
-        groups: list[dict[str, Any]] = [{"params": self.actor_parameters(), "lr": self.lr}]
-        if heads is not None:
-            groups.append({"params": heads.trainable_parameters(), "lr": self.heads_lr})
-        self.optimizer = torch.optim.AdamW(groups, lr=self.lr, weight_decay=0.0)
-        self.lr_scheduler = (
-            cosine_schedule(self.optimizer, self.cosine_lr_schedule_config)
-            if self.cosine_lr_schedule_config is not None
-            else None
-        )
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The actor's group (``lr``) and, once built, the heads' (``heads_lr``)."""
+        groups = [{"params": self.actor_parameters(), "lr": self.config.lr}]
+        if HEADS_NAME in self.extra_modules:
+            groups.append({"params": self.heads.trainable_parameters(), "lr": self.heads_lr})
+        return groups
+
+    @property
+    def scorer(self) -> Scorer:
+        """The behaviour LM's log-probs at temperature 1 (the AWAC term's)."""
+        return Scorer(self.policy, 1.0, self.config.fused_logprobs_chunk_rows)
 
     # -- data ------------------------------------------------------------------------------------
 
-    def _parse_offline(self, experiences: Any) -> tuple[Batch, torch.Tensor, torch.Tensor]:
-        """``(batch, token_rewards [N, T], sequence_rewards [N])`` from offline experience."""
+    def parse_offline(self, experiences: Any) -> tuple[Batch, torch.Tensor]:
+        """``(batch, token_rewards [N, T])`` from offline experience (see :meth:`learn`)."""
         comp, masks, rewards = _unpack(experiences)
-        ids = _stack("completion_ids", comp, self.pad_token_id, torch.long).to(self.device)
-        mask = _stack("action_masks", masks, False, torch.bool).to(self.device)
+        ids = stack_rows("completion_ids", comp, self.pad_token_id, torch.long).to(self.device)
+        mask = stack_rows("action_masks", masks, False, torch.bool).to(self.device)
         N, L = ids.shape
         if N == 0:
             raise ValueError(_EMPTY)
@@ -305,87 +328,60 @@ class ILQL(LLMAlgorithm):
                 "tokens"
             )
         token_rewards, seq_rewards = shape_rewards(rewards, mask)
-        real = ids != self.pad_token_id
-        real[:, 1:] |= mask
-        last_real = torch.where(real, torch.arange(L, device=ids.device), 0).amax(1)
-        attention = (torch.arange(L, device=ids.device)[None] <= last_real[:, None]).long()
-        batch = Batch(ids, attention, mask, seq_rewards, None, None)
-        return batch, token_rewards, seq_rewards
+        attention = attention_from_mask(ids, mask, self.pad_token_id)
+        return Batch(ids, attention, mask, seq_rewards, None, None), token_rewards
 
-    # -- forward and loss ------------------------------------------------------------------------
+    # -- the loss --------------------------------------------------------------------------------
 
-    def _logprobs(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        mask: torch.Tensor,
-        role: str = "actor",
-    ) -> torch.Tensor:
-        """[N, T] log-probs (temperature 1) of the action tokens; keeps the hidden states.
+    def micro_loss(self, mb: MicroBatch, norm: Normalizers) -> LossTerms | None:
+        """:func:`rl_losses.ilql_loss` of one micro-batch: one trunk forward feeds LM and heads.
 
-        The shared optimizer step calls this and then :meth:`_loss` on the same micro-batch,
-        which reads the kept hidden states: one trunk forward feeds the LM and the heads.
+        None when the log-probs are not finite (the learner's guard raises or skips).
         """
-        hidden = self.policy.hidden_states(input_ids, attention_mask, role=role)[:, :-1]
-        self._hidden = hidden
-        out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
-        rows = hidden[mask]
-        if not bool(torch.isfinite(rows).all()):
-            return out.masked_fill(mask, math.nan) + 0.0 * rows.nan_to_num().sum()
-        picked = fused_logprobs(
-            rows,
-            self.policy.lm_head_weight,
-            input_ids[:, 1:][mask],
-            bias=self.policy.lm_head_bias,
-            chunk_rows=self.fused_logprobs_chunk_rows,
-        )
-        assert isinstance(picked, torch.Tensor)
-        return out.masked_scatter(mask, picked.float())
-
-    def _loss(
-        self, mb: dict[str, Any], lp: torch.Tensor, norm: dict[str, float]
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
-        hidden, self._hidden = self._hidden, None
-        mask = mb["mask"]
-        if hidden is None or hidden.shape[:2] != mask.shape:  # pragma: no cover - internal
-            raise RuntimeError("ILQL._loss needs the hidden states of the same micro-batch")
+        cfg = self.config
+        self.policy.eval()
+        mask = mb.mask
+        hidden = self.scorer.hidden_states(mb.input_ids, mb.attention_mask)
+        lp = self.scorer.from_hidden(hidden, mb.input_ids, mask)
+        if not bool(torch.isfinite(lp[mask]).all()):
+            return None
         index, packed = pack_actions(mask)
         H = hidden.shape[-1]
         h = hidden.gather(1, index[..., None].expand(-1, -1, H))
         out = self.heads(h)
         heads_out = [*out.qs, *out.target_qs, out.values]
         if not all(bool(torch.isfinite(t[packed]).all()) for t in heads_out):
-            # non-finite head outputs: a NaN loss with a connected graph, so the optimizer
-            # step's guard raises (or skips with skip_nonfinite) and nothing is applied
+            # non-finite head outputs: a NaN loss with a connected graph, so the learner's
+            # guard raises (or skips with skip_nonfinite) and nothing is applied
             zero = sum((t.nan_to_num().sum() * 0.0 for t in heads_out), h.new_zeros(()))
-            return zero + math.nan, {}
-        actions = mb["input_ids"][:, 1:].gather(1, index)
+            return LossTerms(zero + math.nan)
+        assert mb.token_rewards is not None
         result = ilql_loss(
             lp.gather(1, index),
             list(out.qs),
             list(out.target_qs),
             out.values,
-            actions,
-            mb["token_rewards"].gather(1, index),
+            mb.targets.gather(1, index),
+            mb.token_rewards.gather(1, index),
             packed,
-            gamma=self.gamma,
-            tau=self.tau,
-            cql_scale=self.cql_scale,
-            awac_scale=self.awac_scale,
-            awac_beta=self.awac_beta,
-            awac_max_weight=self.awac_max_weight,
-            target_reduction=self.target_reduction,
+            gamma=cfg.gamma,
+            tau=cfg.tau,
+            cql_scale=cfg.cql_scale,
+            awac_scale=cfg.awac_scale,
+            awac_beta=cfg.awac_beta,
+            awac_max_weight=cfg.awac_max_weight,
+            target_reduction=cfg.target_reduction,
             aggregation="token_mean",
-            normalizer=norm["tokens"],
+            normalizer=norm.tokens,
         )
         info = result.metrics()
         info.pop("loss", None)
         # the terms are normalised by the whole minibatch's token count; report them as this
-        # micro-batch's means (the optimizer step weighs micro-batches by their token share)
-        share = norm["tokens"] / max(1.0, float(mask.sum()))
+        # micro-batch's means (the learner weighs micro-batches by their token share)
+        share = norm.tokens / max(1.0, float(mask.sum()))
         for key in ("q_loss", "v_loss", "cql_loss", "awac_loss"):
             info[key] *= share
-        return result.loss, info
+        return LossTerms(result.loss, info)
 
     # -- learn -----------------------------------------------------------------------------------
 
@@ -397,13 +393,15 @@ class ILQL(LLMAlgorithm):
     ) -> dict[str, float]:
         """One offline update from ``(completion_ids, action_masks, rewards)``; returns metrics.
 
+        Phases: 1. parse the offline data (rewards placed on tokens); 2. update:
         ``update_epochs`` passes over the rows in shuffled minibatches of ``batch_size``, each
-        one optimizer step (accumulated over ``micro_batch_size_per_gpu`` rows); the target Q
-        heads are Polyak-updated every ``steps_for_target_q_sync`` steps. ``turn_ids`` and
-        ``sampling_logps`` are accepted for the loops' signature and unused (ILQL's transitions
-        are the action tokens; there is no importance ratio). Rows must be right-padded (the
-        attention covers each row up to its last real token). The last action of every row is
-        terminal (V after it is 0), also for outputs cut off by a length limit, as in trlX.
+        one learner step (accumulated over ``micro_batch_size_per_gpu`` rows) of
+        :meth:`micro_loss`; 3. Polyak-update the target Q heads every
+        ``steps_for_target_q_sync`` steps. ``turn_ids`` and ``sampling_logps`` are accepted for
+        the loops' signature and unused (ILQL's transitions are the action tokens; there is no
+        importance ratio). Rows must be right-padded (the attention covers each row up to its
+        last real token). The last action of every row is terminal (V after it is 0), also for
+        outputs cut off by a length limit, as in trlX.
 
         Raises:
             ValueError: bad offline data (empty, mismatched lengths, missing or NaN rewards,
@@ -412,41 +410,29 @@ class ILQL(LLMAlgorithm):
                 ``skip_nonfinite``.
         """
         del turn_ids, sampling_logps
-        batch, token_rewards, seq_rewards = self._parse_offline(experiences)
-        N = batch.num_rows
-        unused = torch.zeros(batch.mask.shape, device=self.device)
-        extra = {"token_rewards": token_rewards}
+        batch, token_rewards = self.parse_offline(experiences)  # 1. parse
+        estimates = Estimates(token_rewards=token_rewards)
         metrics: dict[str, list[float]] = {}
         syncs = 0
-        for _ in range(self.update_epochs):
-            order = torch.randperm(N, generator=self._torch_rng)
-            for start in range(0, N, self.batch_size):
-                rows = order[start : start + self.batch_size].sort().values.to(self.device)
-                before = self.steps
-                self._step(batch, rows, unused, None, extra, metrics)
-                if self.steps > before and self.heads.maybe_sync(self.steps):
-                    syncs += 1
-        out = {k: sum(v) / len(v) for k, v in metrics.items() if v}
-        losses = metrics.get("loss", [])
-        out["loss"] = losses[-1] if losses else float("nan")
-        out["mean_loss"] = sum(losses) / len(losses) if losses else float("nan")
-        out["mean_reward"] = float(seq_rewards.mean())
+        for rows in self.minibatches(batch.num_rows):  # 2. update
+            mbs = self.micro_batches(batch, None, estimates, rows)
+            norm = self.learner.normalizers(batch.mask[rows], None)
+            before = self.steps
+            step = self.learner.step(mbs, lambda mb, n=norm: self.micro_loss(mb, n), norm, self._where())
+            self._apply(step, metrics)
+            if self.steps > before and self.heads.maybe_sync(self.steps):  # 3. targets
+                syncs += 1
+        out = self._summary(metrics, batch)
+        out.pop("mean_kl", None)
         out["target_syncs"] = float(syncs)
         return out
 
     # -- decoding --------------------------------------------------------------------------------
 
     def _heads_fn(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        target = self.decode_q == "target"
-        q = self.heads.reduced_q(hidden, self.target_reduction, target=target)
+        target = self.config.decode_q == "target"
+        q = self.heads.reduced_q(hidden, self.config.target_reduction, target=target)
         return q, self.heads.values(hidden)
-
-    def sampling_params(self, training: bool = True) -> SamplingParams:
-        """The base settings plus the value-guided hook (inside :meth:`get_action`)."""
-        params = super().sampling_params(training)
-        if self._hook is None:
-            return params
-        return dataclasses.replace(params, logits_processor=self._hook)
 
     def get_action(
         self,
@@ -460,51 +446,13 @@ class ILQL(LLMAlgorithm):
         Sampled with ``top_k`` and ``temperature`` when ``training``, greedy otherwise; same
         return value as :meth:`LLMAlgorithm.get_action`.
         """
+        ids = prompt_ids(obs)
+        params = self.sampling_params(training)
         with (
             torch.no_grad(),
             value_guided_decoding(
-                self.policy.causal_lm, self._heads_fn, beta=self.decode_beta
+                self.policy.causal_lm, self._heads_fn, beta=self.config.decode_beta
             ) as hook,
         ):
-            self._hook = hook
-            try:
-                return super().get_action(obs, training, repeat_prompts, **kwargs)
-            finally:
-                self._hook = None
-
-    # -- checkpoints and clones ------------------------------------------------------------------
-
-    def save_checkpoint(
-        self, path: str | Path, lora_only: bool = True, save_optimizer: bool = True
-    ) -> Path:
-        """Save adapters (or weights), the ILQL heads, optimizer and state, atomically."""
-        del lora_only
-        return save_checkpoint(
-            self.policy,
-            path,
-            optimizer=self.optimizer if save_optimizer else None,
-            scheduler=self.lr_scheduler if save_optimizer else None,
-            state=self._state(),
-            heads={HEADS_NAME: self.heads},
-        )
-
-    def load_checkpoint(self, path: str | Path, load_optimizer: bool = True) -> None:
-        """Restore what :meth:`save_checkpoint` wrote, heads included (no pickle)."""
-        state = load_checkpoint(
-            self.policy,
-            path,
-            optimizer=self.optimizer if load_optimizer else None,
-            scheduler=self.lr_scheduler if load_optimizer else None,
-            heads={HEADS_NAME: self.heads},
-        )
-        self._load_state(state)
-
-    def clone(self, index: int | None = None) -> ILQL:
-        """An independent copy, with its own heads (and their optimizer state)."""
-        twin = super().clone(index)
-        assert isinstance(twin, ILQL)
-        twin.heads = copy.deepcopy(self.heads)
-        twin._build_optimizers()
-        for mine, theirs in zip(self._optimizers(), twin._optimizers(), strict=True):
-            theirs.load_state_dict(mine.state_dict())
-        return twin
+            guided = dataclasses.replace(params, logits_processor=hook)
+            return generate_actions(self.engine, ids, guided, repeat_prompts)

@@ -2,40 +2,40 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-import torch
-from rl_advantages import broadcast_to_tokens, discounted_returns, pool_to_turns, rebn
-from rl_losses import clipped_surrogate, reinforce_loss
+from rl_algos.base import AgentParts, Batch, LLMAlgorithm
+from rl_algos.config import AgentConfig
+from rl_algos.estimators import rebn_advantages, turn_layout
+from rl_algos.objectives import PolicyObjective, clip_options
 
-from rl_algos.base import Batch, LLMAlgorithm
-
-__all__ = ["LLMREINFORCE", "turn_layout"]
+__all__ = ["LLMREINFORCE", "REINFORCEConfig", "turn_layout"]
 
 
-def turn_layout(batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(turn_ids [N, T], turn_mask [N, K], rewards [N, K])`` for single- or multi-turn batches.
+@dataclass
+class REINFORCEConfig(AgentConfig):
+    """:class:`~rl_algos.config.AgentConfig` plus REINFORCE's settings."""
 
-    A batch without ``turn_ids`` is one turn per row (every action token is turn 0).
-    """
-    r = batch.rewards
-    if batch.turn_ids is None:
-        if r.dim() == 2 and r.shape[1] != 1:
+    gamma: float = 1.0
+    """Discount over turns, in [0, 1]."""
+    importance_sampling_level: Literal["token", "turn"] = "token"
+    """Ratio unit: per token, or pooled per turn."""
+    turn_ratio_pooling: Literal["sum", "mean"] = "sum"
+    """Turn pooling of log-ratios (``"sum"``: product ratio, AgileRL's default)."""
+
+    def __post_init__(self) -> None:
+        """Check the values (each error names the argument)."""
+        super().__post_init__()
+        if not 0 <= self.gamma <= 1:
+            raise ValueError(f"`gamma` must be in [0, 1], got {self.gamma}")
+        if self.importance_sampling_level not in ("token", "turn"):
             raise ValueError(
-                f"per-turn `rewards` {tuple(r.shape)} need `turn_ids` ([N, L - 1]) in learn()"
+                "`importance_sampling_level` must be 'token' or 'turn', got "
+                f"{self.importance_sampling_level!r}"
             )
-        turn_ids = torch.where(batch.mask, 0, -1)
-        r = r.reshape(-1, 1)
-    else:
-        turn_ids = batch.turn_ids
-        r = r if r.dim() == 2 else r[:, None]
-    turn_mask = pool_to_turns(batch.mask.float(), turn_ids, num_turns=r.shape[1]).mask
-    if r.shape[1] == 1 and batch.turn_ids is not None and int(turn_ids.max()) > 0:
-        raise ValueError(
-            "`rewards` has one value per row but `turn_ids` has several turns: pass per-turn "
-            "rewards [N, K]"
-        )
-    return turn_ids, turn_mask, r
+        if self.use_liger_loss and self.importance_sampling_level != "token":
+            raise ValueError("use_liger_loss=True needs importance_sampling_level='token'")
 
 
 class LLMREINFORCE(LLMAlgorithm):
@@ -43,84 +43,42 @@ class LLMREINFORCE(LLMAlgorithm):
 
     Per turn :math:`G_k = \sum_{j \ge k} \gamma^{j-k} r_j`
     (:func:`rl_advantages.discounted_returns`), normalised over every (sequence, turn) of the
-    batch (:func:`rl_advantages.rebn`) and spread over the turn's tokens. With ``clip_coef``
-    (default 0.2) the loss is PPO's clipped surrogate, safe for several ``update_epochs``;
-    with ``clip_coef=None`` it is plain REINFORCE (:func:`rl_losses.reinforce_loss`). The
-    ratio is per token, or pooled per turn (``importance_sampling_level="turn"``) with
-    ``turn_ratio_pooling`` (``"sum"``: product ratio, AgileRL's default). The loss is a
-    token mean over the minibatch; ``beta`` adds the k3 KL to the reference.
+    batch (``rl_advantages.get_estimator("rebn")``) and spread over the turn's tokens. With
+    ``clip_coef`` (default 0.2) the loss is PPO's clipped surrogate, safe for several
+    ``update_epochs``; with ``clip_coef=None`` it is plain REINFORCE
+    (:func:`rl_losses.reinforce_loss`). The ratio is per token, or pooled per turn
+    (``importance_sampling_level="turn"``) with ``turn_ratio_pooling`` (``"sum"``: product
+    ratio, AgileRL's default). The loss is a token mean over the minibatch; ``beta`` adds the
+    k3 KL to the reference. Settings: :class:`REINFORCEConfig`.
     """
 
     algo_name: ClassVar[str] = "reinforce"
+    config_class: ClassVar[type[AgentConfig]] = REINFORCEConfig
+    config: REINFORCEConfig
 
-    def __init__(
-        self,
-        *args: Any,
-        gamma: float = 1.0,
-        importance_sampling_level: Literal["token", "turn"] = "token",
-        turn_ratio_pooling: Literal["sum", "mean"] = "sum",
-        **kwargs: Any,
-    ) -> None:
-        if not 0 <= gamma <= 1:
-            raise ValueError(f"`gamma` must be in [0, 1], got {gamma}")
-        if importance_sampling_level not in ("token", "turn"):
-            raise ValueError(
-                "`importance_sampling_level` must be 'token' or 'turn', got "
-                f"{importance_sampling_level!r}"
-            )
-        if kwargs.get("use_liger_loss") and importance_sampling_level != "token":
-            raise ValueError("use_liger_loss=True needs importance_sampling_level='token'")
-        self.gamma = gamma
-        self.importance_sampling_level = importance_sampling_level
-        self.turn_ratio_pooling = turn_ratio_pooling
-        super().__init__(*args, **kwargs)
+    def objective(self) -> PolicyObjective:
+        """The policy loss as data: REINFORCE, or the clipped surrogate with ``clip_coef``."""
+        cfg = self.config
+        c = cfg.clip_coef
+        options: dict[str, Any] = {}
+        if c is not None:
+            options = clip_options(c)
+            options.pop("clip_high", None)  # symmetric: clip_high defaults to clip_low
+        return PolicyObjective(
+            loss="reinforce" if c is None else "ppo",
+            options=options,
+            aggregation="token_mean",
+            level=cfg.importance_sampling_level,
+            pooling=cfg.turn_ratio_pooling,
+            beta=cfg.beta,
+            kl_kind=cfg.kl_kind,
+        )
 
-    def _check_batch(self, batch: Batch) -> None:
-        if self.importance_sampling_level == "turn" and batch.turn_ids is None:
+    def parts(self, batch: Batch) -> AgentParts:
+        """ReBN turn returns and REINFORCE (or clipped) objective."""
+        if self.config.importance_sampling_level == "turn" and batch.turn_ids is None:
             raise ValueError("importance_sampling_level='turn' needs `turn_ids` in learn()")
-
-    def _advantages(
-        self, batch: Batch, old: torch.Tensor, ref: torch.Tensor | None
-    ) -> dict[str, torch.Tensor]:
-        turn_ids, turn_mask, r = turn_layout(batch)
-        returns = discounted_returns(r, turn_mask, self.gamma)
-        adv = broadcast_to_tokens(rebn(returns, turn_mask), turn_ids)
-        return {"advantages": adv, "turn_ids_full": turn_ids}
-
-    def _fused_spec(self, mb: dict[str, Any], norm: dict[str, float]) -> dict[str, Any] | None:
-        if self.importance_sampling_level != "token":
-            return None
-        spec: dict[str, Any] = {"aggregation": "token_mean", "normalizer": norm["tokens"]}
-        c = self.clip_coef
-        if c is None:
-            spec["objective"] = "reinforce"
-        elif isinstance(c, tuple):
-            spec.update(objective="ppo", ratio_bounds=(float(c[0]), float(c[1])))
-        else:
-            spec.update(objective="ppo", clip_low=float(c))
-        return spec
-
-    def _loss(
-        self, mb: dict[str, Any], lp: torch.Tensor, norm: dict[str, float]
-    ) -> tuple[torch.Tensor, dict[str, Any]]:
-        mask, adv = mb["mask"], mb["advantages"]
-        common: dict[str, Any] = {
-            "aggregation": "token_mean",
-            "normalizer": norm["tokens"],
-            "is_weights": mb.get("is_weights"),
-        }
-        if self.importance_sampling_level == "turn":
-            common.update(
-                level="turn", pooling=self.turn_ratio_pooling, turn_ids=mb["turn_ids_full"]
-            )
-        if self.clip_coef is None:
-            pg = reinforce_loss(lp, mb["old"], adv, mask, **common)
-        else:
-            c = self.clip_coef
-            clip: dict[str, Any] = (
-                {"ratio_bounds": (float(c[0]), float(c[1]))}
-                if isinstance(c, tuple)
-                else {"clip_low": float(c)}
-            )
-            pg = clipped_surrogate(lp, mb["old"], adv, mask, **clip, **common)
-        return self._finish_loss(pg, lp, mb["ref"], mask, "token_mean", norm["tokens"])
+        gamma = self.config.gamma
+        return AgentParts(
+            estimate=lambda b, scores: rebn_advantages(b, gamma), objective=self.objective()
+        )

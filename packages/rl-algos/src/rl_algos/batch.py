@@ -1,0 +1,306 @@
+"""The typed data of one ``learn()``: parsed batch, scores, estimates, micro-batches.
+
+Shapes use one glossary: ``N`` rows (``B`` prompts x ``G`` samples), ``L`` tokens per row,
+``T = L - 1`` predictions (position ``t`` scores token ``t + 1``: every ``[N, T]`` tensor is
+shifted by one against ``input_ids``), ``K`` turns. Masks are True where a token counts.
+
+:func:`parse_experiences` is the only place that reads the user's loose input (tuples, dicts,
+lists of per-prompt blocks); everything after it passes these frozen dataclasses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "Batch",
+    "Estimates",
+    "MicroBatch",
+    "Normalizers",
+    "Scores",
+    "attention_from_mask",
+    "parse_experiences",
+    "stack_rows",
+]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A parsed ``learn()`` batch."""
+
+    input_ids: torch.Tensor
+    """[N, L] long, right-padded with the pad id."""
+    attention_mask: torch.Tensor
+    """[N, L] long, 1 up to each row's last real token."""
+    mask: torch.Tensor
+    """[N, T] bool, shifted by one: True where token t + 1 is an action that counts."""
+    rewards: torch.Tensor
+    """[N] per sequence, or [N, K] per turn, float32."""
+    turn_ids: torch.Tensor | None
+    """[N, T] long turn index of each action token, -1 off actions; None for one turn."""
+    sampling_logprobs: torch.Tensor | None
+    """[N, T] the sampler's log-probs at action positions (0 elsewhere), or None."""
+
+    @property
+    def num_rows(self) -> int:
+        """``N``."""
+        return int(self.input_ids.shape[0])
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Log-probs of the batch's actions before the update (no gradient)."""
+
+    old_logprobs: torch.Tensor
+    """[N, T] under the policy that is being updated, 0 off the mask."""
+    ref_logprobs: torch.Tensor | None
+    """[N, T] under the frozen reference, or None (no KL term, or no reference)."""
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """What the advantage phase (and the correction phase) computed for every row."""
+
+    advantages: torch.Tensor | None = None
+    """[N, T] per-token advantages, 0 off the mask (None: a value-based agent, ILQL)."""
+    keep: torch.Tensor | None = None
+    """[N] bool rows that stay in the loss (DAPO's dynamic sampling), or None for all."""
+    turn_ids: torch.Tensor | None = None
+    """[N, T] turn layout used by turn-level ratios and values (overrides the batch's)."""
+    returns: torch.Tensor | None = None
+    """[N, K] value targets (PPO)."""
+    old_values: torch.Tensor | None = None
+    """[N, K] the critic's values before the update (PPO)."""
+    turn_mask: torch.Tensor | None = None
+    """[N, K] bool turns that exist (PPO's value loss)."""
+    token_rewards: torch.Tensor | None = None
+    """[N, T] per-token rewards (ILQL)."""
+    is_weights: torch.Tensor | None = None
+    """[N, T] rollout-mismatch weights (:func:`rl_losses.rollout_correction`), or None."""
+
+
+@dataclass(frozen=True)
+class Normalizers:
+    """Global denominators of one minibatch, summed over processes (micro-batches stay exact)."""
+
+    tokens: float
+    """Counting action tokens (``token_mean``)."""
+    sequences: float
+    """Counting rows with at least one action (the ``seq_mean_*`` modes)."""
+    turns: float = 1.0
+    """Counting existing turns (PPO's value loss)."""
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Rows ``rows`` of a :class:`Batch` with their scores and estimates: one forward/backward."""
+
+    rows: torch.Tensor
+    """[M] long indices into the batch."""
+    input_ids: torch.Tensor
+    """[M, L]."""
+    attention_mask: torch.Tensor
+    """[M, L]."""
+    mask: torch.Tensor
+    """[M, T] bool, shifted by one; rows dropped by ``Estimates.keep`` are all False."""
+    old_logprobs: torch.Tensor | None
+    """[M, T], or None without a scoring phase (ILQL)."""
+    ref_logprobs: torch.Tensor | None
+    """[M, T] or None."""
+    advantages: torch.Tensor | None
+    """[M, T], or None (ILQL)."""
+    turn_ids: torch.Tensor | None
+    """[M, T] or None."""
+    is_weights: torch.Tensor | None
+    """[M, T] or None."""
+    returns: torch.Tensor | None
+    """[M, K] or None."""
+    old_values: torch.Tensor | None
+    """[M, K] or None."""
+    turn_mask: torch.Tensor | None
+    """[M, K] or None."""
+    token_rewards: torch.Tensor | None
+    """[M, T] or None."""
+
+    @property
+    def targets(self) -> torch.Tensor:
+        """[M, T] the predicted tokens, ``input_ids[:, 1:]``."""
+        return self.input_ids[:, 1:]
+
+    @classmethod
+    def select(
+        cls, batch: Batch, scores: Scores | None, estimates: Estimates, rows: torch.Tensor
+    ) -> MicroBatch:
+        """The micro-batch of ``rows`` [M] (``scores`` None: no scoring phase, ILQL)."""
+
+        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[rows]
+
+        mask = batch.mask[rows]
+        if estimates.keep is not None:
+            mask = mask & estimates.keep[rows][:, None]
+        turn_ids = estimates.turn_ids if estimates.turn_ids is not None else batch.turn_ids
+        return cls(
+            rows=rows,
+            input_ids=batch.input_ids[rows],
+            attention_mask=batch.attention_mask[rows],
+            mask=mask,
+            old_logprobs=None if scores is None else scores.old_logprobs[rows],
+            ref_logprobs=None if scores is None else pick(scores.ref_logprobs),
+            advantages=pick(estimates.advantages),
+            turn_ids=pick(turn_ids),
+            is_weights=pick(estimates.is_weights),
+            returns=pick(estimates.returns),
+            old_values=pick(estimates.old_values),
+            turn_mask=pick(estimates.turn_mask),
+            token_rewards=pick(estimates.token_rewards),
+        )
+
+
+def stack_rows(name: str, parts: Any, pad: float | bool, dtype: torch.dtype) -> torch.Tensor:
+    """[N, W]: an [N, W] tensor, or a list of [G, W_i] / [W_i] blocks right-padded with ``pad``."""
+    if isinstance(parts, torch.Tensor):
+        if parts.dim() != 2:
+            raise ValueError(
+                f"`{name}` must be [N, L] (or a list of [G, L] tensors), got {tuple(parts.shape)}"
+            )
+        return parts.to(dtype)
+    tensors = [torch.as_tensor(p) for p in parts]
+    tensors = [p if p.dim() == 2 else p[None] for p in tensors]
+    if not tensors:
+        raise ValueError(f"`{name}` is empty: the batch has no rows")
+    width = max(t.shape[1] for t in tensors)
+    return torch.cat(
+        [torch.nn.functional.pad(t.to(dtype), (0, width - t.shape[1]), value=pad) for t in tensors]
+    )
+
+
+def attention_from_mask(input_ids: torch.Tensor, mask: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """[N, L] long attention: 1 up to each row's last real token (non-pad or action).
+
+    Args:
+        input_ids: [N, L] right-padded ids.
+        mask: [N, T] action mask, shifted by one (an action may be the pad id, e.g. EOS = pad).
+        pad_id: The pad id.
+    """
+    L = input_ids.shape[1]
+    real = input_ids != pad_id
+    real[:, 1:] |= mask
+    positions = torch.arange(L, device=input_ids.device)
+    last = torch.where(real, positions, torch.zeros_like(input_ids)).amax(1)
+    return (positions[None] <= last[:, None]).long()
+
+
+def _sampling_logprobs(value: Any, mask: torch.Tensor) -> torch.Tensor | None:
+    """[N, T] sampler log-probs from a tensor, per-prompt blocks, or per-row action lists."""
+    if isinstance(value, torch.Tensor) and value.shape == mask.shape:
+        return value.to(mask.device, torch.float32)
+    if not isinstance(value, torch.Tensor) and all(
+        isinstance(v, torch.Tensor) and v.dim() == 2 for v in value
+    ):  # get_action's per-prompt [G, L - 1] blocks
+        stacked = stack_rows("sampling_logps", value, 0.0, torch.float32).to(mask.device)
+        if stacked.shape != mask.shape:
+            raise ValueError(
+                f"`sampling_logps` stacks to {tuple(stacked.shape)}, action_masks are "
+                f"{tuple(mask.shape)}"
+            )
+        return stacked
+    rows = list(value)
+    if len(rows) != mask.shape[0]:
+        raise ValueError(f"`sampling_logps` has {len(rows)} rows for {mask.shape[0]} sequences")
+    if any(r is None for r in rows):
+        return None
+    out = torch.zeros(mask.shape, device=mask.device)
+    for n, row in enumerate(rows):
+        r = torch.as_tensor(row, dtype=torch.float32).reshape(-1)
+        k = int(mask[n].sum())
+        if r.numel() == mask.shape[1]:
+            out[n] = r.to(out.device)
+        elif r.numel() == k:
+            out[n][mask[n]] = r.to(out.device)
+        else:
+            raise ValueError(f"`sampling_logps`[{n}] has {r.numel()} values for {k} action tokens")
+    return out
+
+
+def _rewards(rewards: Any, N: int, device: torch.device) -> torch.Tensor:
+    r = torch.as_tensor(rewards, dtype=torch.float32).to(device)
+    if r.dim() == 2 and r.shape[0] * r.shape[1] == N and r.shape[0] != N:
+        r = r.reshape(N)
+    if r.dim() not in (1, 2) or r.shape[0] != N:
+        raise ValueError(
+            f"`rewards` has shape {tuple(r.shape)}; expected [N] = [{N}], [B, G] with "
+            f"B*G = {N}, or per-turn [N, K] = [{N}, K]"
+        )
+    if not bool(torch.isfinite(r).all()):
+        raise ValueError("`rewards` contains NaN or inf: fix the reward function")
+    return r
+
+
+def unpack_experiences(experiences: Any) -> tuple[Any, Any, Any]:
+    """``(completion_ids, action_masks, rewards)`` from a 3-tuple/list or a dict."""
+    if isinstance(experiences, dict):
+        keys = ("completion_ids", "action_masks", "rewards")
+        missing = [k for k in keys if k not in experiences]
+        if missing:
+            raise ValueError(
+                f"`experiences` lacks {missing}: pass completion_ids [N, L], action_masks "
+                "[N, L - 1] and rewards"
+            )
+        return experiences["completion_ids"], experiences["action_masks"], experiences["rewards"]
+    if not isinstance(experiences, tuple | list) or len(experiences) != 3:
+        raise ValueError("`experiences` must be (completion_ids, action_masks, rewards)")
+    comp, masks, rewards = experiences
+    return comp, masks, rewards
+
+
+def parse_experiences(
+    experiences: Any,
+    *,
+    pad_token_id: int,
+    device: torch.device | str = "cpu",
+    turn_ids: Any = None,
+    sampling_logps: Any = None,
+) -> Batch:
+    """The :class:`Batch` of ``learn()``'s loose input, checked.
+
+    Args:
+        experiences: ``(completion_ids, action_masks, rewards)`` (or a dict with those keys):
+            ids [N, L] or per-prompt [G, L_b] blocks, masks [N, L - 1] (or blocks), rewards
+            [N], [B, G] or per-turn [N, K].
+        pad_token_id: The right-padding id.
+        device: Where the tensors go.
+        turn_ids: [N, L - 1] turn index per action token (-1 elsewhere), or None.
+        sampling_logps: The sampler's log-probs: [N, L - 1], ``get_action``'s per-prompt
+            blocks, or per row the action tokens' values; None when unknown.
+
+    Raises:
+        ValueError: Shapes that disagree (both shapes are named), no action at all, NaN or
+            inf rewards.
+    """
+    comp, masks, rewards = unpack_experiences(experiences)
+    ids = stack_rows("completion_ids", comp, pad_token_id, torch.long).to(device)
+    mask = stack_rows("action_masks", masks, False, torch.bool).to(device)
+    N, L = ids.shape
+    if mask.shape != (N, L - 1):
+        raise ValueError(
+            f"`action_masks` has shape {tuple(mask.shape)} but completion_ids "
+            f"{tuple(ids.shape)} needs [N, L - 1] = {(N, L - 1)}: position t marks token t + 1"
+        )
+    if not bool(mask.any()):
+        raise ValueError("`action_masks` has no True entry: there is nothing to learn from")
+    r = _rewards(rewards, N, ids.device)
+    tids = None
+    if turn_ids is not None:
+        tids = torch.as_tensor(turn_ids, dtype=torch.long).to(ids.device)
+        if tids.shape != mask.shape:
+            raise ValueError(
+                f"`turn_ids` has shape {tuple(tids.shape)}, action_masks {tuple(mask.shape)}"
+            )
+        tids = tids.masked_fill(~mask, -1)
+    samp = None if sampling_logps is None else _sampling_logprobs(sampling_logps, mask)
+    attention = attention_from_mask(ids, mask, pad_token_id)
+    return Batch(ids, attention, mask, r, tids, samp)

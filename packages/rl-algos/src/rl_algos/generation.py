@@ -1,0 +1,172 @@
+"""Generation for the agents: sampling settings and ``get_action`` over an rl-rollout engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from rl_rollout import SamplingParams
+
+from rl_algos.config import ActionResult, AgentConfig, VLLMConfig
+
+__all__ = [
+    "IdsTokenizer",
+    "generate_actions",
+    "prompt_ids",
+    "push_weights",
+    "sampling_params",
+    "vllm_engine",
+]
+
+
+class IdsTokenizer:
+    """Enough of a tokenizer for :class:`rl_rollout.HFEngine` when the agent only sees ids."""
+
+    chat_template = None
+
+    def __init__(self, pad_token_id: int, eos_token_id: int) -> None:
+        self.pad_token_id = pad_token_id
+        self.eos_token_id = eos_token_id
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Ids as space-separated numbers (special ids dropped)."""
+        keep = [
+            i
+            for i in ids
+            if not skip_special_tokens or i not in (self.pad_token_id, self.eos_token_id)
+        ]
+        return " ".join(str(i) for i in keep)
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+        """Refuses: there is no vocabulary."""
+        raise ValueError("this agent has no tokenizer: pass prompts as token ids")
+
+
+def sampling_params(
+    config: AgentConfig,
+    training: bool,
+    *,
+    group_size: int,
+    seed: int,
+    stop_token_ids: tuple[int, ...],
+    has_tokenizer: bool,
+    logit_mask: torch.Tensor | None,
+) -> SamplingParams:
+    """The sampling settings of ``get_action`` (training) or evaluation (greedy)."""
+    max_new = config.max_output_tokens or max(1, (config.max_model_len or 1024) // 2)
+    if config.stop_sequences and not has_tokenizer:
+        raise ValueError("`stop_sequences` need a real tokenizer: pass `tokenizer=`")
+    if not training:
+        return SamplingParams.eval_preset(
+            max_new_tokens=max_new,
+            min_new_tokens=min(config.min_output_tokens, max_new),
+            stop_token_ids=stop_token_ids,
+            stop=config.stop_sequences,
+            logit_mask=logit_mask,
+        )
+    return SamplingParams(
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_k=config.top_k or 0,
+        min_p=config.min_p,
+        repetition_penalty=config.repetition_penalty,
+        max_new_tokens=max_new,
+        min_new_tokens=min(config.min_output_tokens, max_new),
+        stop_token_ids=stop_token_ids,
+        n=group_size,
+        seed=seed,
+        return_logprobs=True,
+        stop=config.stop_sequences,
+        logit_mask=logit_mask,
+    )
+
+
+def prompt_ids(obs: Sequence[dict[str, Any]] | dict[str, Any]) -> list[list[int]]:
+    """Each prompt dict's ids (``input_ids`` [1, P], unpadded by ``attention_mask``), checked."""
+    prompts = [obs] if isinstance(obs, dict) else list(obs)
+    if not prompts:
+        raise ValueError("`obs` is empty: pass at least one prompt dict")
+    ids: list[list[int]] = []
+    for i, p in enumerate(prompts):
+        if "input_ids" not in p:
+            raise ValueError(f"prompt {i} has no 'input_ids' (keys: {sorted(p)})")
+        row = torch.as_tensor(p["input_ids"]).reshape(-1)
+        am = p.get("attention_mask")
+        if am is not None:
+            row = row[torch.as_tensor(am).reshape(-1).bool()]
+        ids.append(row.tolist())
+    return ids
+
+
+def generate_actions(
+    engine: Any, ids: list[list[int]], params: SamplingParams, repeat_prompts: bool
+) -> ActionResult:
+    """Completions of ``ids`` by ``engine``, laid out per prompt as ``[G, P + T]`` blocks.
+
+    With ``repeat_prompts=False`` every row is its own trajectory (one sample each).
+    """
+    if not repeat_prompts:
+        params = dataclasses.replace(params, n=1)
+    with torch.no_grad():
+        result = engine.generate(ids, params)
+    n = params.n
+    completion_ids, action_masks, logps = [], [], []
+    for b, prompt in enumerate(ids):
+        rows = slice(b * n, (b + 1) * n)
+        comp, cmask = result.completion_ids[rows], result.completion_mask[rows]
+        P = len(prompt)
+        seq = torch.cat([torch.tensor(prompt).expand(n, P), comp], dim=1)
+        amask = torch.cat([torch.zeros(n, P - 1, dtype=torch.bool), cmask], dim=1)
+        completion_ids.append(seq)
+        action_masks.append(amask)
+        if result.logprobs is not None:
+            logps.append(torch.cat([torch.zeros(n, P - 1), result.logprobs[rows]], dim=1))
+    return ActionResult(
+        completion_ids,
+        action_masks,
+        logps or None,
+        extra={"finish_reasons": result.finish_reasons, "texts": result.texts},
+    )
+
+
+def vllm_engine(
+    model_name: str, config: VLLMConfig | None, max_model_len: int | None
+) -> Any:  # pragma: no cover - needs vLLM and CUDA
+    """A colocated :class:`rl_rollout.VLLMEngine` for ``model_name`` (LoRA enabled)."""
+    from rl_rollout import VLLMEngine  # noqa: PLC0415 - the optional vLLM extra
+
+    vc = config or VLLMConfig()
+    return VLLMEngine(
+        model_name,
+        max_model_len=vc.max_model_len or max_model_len,
+        gpu_memory_utilization=vc.gpu_memory_utilization,
+        max_num_seqs=vc.max_num_seqs,
+        tensor_parallel_size=vc.tensor_parallel_size,
+        enable_sleep_mode=vc.sleep_mode,
+        enable_lora=True,
+    )
+
+
+def push_weights(
+    engine: Any, policy: Any, previous_dir: str | None
+) -> str | None:  # pragma: no cover - needs vLLM and CUDA
+    """After an update, give the generation engine (vLLM) the trained actor.
+
+    LoRA: the actor adapter is saved (safetensors) to a fresh directory and loaded as a new
+    adapter (vLLM reads it at the next ``generate``; the previous version's directory is removed
+    then); returns that directory. Full fine-tuning: every weight is copied by name.
+    """
+    if policy.peft is None:
+        engine.update_weights(policy.causal_lm.named_parameters())
+        return previous_dir
+    directory = tempfile.mkdtemp(prefix="rl-algos-vllm-lora-")
+    policy.peft.save_pretrained(directory, selected_adapters=["actor"])
+    engine.load_lora("actor", str(Path(directory) / "actor"))
+    if previous_dir is not None:
+        shutil.rmtree(previous_dir, ignore_errors=True)
+    return directory

@@ -1,0 +1,209 @@
+"""The policy objective of an agent, resolved by name through :func:`rl_losses.get_policy_loss`.
+
+An agent describes its loss as data, a :class:`PolicyObjective` (the registered loss name, its
+options, the aggregation and the KL term), and :func:`policy_loss` /
+:func:`fused_objective_loss` compute it for one micro-batch. No loss math lives here: the
+policy term is the registered rl-losses function (or, fused, the same function called chunk by
+chunk inside :func:`rl_kernels.fused_policy_loss`), the KL term :func:`rl_losses.kl_penalty`.
+
+A user objective is one function registered with ``@rl_losses.register_policy_loss("name")``
+taking ``(logprobs, old_logprobs, advantages, mask, *, aggregation, normalizer, max_length,
+is_weights, **loss_kwargs)`` (plus ``level``, ``pooling``, ``turn_ids`` when the agent's
+importance-sampling level is not ``"token"``) and returning a
+:class:`rl_losses.PolicyLossOutput` (or a scalar tensor); ``GRPO(loss_type="name",
+loss_kwargs={...})`` then trains with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from rl_kernels import FUSED_OBJECTIVES, fused_policy_loss
+from rl_losses import Aggregation, KLKind, get_policy_loss, kl_penalty
+
+from rl_algos.batch import MicroBatch, Normalizers
+from rl_algos.scoring import Scorer
+
+__all__ = [
+    "LOSS_ALIASES",
+    "LossTerms",
+    "PolicyObjective",
+    "clip_options",
+    "fused_objective_loss",
+    "policy_loss",
+    "resolve_loss_name",
+]
+
+#: Agent-facing names of registered rl-losses objectives (GRPO's ``loss_type="grpo"`` is PPO's
+#: clipped surrogate, ``rl_losses.get_policy_loss("ppo")``).
+LOSS_ALIASES: Mapping[str, str] = {"grpo": "ppo"}
+
+
+def resolve_loss_name(loss_type: str) -> str:
+    """The registry name of ``loss_type`` (an alias or a registered name), checked.
+
+    Raises:
+        ValueError: Not registered; the message lists the registered objectives.
+    """
+    name = LOSS_ALIASES.get(loss_type, loss_type)
+    try:
+        get_policy_loss(name)
+    except KeyError as exc:
+        raise ValueError(
+            f"`loss_type` {loss_type!r} is not a registered policy loss ({exc.args[0]}); "
+            "register yours with @rl_losses.register_policy_loss"
+        ) from None
+    return name
+
+
+def clip_options(
+    clip_coef: float | tuple[float, float] | None,
+    clip_coef_high: float | None = None,
+    default: float = 0.2,
+) -> dict[str, Any]:
+    """Clipped-surrogate options from AgileRL's ``clip_coef``.
+
+    A tuple is absolute ratio bounds (``ratio_bounds``); a scalar ``c`` gives
+    ``clip_low = c`` and ``clip_high = clip_coef_high`` (default ``c``); None uses ``default``.
+    """
+    if isinstance(clip_coef, tuple):
+        return {"ratio_bounds": (float(clip_coef[0]), float(clip_coef[1]))}
+    c = default if clip_coef is None else float(clip_coef)
+    return {"clip_low": c, "clip_high": c if clip_coef_high is None else float(clip_coef_high)}
+
+
+@dataclass(frozen=True)
+class LossTerms:
+    """One micro-batch's loss and its detached diagnostics."""
+
+    loss: torch.Tensor
+    """Scalar, with gradient; already divided by the minibatch's global normaliser."""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    """Diagnostics (``pg_loss``, ``clip_fraction``, ``approx_kl``, ``kl``, ...)."""
+
+
+@dataclass(frozen=True)
+class PolicyObjective:
+    """A policy loss as data: which registered function, with which arguments."""
+
+    loss: str
+    """Registry name (:func:`rl_losses.get_policy_loss`), e.g. ``"ppo"``, ``"cispo"``."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of that function (clip bounds, clamps, user ``loss_kwargs``)."""
+    aggregation: Aggregation = "token_mean"
+    """How unit losses reduce (:func:`rl_losses.aggregate`)."""
+    max_length: int | None = None
+    """``L`` of ``seq_mean_token_sum_norm`` (Dr. GRPO)."""
+    level: str | None = "token"
+    """Importance-sampling unit (token / turn / trajectory); None: the loss fixes its own (GSPO)."""
+    pooling: str = "sum"
+    """Log-ratio pooling within a turn or trajectory (``"sum"`` or ``"mean"``)."""
+    beta: float = 0.0
+    """KL coefficient."""
+    kl_kind: KLKind = "k3"
+    """KL estimator (:func:`rl_losses.kl_estimate`)."""
+    kl_in_loss: bool = True
+    """Add ``beta`` x KL(pi || ref) to the loss (False when the KL is in the reward)."""
+    ratio_metric: bool = False
+    """Report ``ratio_mean`` (the GRPO family does)."""
+
+    def normalizer(self, norm: Normalizers) -> float:
+        """The global denominator this aggregation divides by."""
+        return norm.tokens if self.aggregation == "token_mean" else norm.sequences
+
+    @property
+    def fusable(self) -> bool:
+        """Whether :func:`rl_kernels.fused_policy_loss` computes it (token-level objectives)."""
+        return self.level == "token" and self.loss in FUSED_OBJECTIVES
+
+
+def policy_loss(
+    objective: PolicyObjective, mb: MicroBatch, logprobs: torch.Tensor, norm: Normalizers
+) -> LossTerms:
+    """The objective on ``mb`` with the current ``logprobs`` [M, T] (plain path)."""
+    if mb.old_logprobs is None or mb.advantages is None:
+        raise ValueError("a policy objective needs scored old log-probs and advantages")
+    normalizer = objective.normalizer(norm)
+    kwargs: dict[str, Any] = {
+        "aggregation": objective.aggregation,
+        "normalizer": normalizer,
+        "max_length": objective.max_length,
+        "is_weights": mb.is_weights,
+        **objective.options,
+    }
+    if objective.level not in (None, "token"):
+        kwargs.update(level=objective.level, pooling=objective.pooling, turn_ids=mb.turn_ids)
+    out = get_policy_loss(objective.loss)(
+        logprobs, mb.old_logprobs, mb.advantages, mb.mask, **kwargs
+    )
+    loss: torch.Tensor = out.loss if hasattr(out, "loss") else out
+    m = out.metrics() if hasattr(out, "metrics") else {}
+    mask = mb.mask
+    metrics: dict[str, float] = {
+        "pg_loss": float(loss.detach()),
+        "clip_fraction": m.get("clip_frac_low", 0.0) + m.get("clip_frac_high", 0.0),
+        "approx_kl": m.get("approx_kl", 0.0),
+        "entropy": float(-(logprobs.detach() * mask).sum() / mask.sum().clamp(min=1)),
+    }
+    if objective.kl_in_loss and mb.ref_logprobs is not None and objective.beta > 0:
+        kl = kl_penalty(
+            logprobs,
+            mb.ref_logprobs,
+            mask,
+            kind=objective.kl_kind,
+            coef=objective.beta,
+            aggregation=objective.aggregation,
+            normalizer=normalizer,
+            max_length=objective.max_length,
+        )
+        loss = loss + kl.loss
+        metrics["kl"] = kl.metrics()["kl_mean"]
+    if objective.ratio_metric:
+        metrics["ratio_mean"] = m.get("ratio_mean", 1.0)
+    return LossTerms(loss, metrics)
+
+
+def fused_objective_loss(
+    objective: PolicyObjective, scorer: Scorer, mb: MicroBatch, norm: Normalizers
+) -> LossTerms:
+    """The objective by :func:`rl_kernels.fused_policy_loss` (``use_liger_loss=True``).
+
+    The chunked kernel projects only the valid tokens and computes the gradient in its forward,
+    so the ``[M, T, V]`` logits never exist; it equals :func:`policy_loss` (value and gradient)
+    to float32 rounding.
+    """
+    if mb.old_logprobs is None or mb.advantages is None:
+        raise ValueError("a policy objective needs scored old log-probs and advantages")
+    hidden = scorer.hidden_states(mb.input_ids, mb.attention_mask)
+    use_ref = objective.kl_in_loss and mb.ref_logprobs is not None and objective.beta > 0
+    weight, bias = scorer.head()
+    out = fused_policy_loss(
+        hidden,
+        weight,
+        mb.targets,
+        mb.mask,
+        mb.advantages,
+        old_logprobs=mb.old_logprobs,
+        ref_logprobs=mb.ref_logprobs if use_ref else None,
+        bias=bias,
+        temperature=scorer.temperature,
+        kl_coef=objective.beta if use_ref else 0.0,
+        kl_kind=objective.kl_kind,
+        is_weights=mb.is_weights,
+        chunk_rows=scorer.chunk_rows,
+        objective=objective.loss,
+        aggregation=objective.aggregation,
+        normalizer=objective.normalizer(norm),
+        max_length=objective.max_length,
+        **objective.options,
+    )
+    metrics = {
+        "pg_loss": float(out.policy_loss.detach()),
+        "clip_fraction": float(out.clip_frac_low + out.clip_frac_high),
+        "approx_kl": float(out.approx_kl),
+        "kl": float(out.kl_loss.detach()) / objective.beta if use_ref else 0.0,
+    }
+    return LossTerms(out.loss, metrics)

@@ -1,0 +1,137 @@
+"""Log-prob scoring in one place: old, reference and current, via rl-kernels' fused head.
+
+:class:`Scorer` turns a policy's hidden states into per-token log-probs of the taken tokens at
+the action positions only (:func:`rl_kernels.fused_logprobs`), so the ``[N, T, V]`` logits never
+exist. Under ZeRO-3 every process runs the output projection (a collective) even when its rows
+are empty or not finite.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from rl_kernels import fused_logprobs
+
+from rl_algos.batch import Batch, Scores
+from rl_algos.distributed import gathered
+
+__all__ = ["Scorer", "score_batch"]
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """How the agent scores tokens: its policy, temperature, chunking and ZeRO stage."""
+
+    policy: Any
+    """An :class:`rl_adapters.PolicyModel` (``hidden_states``, ``lm_head_weight``, roles)."""
+    temperature: float = 1.0
+    """The training logits are divided by it (as the sampler's were)."""
+    chunk_rows: int | None = None
+    """Rows per chunk of the fused head (None: rl-kernels' memory-budget choice)."""
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage (3: the head is partitioned and gathered per call)."""
+
+    def hidden_states(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, role: str = "actor"
+    ) -> torch.Tensor:
+        """[N, T, H] hidden states of positions 0..L-2 (each predicts the next token)."""
+        hidden: torch.Tensor = self.policy.hidden_states(input_ids, attention_mask, role=role)
+        return hidden[:, :-1]
+
+    def head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``([V, H], [V] or None)``: the output projection for the fused kernels.
+
+        Under ZeRO-3 the (frozen) weights are partitioned: a gathered copy is returned, which
+        the kernels keep for their backward.
+        """
+        weight, bias = self.policy.lm_head_weight, self.policy.lm_head_bias
+        if self.zero_stage != 3:
+            return weight, bias
+        with gathered([weight, bias], enabled=True):
+            return weight.detach().clone(), None if bias is None else bias.detach().clone()
+
+    def trainable_partitioned_head(self) -> bool:
+        """ZeRO-3 with a trainable ``lm_head`` (full fine-tuning): the module path is needed."""
+        head = [self.policy.lm_head_weight, self.policy.lm_head_bias]
+        return self.zero_stage == 3 and any(p is not None and p.requires_grad for p in head)
+
+    def logprobs(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        mask: torch.Tensor,
+        role: str = "actor",
+    ) -> torch.Tensor:
+        """[N, T] log-probs of tokens 1..L-1 at ``mask`` positions (0 elsewhere).
+
+        Args:
+            input_ids: [N, L].
+            attention_mask: [N, L].
+            mask: [N, T] bool, shifted by one.
+            role: ``"actor"``, ``"reference"`` (or ``"critic"``) adapter of the policy.
+
+        Non-finite hidden states give NaN at the mask (the optimizer step's guard then raises or
+        skips); the graph stays connected either way.
+        """
+        return self.from_hidden(self.hidden_states(input_ids, attention_mask, role), input_ids, mask)
+
+    def from_hidden(
+        self, hidden: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """[N, T] log-probs from [N, T, H] ``hidden`` (see :meth:`logprobs`)."""
+        targets = input_ids[:, 1:]
+        out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
+        if not bool(mask.any()) and self.zero_stage != 3:
+            return out + 0.0 * hidden.sum()  # keeps the graph connected
+        rows = hidden[mask]
+        finite = bool(torch.isfinite(rows).all())
+        if not finite:
+            rows = rows.nan_to_num(0.0, 0.0, 0.0)
+        if self.trainable_partitioned_head():
+            picked = self._by_module(rows, targets[mask])
+        else:
+            weight, bias = self.head()  # a collective under ZeRO-3: also for empty rows
+            picked = rows.new_zeros(0)
+            if rows.shape[0]:
+                fused = fused_logprobs(
+                    rows,
+                    weight,
+                    targets[mask],
+                    bias=bias,
+                    temperature=self.temperature,
+                    chunk_rows=self.chunk_rows,
+                )
+                assert isinstance(fused, torch.Tensor)
+                picked = fused
+        if not finite:
+            return out.masked_fill(mask, math.nan) + 0.0 * picked.sum()
+        out = out.masked_scatter(mask, picked.float())
+        return out + 0.0 * hidden.sum() if rows.shape[0] == 0 else out
+
+    def _by_module(self, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """[M] log-probs through the output-embedding module, chunked (ZeRO-3, trainable head).
+
+        ZeRO-3 gathers a partitioned, trainable ``lm_head`` only inside the module's own forward
+        hooks, which also route its gradient back to the partitions; the fused kernel, which
+        reads the weight directly, cannot. Each chunk materialises ``[chunk, V]`` logits.
+        """
+        head = self.policy.causal_lm.get_output_embeddings()
+        chunk = self.chunk_rows or 1024
+        parts = []
+        for s in range(0, max(1, rows.shape[0]), chunk):  # also empty: the gather is collective
+            logits = head(rows[s : s + chunk]).float() / self.temperature
+            parts.append(logits.log_softmax(-1).gather(-1, targets[s : s + chunk, None])[:, 0])
+        return torch.cat(parts)
+
+
+def score_batch(scorer: Scorer, batch: Batch, with_reference: bool) -> Scores:
+    """The batch's :class:`Scores`: actor log-probs, and the reference's when asked (no grad)."""
+    with torch.no_grad():
+        old = scorer.logprobs(batch.input_ids, batch.attention_mask, batch.mask)
+        ref = None
+        if with_reference and "reference" in scorer.policy.roles:
+            ref = scorer.logprobs(batch.input_ids, batch.attention_mask, batch.mask, "reference")
+    return Scores(old, ref)
