@@ -163,9 +163,7 @@ class LLMAlgorithm:
             raise TypeError(f"{type(self).__name__} got unexpected arguments {unknown}")
         if actor_network is None and model_name is None:
             raise ValueError("pass `actor_network` (a transformers model) or `model_name`")
-        self.config = self.config_class(
-            **{k: v for k, v in hyperparameters.items() if k in known}
-        )
+        self.config = self.config_class(**{k: v for k, v in hyperparameters.items() if k in known})
         cfg = self.config
         if cfg.use_vllm and model_name is None:
             raise ValueError(
@@ -187,7 +185,9 @@ class LLMAlgorithm:
         self.policy = self._build_policy(model_name, actor_network, model_config, lora_config)
         self.extra_modules: dict[str, torch.nn.Module] = {}
         eos = getattr(self.policy.causal_lm.generation_config, "eos_token_id", None)
-        eos = eos if eos is not None else getattr(self.policy.causal_lm.config, "eos_token_id", None)
+        eos = (
+            eos if eos is not None else getattr(self.policy.causal_lm.config, "eos_token_id", None)
+        )
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         self.eos_token_id = int(eos_ids[0]) if eos_ids else self.pad_token_id
         self.stop_token_ids = tuple(int(e) for e in eos_ids[1:])

@@ -249,7 +249,7 @@ class AgentConfig:
             )
         c = self.clip_coef
         if isinstance(c, list):  # a tuple read back from JSON (checkpoints)
-            c = tuple(float(x) for x in c)  # type: ignore[assignment]
+            c = (float(c[0]), float(c[1])) if len(c) == 2 else tuple(c)
             self.clip_coef = c
         if isinstance(c, tuple) and not (len(c) == 2 and 0 < c[0] < 1 < c[1]):
             raise ValueError(

@@ -138,7 +138,7 @@ def vllm_engine(
     model_name: str, config: VLLMConfig | None, max_model_len: int | None
 ) -> Any:  # pragma: no cover - needs vLLM and CUDA
     """A colocated :class:`rl_rollout.VLLMEngine` for ``model_name`` (LoRA enabled)."""
-    from rl_rollout import VLLMEngine  # noqa: PLC0415 - the optional vLLM extra
+    from rl_rollout import VLLMEngine  # the optional vLLM extra: imported only when used
 
     vc = config or VLLMConfig()
     return VLLMEngine(

@@ -88,9 +88,7 @@ class GRPOConfig(AgentConfig):
         if self.group_size < 1:
             raise ValueError(f"`group_size` must be >= 1, got {self.group_size}")
         if self.adv_norm not in ("mean_std", "mean_only"):
-            raise ValueError(
-                f"`adv_norm` must be 'mean_std' or 'mean_only', got {self.adv_norm!r}"
-            )
+            raise ValueError(f"`adv_norm` must be 'mean_std' or 'mean_only', got {self.adv_norm!r}")
         resolve_estimator_name(self.advantage_estimator, self.adv_norm)
         if self.adv_clip_range is not None and self.adv_clip_range <= 0:
             raise ValueError(f"`adv_clip_range` must be > 0, got {self.adv_clip_range}")

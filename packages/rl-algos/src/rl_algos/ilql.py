@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -418,7 +419,7 @@ class ILQL(LLMAlgorithm):
             mbs = self.micro_batches(batch, None, estimates, rows)
             norm = self.learner.normalizers(batch.mask[rows], None)
             before = self.steps
-            step = self.learner.step(mbs, lambda mb, n=norm: self.micro_loss(mb, n), norm, self._where())
+            step = self.learner.step(mbs, partial(self.micro_loss, norm=norm), norm, self._where())
             self._apply(step, metrics)
             if self.steps > before and self.heads.maybe_sync(self.steps):  # 3. targets
                 syncs += 1

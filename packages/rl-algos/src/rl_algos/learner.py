@@ -122,6 +122,7 @@ class Learner:
         self.device = torch.device(device)
         self.zero_stage = zero_stage(accelerator)
         self.ds_engine: Any = None
+        self.warned_optimizer = False  # the once-only "no optimizer state under DeepSpeed"
         self.optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=0.0)
         self.lr_scheduler = (
             cosine_schedule(self.optimizer, schedule) if schedule is not None else None

@@ -72,7 +72,8 @@ def _optimizer(agent: Any, wanted: bool) -> torch.optim.Optimizer | None:
                 stacklevel=4,
             )
         return None
-    return agent.optimizer if wanted else None  # type: ignore[no-any-return]
+    optimizer: torch.optim.Optimizer | None = agent.optimizer if wanted else None
+    return optimizer
 
 
 def save_agent(
@@ -88,7 +89,7 @@ def save_agent(
                 optimizer=optimizer,
                 scheduler=agent.lr_scheduler if save_optimizer else None,
                 state=agent_state(agent),
-                **({"heads": heads} if heads else {}),
+                heads=heads or None,
             )
     if world_size() > 1:
         torch.distributed.barrier()
@@ -120,7 +121,7 @@ def load_agent(
             path,
             optimizer=optimizer,
             scheduler=agent.lr_scheduler if load_optimizer else None,
-            **({"heads": heads} if heads else {}),
+            heads=heads or None,
         )
     if ds is not None:
         ds.optimizer.refresh_fp32_params()

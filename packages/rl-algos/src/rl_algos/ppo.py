@@ -133,8 +133,10 @@ class LLMPPO(LLMAlgorithm):
         )
 
     def _value_loss(self, mb: MicroBatch, norm: Normalizers) -> LossTerms:
-        assert mb.returns is not None and mb.turn_ids is not None and mb.turn_mask is not None
-        assert mb.old_values is not None
+        if mb.returns is None or mb.turn_ids is None or mb.turn_mask is None:
+            raise ValueError("PPO's value loss needs returns, turn_ids and turn_mask estimates")
+        if mb.old_values is None:
+            raise ValueError("PPO's value loss needs the old values")
         values = self._turn_values(
             mb.input_ids, mb.attention_mask, mb.turn_ids, mb.returns.shape[1]
         )
@@ -154,9 +156,7 @@ class LLMPPO(LLMAlgorithm):
         cfg = self.config
         options = clip_options(cfg.clip_coef)
         options.pop("clip_high", None)
-        return PolicyObjective(
-            loss="ppo", options=options, beta=cfg.beta, kl_kind=cfg.kl_kind
-        )
+        return PolicyObjective(loss="ppo", options=options, beta=cfg.beta, kl_kind=cfg.kl_kind)
 
     def parts(self, batch: Batch) -> AgentParts:
         """Turn-level GAE with the critic, the clipped surrogate and the value loss."""

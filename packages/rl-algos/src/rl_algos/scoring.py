@@ -76,7 +76,9 @@ class Scorer:
         Non-finite hidden states give NaN at the mask (the optimizer step's guard then raises or
         skips); the graph stays connected either way.
         """
-        return self.from_hidden(self.hidden_states(input_ids, attention_mask, role), input_ids, mask)
+        return self.from_hidden(
+            self.hidden_states(input_ids, attention_mask, role), input_ids, mask
+        )
 
     def from_hidden(
         self, hidden: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor
