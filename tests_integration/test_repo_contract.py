@@ -63,3 +63,31 @@ def test_package_layout(package: str) -> None:
     init = (d / "src" / module / "__init__.py").read_text()
     assert "__all__" in init and "__version__" in init
     assert any((d / "tests").glob("test_*.py"))
+
+
+MAX_SOURCE_LINES = 600
+
+
+def python_sources() -> list[Path]:
+    """The project's own Python source: every package's ``src/``, ``tools/`` and the noxfile."""
+    files = {f for src in sorted(ROOT.glob("packages/*/src")) for f in src.rglob("*.py")}
+    files |= set((ROOT / "tools").rglob("*.py"))
+    files.add(ROOT / "noxfile.py")
+    return sorted(f for f in files if not {".nox", ".venv", "__pycache__"} & set(f.parts))
+
+
+def test_no_source_file_is_over_600_lines() -> None:
+    sources = python_sources()
+    assert ROOT / "noxfile.py" in sources
+    assert any("rl_losses" in f.parts for f in sources) and any("tools" in f.parts for f in sources)
+    too_long = {}
+    for file in sources:
+        with file.open(encoding="utf-8") as f:
+            n = sum(1 for _ in f)
+        if n > MAX_SOURCE_LINES:
+            too_long[file.relative_to(ROOT).as_posix()] = n
+    assert not too_long, (
+        f"{len(too_long)} Python source file(s) have more than {MAX_SOURCE_LINES} lines; split "
+        "each into modules by topic:\n  "
+        + "\n  ".join(f"{path}: {n} lines" for path, n in sorted(too_long.items()))
+    )

@@ -185,6 +185,112 @@ def test_render_prompt_without_chat_template_and_with_braces() -> None:
     assert render_prompt(t, tpl, {"question": "q1"}) == 'json: {"k": 1}\nq1?'
 
 
+def test_render_prompt_reads_the_template_like_str_format() -> None:
+    t = SimpleNamespace(chat_template=None)
+    tpl = [
+        {"role": "system", "content": r'{"k": {"j": 1}} \boxed{} \frac{1}{2} {{question}} {{x}}'},
+        {"role": "user", "content": "{question}{x}"},
+    ]
+    assert (
+        render_prompt(t, tpl, {"question": "q1", "x": 3})
+        == '{"k": {"j": 1}} \\boxed{} \\frac{1}{2} {question} {x}\nq13'
+    )
+
+
+def test_render_prompt_rejects_a_placeholder_the_row_lacks() -> None:
+    t = SimpleNamespace(chat_template=None)
+    tpl = [{"role": "user", "content": "{qestion}?"}]
+    with pytest.raises(
+        ValueError,
+        match=r"`conversation_template` message 0 \('user'\) has the placeholder \{qestion\}, "
+        r"which is not a key of the row \(did you mean \{question\}\?\)\. Available: "
+        r"\['question'\]",
+    ):
+        render_prompt(t, tpl, {"question": "q1"})
+
+
+def _env_with(template: str, train: Dataset | None = None, test: Dataset | None = None, **kw):  # type: ignore[no-untyped-def]
+    """An env whose second message is ``template``; the train split is not shuffled."""
+    kw.setdefault("shuffle", False)
+    return ReasoningGym(
+        qa_dataset(4) if train is None else train,
+        qa_dataset(2, offset=100) if test is None else test,
+        tok(),
+        lambda c, a, q: 0.0,
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": template}],
+        2,
+        **kw,
+    )
+
+
+def test_unknown_placeholder_names_it_the_argument_and_the_columns() -> None:
+    with pytest.raises(ValueError, match="questoin") as info:
+        _env_with("Q: {questoin}\nA:")
+    message = str(info.value)
+    assert message.startswith(
+        "`conversation_template` message 1 ('user') has the placeholder {questoin}, which is "
+        "not a column of the train dataset (did you mean {question}?). Available: ['question']."
+    )
+    assert "double them: {{questoin}}" in message
+
+
+def test_every_unknown_placeholder_is_reported() -> None:
+    with pytest.raises(ValueError, match=r"\{topic\}.*\{level\}") as info:
+        _env_with("{topic}: {question} ({level})")
+    assert "did you mean" not in str(info.value)  # nothing close to 'topic' or 'level'
+
+
+def test_placeholder_must_be_a_column_of_the_test_split_too() -> None:
+    train = Dataset.from_dict(
+        {"question": ["q0", "q1"], "answer": ["a0", "a1"], "topic": ["x", "y"]}
+    )
+    test = qa_dataset(2, offset=100)
+    with pytest.raises(
+        ValueError, match=r"\{topic\}, which is not a column of the test dataset\. Available"
+    ):
+        _env_with("[{topic}] {question}", train, test)
+    env = _env_with("[{topic}] {question}", train, train)
+    assert [p["text"] for p in env.reset()] == [
+        "<|system|>Be brief.<eos><|user|>[x] q0<eos><|assistant|>",
+        "<|system|>Be brief.<eos><|user|>[y] q1<eos><|assistant|>",
+    ]
+
+
+def test_escaped_braces_are_text_not_placeholders() -> None:
+    env = _env_with("{{questoin}} {{answer}} {question}")
+    assert env.reset()[0]["text"] == (
+        "<|system|>Be brief.<eos><|user|>{questoin} {answer} q0<eos><|assistant|>"
+    )
+
+
+def test_question_column_mapping_fills_both_names() -> None:
+    ds = Dataset.from_dict({"prompt": ["p0", "p1"], "solution": ["s0", "s1"]})
+    kw = {"question_column": "prompt", "answer_column": "solution"}
+    env = _env_with("{prompt}|{question}", ds, ds, **kw)
+    assert env.reset()[0]["text"] == "<|system|>Be brief.<eos><|user|>p0|p0<eos><|assistant|>"
+    with pytest.raises(ValueError, match="would show the answer"):
+        _env_with("{prompt} {solution}", ds, ds, **kw)
+    # ``answer`` is no column here: a placeholder for it is unknown, not the answer
+    with pytest.raises(
+        ValueError, match=r"\{answer\}, which is not a column of the train dataset.*'prompt'"
+    ):
+        _env_with("{prompt} {answer}", ds, ds, **kw)
+
+
+@pytest.mark.parametrize(
+    ("template", "match"),
+    [
+        ("a } b {question}", r"message 1 \('user'\) is not a valid template \(Single '\}'"),
+        ("{question", r"is not a valid template .*write a literal brace as '\{\{' or '\}\}'"),
+        ("{question!r}", r"placeholder \{question!r\}: placeholders take no conversion"),
+        ("{question:>9}", r"write \{question\}; to keep the braces as text, double them"),
+    ],
+)
+def test_malformed_templates_are_rejected(template: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        _env_with(template)
+
+
 def test_max_context_length_drops_long_prompts_with_a_warning() -> None:
     ds = Dataset.from_dict({"question": ["a", "b" * 50, "c", "d"], "answer": ["1", "2", "3", "4"]})
     with pytest.warns(UserWarning, match="1 train prompt"):
@@ -303,3 +409,13 @@ def test_state_dict_resumes_the_same_batches() -> None:
         assert na.indices == nb.indices
         assert (na.epoch, na.step) == (nb.epoch, nb.step)
     assert a.num_epochs == b.num_epochs
+
+
+def test_render_prompt_imports_from_every_former_place() -> None:
+    import rl_envs
+    import rl_envs.reasoning
+    import rl_envs.templates
+
+    assert rl_envs.render_prompt is rl_envs.reasoning.render_prompt is render_prompt
+    assert render_prompt is rl_envs.templates.render_prompt
+    assert "render_prompt" in rl_envs.reasoning.__all__

@@ -35,9 +35,16 @@ from typing import Any
 
 import torch
 from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
-from safetensors.torch import load_file, load_model, save_file
+from safetensors.torch import load_model, save_file
 from torch import nn
 
+from rl_adapters._checkpoint_read import (
+    CheckpointError,
+    _check_rng_state,
+    _load_structured,
+    _load_tensors,
+    _read_json,
+)
 from rl_adapters.lora import comparable_lora_config
 from rl_adapters.policy import PolicyModel
 
@@ -46,10 +53,6 @@ __all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "load_checkpoint", "save_chec
 CHECKPOINT_FORMAT = "rl-adapters-checkpoint"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint is incomplete, corrupted or does not fit the model."""
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -65,10 +68,6 @@ def _sha256(path: Path) -> str:
 
 def _write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True, allow_nan=True) + "\n", "utf-8")
-
-
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text("utf-8"))
 
 
 def _split_tensors(obj: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
@@ -92,43 +91,12 @@ def _split_tensors(obj: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> A
     raise TypeError(f"cannot store {type(obj).__name__} in a checkpoint (at {prefix or 'top'})")
 
 
-def _join_tensors(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
-    if isinstance(obj, dict):
-        if "__tensor__" in obj:
-            return tensors[obj["__tensor__"]]
-        if "__tuple__" in obj:
-            return tuple(_join_tensors(v, tensors) for v in obj["__tuple__"])
-        if "__dict__" in obj:
-            return {
-                _join_tensors(k, tensors): _join_tensors(v, tensors) for k, v in obj["__dict__"]
-            }
-    if isinstance(obj, list):
-        return [_join_tensors(v, tensors) for v in obj]
-    return obj
-
-
-def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """Read a safetensors file; any failure is a :class:`CheckpointError` naming the file."""
-    try:
-        return load_file(str(path))
-    except Exception as exc:
-        raise CheckpointError(
-            f"checkpoint file {path.name} is not valid safetensors: {exc}"
-        ) from exc
-
-
 def _save_structured(directory: Path, stem: str, obj: Any) -> None:
     tensors: dict[str, torch.Tensor] = {}
     skeleton = _split_tensors(obj, "", tensors)
     if tensors:
         save_file(tensors, str(directory / f"{stem}.safetensors"))
     _write_json(directory / f"{stem}.json", skeleton)
-
-
-def _load_structured(directory: Path, stem: str) -> Any:
-    tensor_file = directory / f"{stem}.safetensors"
-    tensors = _load_tensors(tensor_file) if tensor_file.exists() else {}
-    return _join_tensors(_read_json(directory / f"{stem}.json"), tensors)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -338,7 +306,18 @@ def _verify(directory: Path) -> dict[str, Any]:
     manifest = _read_json(manifest_path)
     if manifest.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{manifest_path} is not an {CHECKPOINT_FORMAT} manifest")
-    for name, info in manifest["files"].items():
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(
+        isinstance(info, dict)
+        and isinstance(info.get("size"), int)
+        and isinstance(info.get("sha256"), str)
+        for info in files.values()
+    ):
+        raise CheckpointError(
+            f"{manifest_path} is malformed: 'files' must map every file name to its "
+            "{'size': int, 'sha256': str}; restore the checkpoint from a copy or save it again"
+        )
+    for name, info in files.items():
         path = directory / name
         if not path.is_file():
             raise CheckpointError(f"checkpoint file {name} listed in the manifest is missing")
@@ -483,10 +462,27 @@ def load_checkpoint(
 
     Returns:
         The caller ``state`` that was saved.
+
+    Raises:
+        CheckpointError: The checkpoint is incomplete, corrupted or does not fit ``policy``;
+            a JSON file of it (``manifest.json``, ``state.json``, ``optimizer.json``,
+            ``scheduler.json``, ``rng.json``) that cannot be read, is not JSON (e.g.
+            truncated) or holds the wrong type is named by its path. JSON files are read
+            before anything is restored, so such a failure leaves ``policy`` untouched.
     """
     root = Path(directory)
     _recover_interrupted_swap(root)
     manifest = _verify(root)
+    # every JSON file is parsed before anything is restored, so a bad one changes nothing
+    if optimizer is not None and not (root / "optimizer.json").is_file():
+        raise CheckpointError(f"{root} holds no optimizer state")
+    if scheduler is not None and not (root / "scheduler.json").is_file():
+        raise CheckpointError(f"{root} holds no scheduler state")
+    optimizer_state = _load_structured(root, "optimizer") if optimizer is not None else None
+    scheduler_state = _load_structured(root, "scheduler") if scheduler is not None else None
+    rng_state = _load_structured(root, "rng")
+    _check_rng_state(rng_state, root / "rng.json")
+    state = _read_json(root / "state.json")
     before = policy.lora_config
     heads = dict(heads or {})
     _check_head_names(heads)
@@ -516,16 +512,10 @@ def load_checkpoint(
     if policy.value_head is not None:
         policy.value_head.load_state_dict(_load_tensors(root / "value_head.safetensors"))
     _load_heads(heads, root)
-    if optimizer is not None:
-        if not (root / "optimizer.json").is_file():
-            raise CheckpointError(f"{root} holds no optimizer state")
-        optimizer.load_state_dict(_load_structured(root, "optimizer"))
-    if scheduler is not None:
-        if not (root / "scheduler.json").is_file():
-            raise CheckpointError(f"{root} holds no scheduler state")
-        scheduler.load_state_dict(_load_structured(root, "scheduler"))
-    _set_rng_state(_load_structured(root, "rng"))
+    if optimizer is not None and optimizer_state is not None:
+        optimizer.load_state_dict(optimizer_state)
+    if scheduler is not None and scheduler_state is not None:
+        scheduler.load_state_dict(scheduler_state)
+    _set_rng_state(rng_state)
     policy._restore()
-    state = _read_json(root / "state.json")
-    assert isinstance(state, dict)
     return state

@@ -13,10 +13,11 @@ from typing import Any
 
 import torch
 
+from rl_envs.templates import Message, _template_parts, _unknown_placeholders, _where, render_prompt
+
 __all__ = ["PromptBatch", "ReasoningGym", "RewardFunctionError", "render_prompt"]
 
 RewardFn = Callable[[str, str, str], float]
-Message = dict[str, str]
 
 
 class RewardFunctionError(RuntimeError):
@@ -50,28 +51,6 @@ class PromptBatch(list[dict[str, Any]]):
     def indices(self) -> list[int]:
         """The ``B`` dataset row indices."""
         return [int(p["index"]) for p in self]
-
-
-def render_prompt(
-    tokenizer: Any, conversation_template: Sequence[Message], row: dict[str, Any]
-) -> str:
-    """The prompt text for ``row``: each ``{column}`` in the template replaced by its value.
-
-    With a tokenizer chat template the messages go through ``apply_chat_template`` (with the
-    generation prompt); without one, the message contents are joined by newlines. Only plain
-    ``{name}`` placeholders are replaced, so braces elsewhere (JSON, LaTeX) stay as they are.
-    """
-    messages = []
-    for message in conversation_template:
-        content = str(message["content"])
-        for name, value in row.items():
-            content = content.replace("{" + name + "}", str(value))
-        messages.append({"role": message["role"], "content": content})
-    if getattr(tokenizer, "chat_template", None):
-        return str(
-            tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        )
-    return "\n".join(m["content"] for m in messages)
 
 
 @dataclass
@@ -121,8 +100,11 @@ class ReasoningGym:
         test_dataset: The evaluation split (same columns).
         tokenizer: Renders the prompts (chat template if it has one) and decodes completions.
         reward_fn: ``(completion, answer, question) -> float``, or a list of them.
-        conversation_template: Messages ``[{"role", "content"}]``; ``{question}`` (or any
-            other column name in braces, except the answer) is replaced by the row's value.
+        conversation_template: Messages ``[{"role", "content"}]``; ``{question}`` (the
+            question column) or any other column name in braces, except the answer column, is
+            replaced by the row's value. Every placeholder must name such a column of both
+            datasets (checked here); ``{{`` and ``}}`` are literal braces, and brace groups that
+            are not names (JSON objects, LaTeX ``{1}``, ``{}``) stay as they are.
         data_batch_size_per_gpu: Prompts per batch on each process.
         max_context_length: Drop prompts longer than this many tokens (with a warning).
         return_raw_completions: Also keep the decoded completions in
@@ -137,6 +119,11 @@ class ReasoningGym:
             their weighted sum.
         completions_include_prompt: Token completions passed to :meth:`step` start with the
             prompt's ids (AgileRL's ``get_action`` output), which are cut off before decoding.
+
+    Raises:
+        ValueError: An argument is invalid, e.g. a dataset lacks the question or answer
+            column, or a ``{placeholder}`` of ``conversation_template`` names no column of a
+            dataset (the message names it, the columns, and the closest one).
     """
 
     def __init__(
@@ -177,7 +164,12 @@ class ReasoningGym:
                 "`conversation_template` must be a non-empty list of {'role', 'content'} dicts, "
                 "e.g. [{'role': 'user', 'content': 'Q: {question}\\nA:'}]"
             )
-        if "{" + answer_column + "}" in "".join(m["content"] for m in conversation_template):
+        shown = [
+            name
+            for index, m in enumerate(conversation_template)
+            for _, name in _template_parts(str(m["content"]), {answer_column}, _where(index, m))
+        ]
+        if answer_column in shown:
             raise ValueError(
                 f"`conversation_template` contains {{{answer_column}}}: the prompt would show "
                 "the answer"
@@ -221,6 +213,7 @@ class ReasoningGym:
             )
         if len(dataset) == 0:
             raise ValueError(f"the {name} dataset is empty")
+        self._check_placeholders(name, columns)
         rows: list[dict[str, Any]] = []
         dropped = 0
         for index, row in enumerate(dataset):
@@ -259,6 +252,22 @@ class ReasoningGym:
                 f"{name} rows of this process: lower it or add data"
             )
         return _Split(name, rows, self.data_batch_size_per_gpu, shuffle, drop_last, self.seed)
+
+    def _check_placeholders(self, name: str, columns: list[str]) -> None:
+        """Every ``{placeholder}`` of the template must be filled from this split's rows."""
+        # what _make_split renders with: the columns but the answer, and the question as
+        # ``question`` whatever its column is called
+        available = sorted((set(columns) - {self.answer_column}) | {"question"})
+        unknown = [
+            (where, placeholder)
+            for index, message in enumerate(self.conversation_template)
+            for where in [_where(index, message)]
+            for _, placeholder in _template_parts(str(message["content"]), available, where)
+            if placeholder is not None and placeholder not in available
+        ]
+        if unknown:
+            source = f"a column of the {name} dataset"
+            raise ValueError(_unknown_placeholders(unknown, available, source))
 
     def _build(self, mode: str, indices: list[int]) -> PromptBatch:
         split = self._splits[mode]
