@@ -113,9 +113,12 @@ def _sequence(cfg: GroupAdvantage, seq: torch.Tensor, batch: Batch, scores: Scor
 
 
 def _as_tokens(value: Any, like: torch.Tensor, name: str) -> torch.Tensor:
+    """``value``'s advantages shaped like ``like`` ([N] stays [N]; [N] -> [N, T] broadcast)."""
     adv = getattr(value, "advantages", value)
     if not isinstance(adv, torch.Tensor):
         raise TypeError(f"estimator {name!r} returned {type(value).__name__}, not a tensor")
+    if adv.shape == like.shape:
+        return adv
     if adv.shape == like.shape[:1]:
         return adv[:, None].expand_as(like)
     if adv.shape != like.shape:
