@@ -44,7 +44,7 @@ def main() -> None:
     rank, world = accelerator.process_index, accelerator.num_processes
     assert world == 2, f"expected 2 processes, got {world} (not really distributed)"
     agent = make_agent(accelerator=accelerator, skip_nonfinite=inject_nan, **DS_AGENT, **full)
-    assert agent._zero_stage == stage, "DeepSpeed was not enabled"
+    assert agent.learner.zero_stage == stage, "DeepSpeed was not enabled"
     for step, (ids, masks, rewards, prompts_per_rank) in enumerate(global_batches()):
         rows = slice(rank * prompts_per_rank, (rank + 1) * prompts_per_rank)
         hook = None
