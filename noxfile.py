@@ -36,7 +36,7 @@ nox.options.default_venv_backend = "uv"
 nox.options.reuse_venv = "yes"
 
 PACKAGES = release.packages()
-#: Packages that must install with torch and nothing heavier (DEVELOPERS.md).
+#: Packages that must install with torch and nothing heavier (docs/architecture.md).
 TORCH_ONLY = ["rl-advantages", "rl-losses", "rl-kernels"]
 #: What a torch-only package must never pull in.
 FORBIDDEN_IN_TORCH_ONLY = ["transformers", "peft", "accelerate", "datasets"]

@@ -53,7 +53,7 @@ def _gym(**kw: Any) -> Any:
 
 
 def _experience(samples: Any, rewards: Any) -> Any:
-    from rl_train.ilql import make_experience
+    from rl_train.offline import make_experience
 
     return make_experience(samples, rewards, _tiny()[1], max_length=16)
 

@@ -81,7 +81,7 @@ def test_finetune_loop_under_ddp_writes_once_and_its_checkpoint_loads(tmp_path: 
     assert latest["step"] == 6
 
     from rl_algos import GRPO
-    from rl_train.demo import tiny_model, tiny_tokenizer
+    from rl_train.tiny import tiny_model, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     loaded = GRPO.load(

@@ -21,7 +21,7 @@ from rl_algos import GRPO, HyperparameterConfig, RLParameter
 from rl_envs import ReasoningGym
 from rl_envs.tasks import train_test_split_task
 from rl_train import Mutations, TournamentSelection, finetune_llm_reasoning
-from rl_train.demo import demo_reward, tiny_tokenizer
+from rl_train.tiny import demo_reward, tiny_tokenizer
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 MiB = 2**20

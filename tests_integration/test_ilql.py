@@ -19,8 +19,10 @@ from pathlib import Path
 
 import torch
 from rl_algos import ILQL
-from rl_train.demo import DemoConfig, build_env, greedy_accuracy, tiny_model, tiny_tokenizer
-from rl_train.ilql import ILQLDemoConfig, run_ilql_demo
+from rl_train.demo import DemoConfig, build_env
+from rl_train.evaluation import greedy_accuracy
+from rl_train.ilql_demo import ILQLDemoConfig, run_ilql_demo
+from rl_train.tiny import tiny_model, tiny_tokenizer
 
 
 def test_ilql_offline_decodes_above_the_logged_reward(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ def kill_mid_save(out: Path, mode: str) -> None:
 
 def fresh_agent():
     from rl_algos import GRPO
-    from rl_train.demo import TINY_AGENT, tiny_model, tiny_tokenizer
+    from rl_train.tiny import TINY_AGENT, tiny_model, tiny_tokenizer
 
     tok = tiny_tokenizer()
     return GRPO(

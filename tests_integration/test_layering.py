@@ -1,4 +1,4 @@
-"""The dependency table of DEVELOPERS.md, enforced on the source.
+"""The dependency table of docs/architecture.md (and the README), enforced on the source.
 
 Every import in a package's ``src/`` must be the standard library, the package itself, or a
 distribution the package declares directly. So a lower package never imports a higher one, and
@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = sorted(p.name for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").is_file())
 
-# The table in DEVELOPERS.md ("may depend on"), the rl-* part of it.
+# The table in docs/architecture.md ("may depend on"), the rl-* part of it.
 ALLOWED_SIBLINGS = {
     "rl-advantages": set(),
     "rl-losses": set(),

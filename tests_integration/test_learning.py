@@ -11,14 +11,9 @@ from pathlib import Path
 
 import pytest
 from rl_train import MetricsLogger, finetune_llm_reasoning
-from rl_train.demo import (
-    DemoConfig,
-    build_agent,
-    build_env,
-    greedy_accuracy,
-    tiny_model,
-    tiny_tokenizer,
-)
+from rl_train.demo import DemoConfig, build_agent, build_env
+from rl_train.evaluation import greedy_accuracy
+from rl_train.tiny import tiny_model, tiny_tokenizer
 
 ALGOS = ["grpo", "gspo", "cispo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce", "ppo"]
 TARGET = 0.9
@@ -63,7 +58,7 @@ def test_multiturn_guess_the_number_improves_with_turn_level_credit(
     from rl_envs import TokenObservationWrapper
     from rl_envs.tasks import GuessTheNumberEnv
     from rl_train import finetune_llm_multiturn
-    from rl_train.loops import _greedy_return
+    from rl_train.evaluation import greedy_return as _greedy_return
 
     tok = tiny_tokenizer()
     config = DemoConfig(algo=algo, seed=0, group_size=8, max_model_len=96)

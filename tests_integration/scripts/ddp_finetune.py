@@ -14,7 +14,7 @@ from accelerate import Accelerator
 from rl_envs import ReasoningGym
 from rl_envs.tasks import train_test_split_task
 from rl_train import finetune_llm_reasoning
-from rl_train.demo import TINY_AGENT, demo_reward, tiny_model, tiny_tokenizer
+from rl_train.tiny import TINY_AGENT, demo_reward, tiny_model, tiny_tokenizer
 from safetensors.torch import save_file
 
 STEPS = 6

@@ -17,8 +17,8 @@ from pathlib import Path
 import rl_adapters.checkpoint as ckpt
 import torch
 from rl_algos import GRPO
-from rl_train.demo import TINY_AGENT, tiny_model, tiny_tokenizer
-from rl_train.loops import _save
+from rl_train.checkpoint import save_checkpoint as _save
+from rl_train.tiny import TINY_AGENT, tiny_model, tiny_tokenizer
 from safetensors.torch import save_file
 
 

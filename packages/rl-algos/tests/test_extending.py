@@ -104,3 +104,46 @@ def test_unknown_names_are_refused_with_the_registry() -> None:
         tl.make_agent("GRPO", loss_type="no_such_loss")
     with pytest.raises(ValueError, match="register_estimator"):
         tl.make_agent("GRPO", advantage_estimator="no_such_estimator")
+
+
+@rl_losses.register_policy_loss("test_extending_named_clip")
+def named_clip(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    **kwargs: object,
+) -> rl_losses.PolicyLossOutput:
+    """PPO's surrogate; records the clip bounds it was given."""
+    CALLS["loss"].append({"clip_low": clip_low, "clip_high": clip_high})
+    return rl_losses.clipped_surrogate(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        **kwargs,  # type: ignore[arg-type]
+    )
+
+
+def test_clip_coef_reaches_a_registered_loss_that_names_its_bounds() -> None:
+    CALLS["loss"].clear()
+    agent = tl.make_agent(
+        "GRPO", loss_type="test_extending_named_clip", clip_coef=0.1, clip_coef_high=0.3
+    )
+    agent.learn(tl.make_batch().experiences())
+    assert CALLS["loss"] == [{"clip_low": 0.1, "clip_high": 0.3}]
+
+
+def test_options_that_cannot_be_honoured_are_refused_or_warned() -> None:
+    with pytest.raises(ValueError, match="use_liger_loss"):
+        tl.make_agent(
+            "GRPO", loss_type="test_extending_scaled_ppo", loss_kwargs={"scale": 1.0},
+            use_liger_loss=True,
+        )  # fmt: skip
+    with pytest.warns(UserWarning, match="GSPO is loss_type='gspo'"):
+        assert tl.make_agent("GSPO", loss_type="cispo").loss_type == "gspo"

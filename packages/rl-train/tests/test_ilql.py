@@ -13,8 +13,9 @@ from rl_algos import ILQL
 from rl_train import ILQLTrainer, get_trainer, make_experience, make_trainer, train_offline
 from rl_train.cli import main
 from rl_train.config import load_config
-from rl_train.demo import demo_reward, tiny_tokenizer
-from rl_train.ilql import ILQLDemoConfig, behaviour_dataset, offline_learning_loop, run_ilql_demo
+from rl_train.ilql_demo import ILQLDemoConfig, behaviour_dataset, run_ilql_demo
+from rl_train.loops import offline_learning_loop
+from rl_train.tiny import demo_reward, tiny_tokenizer
 
 TOK = tiny_tokenizer()
 BOS, EOS, PAD = 1, 2, 0
@@ -161,7 +162,7 @@ def test_train_offline_with_eval_prompts(tmp_path: Path) -> None:
 
 
 def test_offline_loop_reshuffles_and_rejects_bad_arguments() -> None:
-    from rl_train.demo import tiny_model
+    from rl_train.tiny import tiny_model
 
     agent = ILQL(actor_network=tiny_model(len(TOK)), pad_token_id=PAD, pad_token="<pad>",
                  tokenizer=TOK, full_finetune=True, batch_size=2, lr=1e-3)  # fmt: skip

@@ -14,7 +14,8 @@ from rl_train import (
     finetune_llm_reasoning,
     latest_checkpoint,
 )
-from rl_train.demo import DemoConfig, build_agent, build_env, tiny_model, tiny_tokenizer
+from rl_train.demo import DemoConfig, build_agent, build_env
+from rl_train.tiny import tiny_model, tiny_tokenizer
 
 
 def setup(algo: str = "grpo", seed: int = 0, max_model_len: int = 64):  # type: ignore[no-untyped-def]

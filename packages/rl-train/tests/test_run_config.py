@@ -13,7 +13,7 @@ CPU_EXAMPLES = sorted(p for p in EXAMPLES.glob("*_tiny.yaml"))
 
 
 def test_every_algorithm_has_a_cpu_example() -> None:
-    from rl_train.demo import ALGORITHMS
+    from rl_algos import ALGORITHMS
 
     assert sorted(p.name.removesuffix("_tiny.yaml") for p in CPU_EXAMPLES) == sorted(ALGORITHMS)
 
@@ -140,3 +140,46 @@ def test_a_bad_offline_line_is_named(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main(["run", str(cfg), f"train.run_dir={tmp_path / 'run'}", "--quiet"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "data.offline_path line 2" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_imports_run_user_code_before_the_build(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``.py`` path in ``imports`` (relative to the YAML) defines a reward named in
+    ``data.reward`` as ``module:function``; it scores the training samples."""
+    calls = tmp_path / "calls.txt"
+    (tmp_path / "user_reward_mod.py").write_text(
+        "from pathlib import Path\n\n\n"
+        "def reward(completion, answer, question):\n"
+        f"    with Path({str(calls)!r}).open('a') as f:\n"
+        "        f.write('r\\n')\n"
+        "    return float(completion.strip() == answer)\n"
+    )
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("imports: [user_reward_mod.py]\ndata:\n  reward: user_reward_mod:reward\n"
+                   "  n_train: 40\n  n_test: 8\n  prompts_per_step: 4\nagent:\n  group_size: 4\n")  # fmt: skip
+    code = main(["run", str(cfg), "train.steps=1", "train.checkpoint_steps=null",
+                 f"train.run_dir={tmp_path / 'run'}", "--quiet"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    assert len(calls.read_text().split()) >= 16  # 4 prompts x 4 samples, plus the evaluations
+
+
+@pytest.mark.parametrize(
+    ("imports", "message"),
+    [
+        ("[missing_file.py]", "imports: file "),
+        ("[broken_mod.py]", "imports: cannot import"),
+        ("not_a_list", "imports must be"),
+    ],
+)
+def test_bad_imports_are_one_line_exit_2(
+    imports: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "broken_mod.py").write_text("raise RuntimeError('boom\\nsecond line')\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"imports: {imports}\n")
+    code = main(["run", str(cfg), f"train.run_dir={tmp_path / 'run'}", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE
+    assert message in err, err
+    assert len(err.strip().splitlines()) == 1, err

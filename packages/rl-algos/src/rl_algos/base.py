@@ -48,7 +48,7 @@ from rl_algos.generation import (
     sampling_params,
     vllm_engine,
 )
-from rl_algos.learner import Learner, broadcast_module
+from rl_algos.learner import Learner, StepResult, broadcast_module
 from rl_algos.objectives import LossTerms, PolicyObjective, fused_objective_loss, policy_loss
 from rl_algos.scoring import Scorer, score_batch
 
@@ -464,7 +464,7 @@ class LLMAlgorithm:
     def _where(self) -> str:
         return f"optimizer step {self.steps} of {type(self).__name__}"
 
-    def _apply(self, result: Any, metrics: dict[str, list[float]]) -> None:
+    def _apply(self, result: StepResult, metrics: dict[str, list[float]]) -> None:
         """Count an applied step and collect its metrics (or the skip)."""
         if not result.applied:
             metrics.setdefault("skipped_steps", []).append(1.0)

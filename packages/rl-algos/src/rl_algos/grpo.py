@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from rl_losses import Aggregation
+from rl_kernels import FUSED_OBJECTIVES
+from rl_losses import Aggregation, get_policy_loss
 
 from rl_algos.base import AgentParts, Batch, LLMAlgorithm
 from rl_algos.config import AgentConfig
@@ -80,6 +83,11 @@ class GRPOConfig(AgentConfig):
                 f"`importance_sampling_level` must be token, turn or trajectory, got {level!r}"
             )
         self.importance_sampling_level = level
+        if self.use_liger_loss and resolve_loss_name(self.loss_type) not in FUSED_OBJECTIVES:
+            raise ValueError(
+                f"use_liger_loss=True fuses only {', '.join(FUSED_OBJECTIVES)} (got loss_type="
+                f"{self.loss_type!r}): pass use_liger_loss=False for this objective"
+            )
         if self.use_liger_loss and level != "token":
             raise ValueError(
                 f"use_liger_loss=True needs importance_sampling_level='token' (got {level!r}): a "
@@ -127,8 +135,17 @@ class GRPO(LLMAlgorithm):
     config: GRPOConfig
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        if self.forced_loss_type is not None:
-            kwargs["loss_type"] = self.forced_loss_type
+        forced = self.forced_loss_type
+        if forced is not None:
+            if kwargs.get("loss_type", forced) != forced:
+                warnings.warn(
+                    f"{type(self).__name__} is loss_type={forced!r}; the given "
+                    f"loss_type={kwargs['loss_type']!r} is replaced (use GRPO(loss_type=...) "
+                    "for another objective)",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            kwargs["loss_type"] = forced
         if "clip_coef" not in kwargs:
             for key, value in OBJECTIVE_DEFAULTS.get(kwargs.get("loss_type", "grpo"), {}).items():
                 if kwargs.get(key) is None:
@@ -185,8 +202,10 @@ class GRPO(LLMAlgorithm):
             options = {"clamp": cfg.cispo_clamp, "eps_low": c, "eps_high": cfg.cispo_eps_high}
         elif name == "ppo":
             options = clip_options(cfg.clip_coef, cfg.clip_coef_high)
-        else:
-            options = {}
+        else:  # a registered loss gets the clip bounds it names in its signature
+            accepted = inspect.signature(get_policy_loss(name)).parameters
+            clip = clip_options(cfg.clip_coef, cfg.clip_coef_high)
+            options = {k: v for k, v in clip.items() if k in accepted}
         return PolicyObjective(
             loss=name,
             options={**options, **cfg.loss_kwargs},

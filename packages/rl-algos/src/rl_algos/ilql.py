@@ -227,24 +227,7 @@ class ILQL(LLMAlgorithm):
     decoding ``decode_beta`` 1, ``top_k`` 20, ``temperature`` 1. ``beta`` (the KL coefficient of
     the online agents) must stay 0: ILQL has no reference policy.
 
-    Args:
-        gamma: Discount in [0, 1].
-        tau: Expectile of the V loss in (0, 1).
-        cql_scale: Weight of the CQL term.
-        awac_scale: Weight of the AWAC (LM) term.
-        awac_beta: AWAC inverse temperature (0: behaviour cloning).
-        awac_max_weight: Clip of the AWAC weight, or None.
-        two_qs: Two Q heads (clipped double-Q) instead of one.
-        alpha: Polyak rate of the target heads.
-        steps_for_target_q_sync: Optimizer steps between target updates.
-        head_mlp: trlX's two-layer heads (False: linear heads).
-        heads_lr: Learning rate of the heads (default ``lr``).
-        target_reduction: ``"min"`` or ``"mean"`` over the (target) Q heads, in the loss and
-            for decoding.
-        decode_beta: Guidance strength :math:`\beta` of decoding (>= 0).
-        decode_q: ``"target"`` (trlX) or ``"online"`` Q heads for decoding.
-        *args: See :class:`~rl_algos.LLMAlgorithm`.
-        **kwargs: See :class:`~rl_algos.LLMAlgorithm` (settings: :class:`ILQLConfig`).
+    Settings: :class:`ILQLConfig` (constructor keywords, AgileRL's shared ones included).
     """
 
     algo_name: ClassVar[str] = "ilql"

@@ -10,16 +10,27 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
+
+import torch
+from rl_algos import ALGORITHMS
+from rl_envs.tasks import available_tasks
 
 from rl_train import __version__
+from rl_train.config import load_config
+from rl_train.demo import DemoConfig
+from rl_train.ilql_demo import ILQLDemoConfig, run_ilql_demo
+from rl_train.run import evaluate, fit, prepare, train
 
 #: Exit status for bad arguments or configuration.
 EXIT_USAGE = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Return the argument parser of the ``rl-train`` command."""
+    """The argument parser of the ``rl-train`` command.
+
+    Returns:
+        The parser (sub-commands ``demo``, ``run``, ``eval``).
+    """
     parser = argparse.ArgumentParser(
         prog="rl-train",
         description="Reinforcement-learning fine-tuning of causal language models.",
@@ -31,8 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="train the embedded tiny model on the embedded task, on CPU",
         description="Train the embedded tiny model on the embedded task, on CPU.",
     )
-    from rl_train.demo import ALGORITHMS, DemoConfig
-
     defaults = DemoConfig()
     demo.add_argument("--task", default=defaults.task, help="built-in task (rl_envs.tasks)")
     demo.add_argument("--algo", default=defaults.algo, choices=ALGORITHMS)
@@ -63,20 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    import torch
-    from rl_envs.tasks import available_tasks
-
-    from rl_train.demo import (
-        DemoConfig,
-        build_agent,
-        build_env,
-        greedy_accuracy,
-        save_run_files,
-        tiny_model,
-        tiny_tokenizer,
-    )
-    from rl_train.loops import finetune_llm_reasoning
-
+    """``rl-train demo``: the preset run on the tiny model (ILQL: its offline demo)."""
     if args.task not in available_tasks():
         print(
             f"rl-train: unknown task {args.task!r}; choose one of {', '.join(available_tasks())}",
@@ -88,62 +84,33 @@ def _demo(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     torch.set_num_threads(min(2, torch.get_num_threads()))
     if args.algo == "ilql":  # offline: log a behaviour dataset, then learn from it alone
-        from rl_train.ilql import ILQLDemoConfig, run_ilql_demo
-
         ilql = ILQLDemoConfig(task=args.task, steps=args.steps, seed=args.seed)
         run_ilql_demo(ilql, args.run_dir, progress=not args.quiet)
         return 0
-    config = DemoConfig(task=args.task, algo=args.algo, steps=args.steps, seed=args.seed)
-    run_dir = Path(args.run_dir)
-    tokenizer = tiny_tokenizer()
-    model = tiny_model(len(tokenizer), seed=config.seed)
-    env = build_env(config, tokenizer)
-    agent = build_agent(config, model, tokenizer)
-    save_run_files(run_dir, config)
-    n_params = sum(p.numel() for p in model.parameters())
+    demo = DemoConfig(task=args.task, algo=args.algo, steps=args.steps, seed=args.seed)
+    built = prepare(demo.run_config(args.run_dir))
+    n_params = sum(p.numel() for p in built.model.parameters())
     print(
-        f"rl-train demo: {config.algo} on {config.task}, a {n_params:,}-parameter model "
-        f"built from scratch, {config.steps} steps on CPU"
+        f"rl-train demo: {demo.algo} on {demo.task}, a {n_params:,}-parameter model "
+        f"built from scratch, {demo.steps} steps on CPU"
     )
-    before = greedy_accuracy(agent, env)
-    print(f"greedy accuracy before training: {before:.2f}")
-    finetune_llm_reasoning(
-        [agent],
-        env,
-        max_steps=config.steps,
-        evaluation_interval=config.evaluation_interval,
-        checkpoint_steps=config.steps // 2 or 1,
-        run_dir=run_dir,
-        verbose=not args.quiet,
-        eval_fn=lambda a: {"eval_accuracy": greedy_accuracy(a, env)},
-    )
-    after = greedy_accuracy(agent, env)
-    print(f"greedy accuracy after training:  {after:.2f}")
-    print(f"run directory: {run_dir.resolve()}")
+    summary = fit(built, verbose=not args.quiet, say=print)
+    print(f"run directory: {summary.run_dir}")
     print("  checkpoints/   metrics.csv   metrics.jsonl   tensorboard/   reward_curve.png")
     return 0
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rl_train.config import load_config
-    from rl_train.run import train
-
-    config = load_config(args.config, args.overrides)
-    summary = train(config, verbose=not args.quiet)
-    if not summary["main_process"]:
-        return 0
-    print(f"greedy accuracy before training: {summary['accuracy_before']:.2f}")
-    print(f"greedy accuracy after training:  {summary['accuracy_after']:.2f}")
-    print(f"run directory: {summary['run_dir']}")
+    """``rl-train run CONFIG [overrides]``."""
+    summary = train(load_config(args.config, args.overrides), verbose=not args.quiet, say=print)
+    if summary.main_process:
+        print(f"run directory: {summary.run_dir}")
     return 0
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from rl_train.config import load_config
-    from rl_train.run import evaluate
-
-    config = load_config(args.config, args.overrides)
-    result = evaluate(config, args.checkpoint)
+    """``rl-train eval CHECKPOINT [--config CONFIG] [overrides]``."""
+    result = evaluate(load_config(args.config, args.overrides), args.checkpoint)
     print(f"greedy accuracy: {result['accuracy']:.2f}   test reward: {result['test_reward']:.3f}")
     return 0
 

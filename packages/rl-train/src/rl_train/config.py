@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rl_algos import ALGORITHMS
 
 __all__ = ["ConfigError", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "load_config"]
 
@@ -69,7 +70,9 @@ class DataConfig:
     """Prompts per training step (per process)."""
     reward: str = "demo"
     """``demo`` (exact answer, half credit for a right prefix), ``exact_match`` (number-aware,
-    answer extraction) or ``tagged`` (exact match plus a ``<answer>`` format bonus)."""
+    answer extraction), ``tagged`` (exact match plus a ``<answer>`` format bonus), or
+    ``module:function`` (a ``(completion, answer, question) -> float`` of your own, e.g. in a
+    module listed in ``imports``)."""
     offline_path: str | None = None
     """Logged data for offline algorithms (``ilql``): a JSONL file, one
     ``{"sample": [prompt, output, ...] or text, "reward": float}`` per line. The task or
@@ -101,7 +104,14 @@ class RunConfig:
     """A whole ``rl-train run`` configuration."""
 
     algo: str = "grpo"
-    """grpo, gspo, cispo, dr_grpo, dapo, rloo, reinforce_pp, reinforce or ppo."""
+    """One of :data:`rl_algos.ALGORITHMS` (grpo, gspo, cispo, dr_grpo, dapo, rloo,
+    reinforce_pp, reinforce, ppo, ilql)."""
+    imports: list[str] = field(default_factory=list)
+    """Your modules, imported before the agent is built, so that what they register
+    (``@rl_losses.register_policy_loss``, ``@rl_advantages.register_estimator``, rewards) can be
+    named under ``agent:`` / ``data.reward``: module names (importable from the working
+    directory or ``sys.path``) or paths to ``.py`` files (relative: the working directory's,
+    else the YAML's)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The model."""
     data: DataConfig = field(default_factory=DataConfig)
@@ -109,7 +119,8 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     """The schedule."""
     agent: dict[str, Any] = field(default_factory=dict)
-    """Agent constructor arguments (``group_size``, ``lr``, ``beta``, ``max_output_tokens``...)."""
+    """Agent constructor arguments (``group_size``, ``lr``, ``beta``, ``max_output_tokens``,
+    ``loss_type``, ``advantage_estimator``...), passed through to :func:`rl_algos.make_agent`."""
     engine: str = "hf"
     """Generation engine: ``hf`` or ``vllm`` (CUDA)."""
     deepspeed_config: str | None = None
@@ -171,6 +182,14 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     """Read a YAML config (or the defaults) and apply ``key.sub=value`` overrides.
 
+    Args:
+        path: The YAML file, or None for the defaults.
+        overrides: ``key.sub=value`` strings (values parsed as YAML).
+
+    Returns:
+        The checked configuration; relative file paths that exist next to the YAML (and not in
+        the working directory) are made absolute.
+
     Raises:
         ConfigError: a missing file, bad YAML, an unknown key (with the nearest valid one),
             a value of the wrong type, or an unknown algorithm.
@@ -193,25 +212,54 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         key, raw = item.split("=", 1)
         _set(tree, key.strip(), yaml.safe_load(raw))
     config: RunConfig = _build(RunConfig, tree, "")
-    from rl_train.demo import ALGORITHMS
+    _check(config)
+    if path is not None:  # relative file paths: the working directory's, else the YAML's
+        _resolve_paths(config, Path(path).resolve().parent)
+    if config.deepspeed_config is not None and not Path(config.deepspeed_config).is_file():
+        raise ConfigError(f"deepspeed_config file {config.deepspeed_config!r} does not exist")
+    return config
 
+
+def _check(config: RunConfig) -> None:
+    """Values the types do not pin: algorithm, engine, imports."""
+    if not all(isinstance(item, str) and item for item in config.imports):
+        raise ConfigError(
+            f"imports must be a list of module names or .py paths, got {config.imports!r}"
+        )
     if config.algo not in ALGORITHMS:
         raise ConfigError(
             f"unknown algorithm {config.algo!r}{_suggest(config.algo, list(ALGORITHMS))}"
         )
     if config.engine not in ("hf", "vllm"):
         raise ConfigError(f"engine must be 'hf' or 'vllm', got {config.engine!r}")
-    if path is not None:  # relative file paths: the working directory's, else the YAML's
-        base = Path(path).resolve().parent
-        for owner, field_name in ((config, "deepspeed_config"), (config.data, "offline_path")):
-            value = getattr(owner, field_name)
-            if value is not None and not Path(value).exists() and (base / value).exists():
-                setattr(owner, field_name, str(base / value))
-    if config.deepspeed_config is not None and not Path(config.deepspeed_config).is_file():
-        raise ConfigError(f"deepspeed_config file {config.deepspeed_config!r} does not exist")
-    return config
+
+
+def _resolve_paths(config: RunConfig, base: Path) -> None:
+    """Relative paths that exist only next to the YAML become absolute."""
+    for owner, field_name in ((config, "deepspeed_config"), (config.data, "offline_path")):
+        value = getattr(owner, field_name)
+        if value is not None and not Path(value).exists() and (base / value).exists():
+            setattr(owner, field_name, str(base / value))
+    config.imports = [
+        str(base / item)
+        if _is_path(item) and not Path(item).exists() and (base / item).exists()
+        else item
+        for item in config.imports
+    ]
+
+
+def _is_path(item: str) -> bool:
+    """Whether an ``imports`` entry names a file rather than a module."""
+    return item.endswith(".py") or "/" in item or "\\" in item
 
 
 def to_dict(config: RunConfig) -> dict[str, Any]:
-    """The resolved config as plain data (saved in the run directory)."""
+    """The resolved config as plain data (saved in the run directory).
+
+    Args:
+        config: The configuration.
+
+    Returns:
+        Nested dicts and lists.
+    """
     return dataclasses.asdict(config)

@@ -8,7 +8,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MetricsLogger", "plot_reward_curve"]
+from rl_train.collective import is_main_process
+
+__all__ = ["MetricsLogger", "NullLogger", "open_logger", "plot_reward_curve"]
 
 
 class MetricsLogger:
@@ -93,6 +95,49 @@ class MetricsLogger:
             self._tb.close()
         if self._wandb is not None:  # pragma: no cover
             self._wandb.finish()
+
+
+class NullLogger:
+    """The metrics logger of processes other than 0: keeps the history, writes nothing."""
+
+    def __init__(self) -> None:
+        self.history: list[dict[str, Any]] = []
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Record ``metrics`` at ``step`` in :attr:`history` only."""
+        self.history.append({"step": step, **metrics})
+
+    def truncate(self, step: int) -> None:
+        """Drop rows after ``step``."""
+        self.history = [r for r in self.history if r["step"] <= step]
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+def open_logger(
+    run_dir: str | Path,
+    *,
+    tensorboard: bool = True,
+    wandb_project: str | None = None,
+    resume: bool = False,
+) -> MetricsLogger | NullLogger:
+    """A :class:`MetricsLogger` on process 0, a :class:`NullLogger` on the others.
+
+    Args:
+        run_dir: The run directory.
+        tensorboard: Also write TensorBoard scalars.
+        wandb_project: A W&B project name, or None.
+        resume: Keep the existing files and append.
+
+    Returns:
+        The logger of this process.
+    """
+    if not is_main_process():
+        return NullLogger()
+    return MetricsLogger(
+        run_dir, tensorboard=tensorboard, wandb_project=wandb_project, resume=resume
+    )
 
 
 def plot_reward_curve(

@@ -2,15 +2,29 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from rl_algos import ALGORITHMS, get_preset
 
+from rl_train.builder import build
 from rl_train.config import ConfigError, RunConfig
+from rl_train.loops import finetune_llm_reasoning
 
-__all__ = ["AgentTrainer", "BaseRLTrainer", "available_trainers", "get_trainer", "register_trainer"]
+__all__ = [
+    "AgentTrainer",
+    "BaseRLTrainer",
+    "available_trainers",
+    "get_trainer",
+    "make_trainer",
+    "register_trainer",
+]
+
+#: The algorithms that learn from their own generations (``AgentTrainer``'s names).
+ONLINE_ALGORITHMS = tuple(name for name in ALGORITHMS if get_preset(name).online)
 
 RewardFn = Callable[..., Sequence[float]]
 _TRAINERS: dict[str, type[BaseRLTrainer]] = {}
@@ -89,18 +103,19 @@ class BaseRLTrainer:
         raise NotImplementedError
 
 
-@register_trainer(
-    "grpo", "gspo", "cispo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce", "ppo"
-)
+@register_trainer(*ONLINE_ALGORITHMS)
 class AgentTrainer(BaseRLTrainer):
     """The trainer for every rl-algos agent: ``config.algo`` picks it."""
 
     def setup(self) -> None:
         """Build model, tokenizer, environment and agent from the config."""
-        from rl_train.run import build_agent_from_config, build_env_from_config, build_model
-
-        self.model, self.tokenizer = build_model(self.config)
-        self.env = build_env_from_config(self.config, self.tokenizer)
+        built = build(self.config, distributed=False)
+        self.model, self.tokenizer, self.env, self.agent = (
+            built.model,
+            built.tokenizer,
+            built.env,
+            built.agent,
+        )
         if self.reward_fn is not None:
             fn = self.reward_fn
 
@@ -115,7 +130,6 @@ class AgentTrainer(BaseRLTrainer):
 
             per_sample.__name__ = getattr(fn, "__name__", "reward_fn")
             self.env.reward_fns, self.env.reward_weights = [per_sample], [1.0]
-        self.agent = build_agent_from_config(self.config, self.model, self.tokenizer)
         self.agent.stop_sequences = tuple(self.stop_sequences)
         self.agent.logit_mask = self.logit_mask
 
@@ -130,8 +144,6 @@ class AgentTrainer(BaseRLTrainer):
         The callbacks get each metrics row, each checkpoint directory, and this trainer at
         every evaluation (whose returned dict is logged).
         """
-        from rl_train.loops import finetune_llm_reasoning
-
         t = self.config.train
 
         def evaluation(_: Any) -> dict[str, float]:
@@ -226,7 +238,7 @@ class AgentTrainer(BaseRLTrainer):
             prompts = env.reset()
             seen = 0
             while seen < env.num_test_prompts:
-                completion_ids, _ = self.agent.get_action(prompts, training=False)
+                completion_ids = self.agent.get_action(prompts, training=False).completion_ids
                 sizes = [p["input_ids"].shape[1] for p in prompts]
                 samples = [c[0] for c in completion_ids]
                 str_samples, str_prompts, outputs = self.decode(
@@ -271,8 +283,6 @@ class AgentTrainer(BaseRLTrainer):
         if policy.peft is None:
             policy.causal_lm.save_pretrained(str(out), **kwargs)
         elif merge:
-            import copy
-
             with policy.use_role("actor"):
                 merged = copy.deepcopy(policy.peft)
             merged.set_adapter("actor")
@@ -287,7 +297,18 @@ class AgentTrainer(BaseRLTrainer):
 
 
 def make_trainer(config: RunConfig, **kwargs: Any) -> BaseRLTrainer:
-    """``get_trainer(config.algo)(config, **kwargs)``."""
+    """The trainer of ``config.algo``: ``get_trainer(config.algo)(config, **kwargs)``.
+
+    Args:
+        config: The run configuration.
+        **kwargs: The trainer's arguments (``reward_fn``, ``metric_fn``, ``stop_sequences``...).
+
+    Returns:
+        The built trainer.
+
+    Raises:
+        ConfigError: No trainer is registered under ``config.algo``.
+    """
     if config.algo not in _TRAINERS:
         raise ConfigError(
             f"no trainer for algo {config.algo!r}; known: {', '.join(sorted(_TRAINERS))}"

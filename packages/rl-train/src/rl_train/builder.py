@@ -1,0 +1,391 @@
+"""The builder: a :class:`RunConfig` in; user code, accelerator, model, environment, agent out.
+
+One function per piece, each a pure mapping from the config (and what the previous phase
+built) to an object; :func:`build` runs them in order. ``rl-train run`` / ``eval`` / ``demo``
+and the trlX-style trainers all build through here. The agent comes from
+:func:`rl_algos.make_agent`, so ``algo`` is any name of :data:`rl_algos.ALGORITHMS` and
+``agent:`` keys pass straight through (``loss_type`` / ``advantage_estimator`` may name what a
+module in ``imports`` registered).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import load_dataset
+from peft import LoraConfig
+from rl_algos import get_preset, make_agent
+from rl_envs import ReasoningGym
+from rl_envs.rewards import exact_match_reward, tagged_format_reward
+from rl_envs.tasks import available_tasks, train_test_split_task
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rl_train.config import ConfigError, RunConfig
+from rl_train.tiny import TINY_AGENT, demo_reward, tiny_model, tiny_tokenizer
+
+__all__ = [
+    "Built",
+    "agent_kwargs",
+    "build",
+    "build_accelerator",
+    "build_agent",
+    "build_env",
+    "build_model",
+    "build_reward",
+    "import_user_code",
+]
+
+RewardFn = Callable[[str, str, str], float]
+
+
+@dataclass
+class Built:
+    """Everything :func:`build` made from one config."""
+
+    config: RunConfig
+    """The configuration."""
+    accelerator: Any
+    """An ``accelerate.Accelerator`` (under a launcher or with DeepSpeed), or None."""
+    model: Any
+    """The causal LM (before the agent wraps it)."""
+    tokenizer: Any
+    """Its tokenizer."""
+    env: ReasoningGym
+    """The prompts and rewards (for ``ilql``: the evaluation data)."""
+    agent: Any
+    """The rl-algos agent."""
+
+
+def import_user_code(imports: list[str]) -> list[Any]:
+    """Import the configured user modules (``imports:``), in order.
+
+    A ``.py`` path is loaded as a module named after its stem (so ``data.reward`` can say
+    ``stem:function``); a module name is imported with the working directory on ``sys.path``.
+
+    Args:
+        imports: Module names or ``.py`` file paths.
+
+    Returns:
+        The modules.
+
+    Raises:
+        ConfigError: A missing file or a module that fails to import (one line).
+    """
+    modules = []
+    for item in imports:
+        try:
+            if item.endswith(".py") or os.sep in item or "/" in item:
+                path = Path(item).resolve()
+                if not path.is_file():
+                    raise ConfigError(f"imports: file {item!r} does not exist")
+                if path.stem in sys.modules and getattr(
+                    sys.modules[path.stem], "__file__", None
+                ) == str(path):
+                    modules.append(sys.modules[path.stem])
+                    continue
+                spec = importlib.util.spec_from_file_location(path.stem, path)
+                if spec is None or spec.loader is None:
+                    raise ConfigError(f"imports: cannot load {item!r} as a Python module")
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[path.stem] = module
+                try:
+                    spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[path.stem]
+                    raise
+            else:
+                if os.getcwd() not in sys.path and "" not in sys.path:
+                    sys.path.insert(0, os.getcwd())
+                module = importlib.import_module(item)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise ConfigError(
+                f"imports: cannot import {item!r}: {type(exc).__name__}: {first}"
+            ) from exc
+        modules.append(module)
+    return modules
+
+
+def build_accelerator(config: RunConfig) -> Any:
+    """An ``accelerate.Accelerator`` under a launcher or with ``deepspeed_config``; else None.
+
+    Launched by ``torchrun`` / ``accelerate launch`` (``WORLD_SIZE`` is set), the agent and the
+    environment share it: DDP (gloo on CPU, nccl on GPUs), or DeepSpeed with the JSON config.
+    On CPU the process group is gloo explicitly, without which accelerate silently runs one
+    process, and DeepSpeed is not dropped (``Accelerator(cpu=True)`` would drop it).
+
+    Args:
+        config: The run configuration.
+
+    Returns:
+        The accelerator, or None for a single process without DeepSpeed.
+
+    Raises:
+        ConfigError: ``deepspeed_config`` without a launcher, or a file that is not JSON.
+    """
+    launched = "WORLD_SIZE" in os.environ
+    if config.deepspeed_config is None and not launched:
+        return None
+    from accelerate import Accelerator  # optional heavy dependency, only under a launcher
+    from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
+
+    cuda = torch.cuda.is_available()
+    if config.deepspeed_config is None:
+        return Accelerator(cpu=not cuda)
+    if not launched:
+        raise ConfigError(
+            "deepspeed_config needs a launcher: torchrun --nproc_per_node N -m rl_train run "
+            "CONFIG.yaml (or accelerate launch --num_processes N -m rl_train run ...)"
+        )
+    path = Path(config.deepspeed_config)
+    try:
+        ds = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"deepspeed_config {str(path)!r} is not a readable JSON file: {exc}"
+        ) from exc
+    handlers = [] if cuda else [InitProcessGroupKwargs(backend="gloo")]
+    return Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=ds), kwargs_handlers=handlers)
+
+
+def build_model(config: RunConfig) -> tuple[Any, Any]:
+    """The model and tokenizer of ``config.model``.
+
+    Args:
+        config: The run configuration.
+
+    Returns:
+        ``(model, tokenizer)``: the embedded tiny pair (seeded by ``train.seed``), or a
+        hub/local causal LM (a tokenizer without a pad token pads with EOS).
+
+    Raises:
+        ConfigError: An unknown dtype or a model that cannot be loaded.
+    """
+    if config.model.name == "tiny":
+        tiny_tok = tiny_tokenizer()
+        return tiny_model(len(tiny_tok), seed=config.train.seed), tiny_tok
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if config.model.dtype not in dtypes:
+        raise ConfigError(
+            f"model.dtype must be one of {sorted(dtypes)}, got {config.model.dtype!r}"
+        )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            config.model.name, dtype=dtypes[config.model.dtype]
+        )
+        tok = AutoTokenizer.from_pretrained(config.model.tokenizer or config.model.name)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot load model {config.model.name!r}: {str(exc).splitlines()[0]}"
+        ) from exc
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return model, tok
+
+
+def _tagged(completion: str, answer: str, question: str) -> float:
+    """Exact match plus a 0.2 bonus for an ``<answer>...</answer>`` tag."""
+    fmt = tagged_format_reward(completion, ("answer",), 0.2)
+    return exact_match_reward(completion, answer, question) + fmt
+
+
+#: The built-in rewards of ``data.reward``.
+REWARDS: dict[str, RewardFn] = {
+    "demo": demo_reward,
+    "exact_match": exact_match_reward,
+    "tagged": _tagged,
+}
+
+
+def build_reward(name: str) -> RewardFn:
+    """The reward function ``data.reward`` names.
+
+    Args:
+        name: ``demo``, ``exact_match``, ``tagged`` or ``module:function``.
+
+    Returns:
+        ``(completion, answer, question) -> float``.
+
+    Raises:
+        ConfigError: An unknown name, or a ``module:function`` that does not resolve.
+    """
+    if name in REWARDS:
+        return REWARDS[name]
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"data.reward {name!r} does not resolve: {exc}") from exc
+        if not callable(fn):
+            raise ConfigError(f"data.reward {name!r} is not callable")
+        return fn  # type: ignore[no-any-return]
+    raise ConfigError(
+        f"data.reward must be demo, exact_match, tagged or module:function, got {name!r}"
+    )
+
+
+def _datasets(config: RunConfig) -> tuple[Any, Any]:
+    """``(train, test)`` datasets of ``config.data``."""
+    d = config.data
+    if d.hub is not None:
+        ds = load_dataset(d.hub, d.hub_config)
+        return ds["train"], ds["test"]
+    if d.train_path is not None:
+        kind = {"jsonl": "json", "json": "json", "csv": "csv"}.get(
+            Path(d.train_path).suffix.lstrip(".")
+        )
+        if kind is None or not Path(d.train_path).is_file():
+            raise ConfigError(
+                f"data.train_path {d.train_path!r} must be an existing .json, .jsonl or .csv file"
+            )
+        train = load_dataset(kind, data_files=d.train_path)["train"]
+        if d.test_path is not None:
+            return train, load_dataset(kind, data_files=d.test_path)["train"]
+        cut = max(1, len(train) // 10)
+        return (
+            train.select(range(len(train) - cut)),
+            train.select(range(len(train) - cut, len(train))),
+        )
+    if d.task not in available_tasks():
+        raise ConfigError(
+            f"unknown task {d.task!r}; built-in tasks: {', '.join(available_tasks())}"
+        )
+    return train_test_split_task(d.task, d.n_train, d.n_test, seed=config.train.seed)
+
+
+def build_env(config: RunConfig, tokenizer: Any, accelerator: Any = None) -> ReasoningGym:
+    """The ``ReasoningGym`` of ``config.data``.
+
+    Args:
+        config: The run configuration.
+        tokenizer: The model's tokenizer.
+        accelerator: Shards the prompts by process when given.
+
+    Returns:
+        The environment (``data.prompts_per_step`` prompts per batch).
+
+    Raises:
+        ConfigError: An unknown task or reward, or a bad data file.
+    """
+    d = config.data
+    train, test = _datasets(config)
+    template = [{"role": "user", "content": d.template}]
+    if d.system_prompt:
+        template.insert(0, {"role": "system", "content": d.system_prompt})
+    return ReasoningGym(
+        train,
+        test,
+        tokenizer,
+        build_reward(d.reward),
+        template,
+        data_batch_size_per_gpu=d.prompts_per_step,
+        seed=config.train.seed,
+        question_column=d.question_column,
+        answer_column=d.answer_column,
+        accelerator=accelerator,
+    )
+
+
+def agent_kwargs(config: RunConfig) -> dict[str, Any]:
+    """The agent settings of ``config`` (without the model): ``agent:`` over the defaults.
+
+    The tiny model starts from :data:`~rl_train.tiny.TINY_AGENT`; ``batch_size`` defaults to
+    ``prompts_per_step * group_size``; presets that sample one completion per prompt (not
+    ``grouped``) drop ``group_size``; a fully fine-tuned PPO shares the actor's trunk.
+
+    Args:
+        config: The run configuration.
+
+    Returns:
+        Keyword arguments for :func:`rl_algos.make_agent` (model, tokenizer and LoRA aside).
+    """
+    preset = get_preset(config.algo)
+    kwargs: dict[str, Any] = dict(TINY_AGENT) if config.model.name == "tiny" else {}
+    kwargs.update(config.agent)
+    group = int(kwargs.get("group_size", 8))
+    kwargs.setdefault("batch_size", config.data.prompts_per_step * group)
+    if _full_finetune(config) and config.algo == "ppo":
+        kwargs.setdefault("critic_mode", "shared")  # a LoRA critic needs a LoRA actor
+    if not preset.grouped:
+        kwargs.pop("group_size", None)
+    return kwargs
+
+
+def _full_finetune(config: RunConfig) -> bool:
+    return config.model.full_finetune or config.model.name == "tiny"
+
+
+def build_agent(config: RunConfig, model: Any, tokenizer: Any, accelerator: Any = None) -> Any:
+    """The agent of ``config.algo`` (:func:`rl_algos.make_agent`).
+
+    Args:
+        config: The run configuration.
+        model: The causal LM.
+        tokenizer: Its tokenizer.
+        accelerator: Shared with the environment under a launcher, or None.
+
+    Returns:
+        The agent; full fine-tuning for the tiny model or ``model.full_finetune``, else LoRA.
+
+    Raises:
+        ConfigError: Arguments the agent does not take.
+    """
+    common: dict[str, Any] = {
+        "actor_network": model,
+        "pad_token_id": tokenizer.pad_token_id,
+        "pad_token": tokenizer.pad_token,
+        "tokenizer": tokenizer,
+        "seed": config.train.seed,
+        "use_vllm": config.engine == "vllm",
+        "model_name": None if config.model.name == "tiny" else config.model.name,
+        "accelerator": accelerator,
+    }
+    if _full_finetune(config):
+        common["full_finetune"] = True
+    else:
+        common["lora_config"] = LoraConfig(
+            r=config.model.lora_r,
+            lora_alpha=config.model.lora_alpha,
+            target_modules=config.model.lora_target_modules,
+            lora_dropout=0.0,
+        )
+    try:
+        return make_agent(config.algo, **common, **agent_kwargs(config))
+    except TypeError as exc:
+        raise ConfigError(f"agent: {exc}") from exc
+
+
+def build(config: RunConfig, *, distributed: bool = True) -> Built:
+    """Every piece of a run, in order.
+
+    1. import the user's modules (``imports``), so what they register can be named;
+    2. the accelerator (under a launcher or with DeepSpeed; ``distributed=False``: none);
+    3. model and tokenizer;
+    4. the environment (sharded by process under a launcher);
+    5. the agent.
+
+    Args:
+        config: The run configuration.
+        distributed: Build the accelerator (``rl-train eval`` and the trainers do not).
+
+    Returns:
+        The :class:`Built` pieces.
+    """
+    import_user_code(config.imports)
+    accelerator = build_accelerator(config) if distributed else None
+    model, tokenizer = build_model(config)
+    env = build_env(config, tokenizer, accelerator)
+    agent = build_agent(config, model, tokenizer, accelerator)
+    return Built(config, accelerator, model, tokenizer, env, agent)

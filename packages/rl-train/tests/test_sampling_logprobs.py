@@ -1,0 +1,142 @@
+"""The sampling log-probs of ``get_action`` reach ``learn()`` from the loops, and the
+rollout-mismatch correction changes the loss when sampler and trainer disagree.
+
+The HF engine records the log-probs of the distribution it sampled from, after top-k / top-p
+processing. With ``top_k=2`` that truncated distribution differs from the trainer's full
+softmax, so the correction's weights ``exp(trainer - sampler)`` differ from 1; with
+``top_k=0, top_p=1`` at the trained temperature they agree and the weights are ~1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from rl_envs import TokenObservationWrapper
+from rl_envs.tasks import GuessTheNumberEnv
+from rl_train import finetune_llm_multiturn, finetune_llm_reasoning
+from rl_train.builder import build_agent
+from rl_train.demo import DemoConfig, build_env
+from rl_train.tiny import tiny_model, tiny_tokenizer
+
+
+def _setup(correction: bool, top_k: int, tmp_path: Path, max_model_len: int = 64):  # type: ignore[no-untyped-def]
+    demo = DemoConfig(prompts_per_step=4, group_size=4, n_train=40, n_test=8,
+                      max_model_len=max_model_len)  # fmt: skip
+    config = demo.run_config(tmp_path)
+    config.agent.update(top_k=top_k, vllm_importance_sampling_correction=correction)
+    tok = tiny_tokenizer()
+    agent = build_agent(config, tiny_model(len(tok), seed=0), tok)
+    env = build_env(demo, tok)
+    env.reward_fns, env.reward_weights = [_varied_reward], [1.0]
+    return agent, env, tok
+
+
+def _varied_reward(completion: str, answer: str, question: str) -> float:
+    """A reward that differs within groups of the untrained model (non-zero advantages)."""
+    del answer, question
+    return sum(map(ord, completion)) % 5 / 4
+
+
+def _trainer_logprobs(agent: Any, ids: torch.Tensor) -> torch.Tensor:
+    """[N, L - 1] the trainer's full-softmax log-probs of tokens 1..L-1 (before the update)."""
+    with torch.no_grad():
+        logits = agent.policy.logits(ids, torch.ones_like(ids)).float() / agent.temperature
+    return logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
+
+
+def _spy(agent: Any) -> list[dict[str, Any]]:
+    """Record what ``learn`` receives (and the trainer's log-probs then)."""
+    calls: list[dict[str, Any]] = []
+    real = agent.learn
+
+    def learn(experiences: Any, turn_ids: Any = None, sampling_logps: Any = None) -> Any:
+        ids = experiences[0]
+        ids = torch.cat(list(ids)) if isinstance(ids, list) else ids
+        masks = experiences[1]
+        masks = torch.cat(list(masks)) if isinstance(masks, list) else masks
+        samp = sampling_logps
+        if isinstance(samp, list):
+            samp = torch.cat(samp)
+        calls.append(
+            {"ids": ids, "mask": masks.bool(), "sampling": samp,
+             "trainer": _trainer_logprobs(agent, ids)}
+        )  # fmt: skip
+        out = real(experiences, turn_ids=turn_ids, sampling_logps=sampling_logps)
+        calls[-1]["metrics"] = out
+        return out
+
+    agent.learn = learn
+    return calls
+
+
+def _one_step(agent: Any, env: Any, tmp_path: Path) -> None:
+    finetune_llm_reasoning([agent], env, max_steps=1, evaluation_interval=1, run_dir=tmp_path,
+                           verbose=False, plot=False, tensorboard=False)  # fmt: skip
+
+
+def test_reasoning_loop_passes_sampling_logprobs_to_learn(tmp_path: Path) -> None:
+    agent, env, _ = _setup(True, 0, tmp_path)
+    calls = _spy(agent)
+    _one_step(agent, env, tmp_path)
+    assert len(calls) == 1
+    call = calls[0]
+    assert call["sampling"] is not None, "the sampling log-probs did not reach learn()"
+    assert call["sampling"].shape == call["mask"].shape
+    m = call["mask"]
+    assert bool((call["sampling"][m] < 0).all())
+    # sampler (top_k=0, top_p=1, temperature as trained) and trainer agree: weights ~1
+    weights = (call["trainer"][m] - call["sampling"][m]).exp()
+    torch.testing.assert_close(weights, torch.ones_like(weights), atol=1e-4, rtol=0)
+
+
+def test_correction_changes_the_loss_when_sampler_and_trainer_disagree(tmp_path: Path) -> None:
+    losses = {}
+    for correction in (True, False):
+        agent, env, _ = _setup(correction, 2, tmp_path / str(correction))
+        calls = _spy(agent)
+        _one_step(agent, env, tmp_path / str(correction))
+        call = calls[0]
+        m = call["mask"]
+        weights = (call["trainer"][m] - call["sampling"][m]).exp()
+        assert float((weights - 1).abs().max()) > 1e-2  # top-k=2 truncation: they disagree
+        losses[correction] = call["metrics"]["pg_loss"]
+        ids = call["ids"]
+    assert losses[True] != pytest.approx(losses[False], abs=1e-6), losses
+    # identical seeds: the same completions were sampled in both runs
+    assert ids.shape == calls[0]["ids"].shape
+
+
+def test_correction_is_a_no_op_when_sampler_and_trainer_agree(tmp_path: Path) -> None:
+    losses = {}
+    for correction in (True, False):
+        agent, env, _ = _setup(correction, 0, tmp_path / str(correction))
+        calls = _spy(agent)
+        _one_step(agent, env, tmp_path / str(correction))
+        losses[correction] = calls[0]["metrics"]["pg_loss"]
+    assert losses[True] == pytest.approx(losses[False], abs=1e-5), losses
+
+
+def test_multiturn_loop_aligns_sampling_logprobs_with_the_generated_tokens(
+    tmp_path: Path,
+) -> None:
+    agent, _, tok = _setup(True, 0, tmp_path, max_model_len=160)
+    calls = _spy(agent)
+
+    def env_factory() -> TokenObservationWrapper:
+        return TokenObservationWrapper(GuessTheNumberEnv(0, 3, max_guesses=3), tok, max_turns=3,
+                                       pad_id=tok.pad_token_id, max_model_len=128,
+                                       max_output_tokens=2)  # fmt: skip
+
+    finetune_llm_multiturn([agent], max_turns=3, env_factory=env_factory, max_steps=1,
+                           evaluation_interval=1, batch_size=2, group_size=2, run_dir=tmp_path,
+                           verbose=False, plot=False, tensorboard=False)  # fmt: skip
+    call = calls[0]
+    assert call["sampling"] is not None and call["sampling"].shape == call["mask"].shape
+    m = call["mask"]
+    assert int(m.sum()) > 4  # several turns of generated tokens
+    assert bool((call["sampling"][~m] == 0).all())
+    # each generated token carries the log-prob it was sampled with (agreeing sampler)
+    torch.testing.assert_close(call["sampling"][m], call["trainer"][m], atol=1e-4, rtol=0)
