@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -23,6 +23,36 @@ Level = Literal["token", "turn", "trajectory"]
 #: Defaults an objective brings when ``clip_coef`` is not passed (GSPO's paper values).
 OBJECTIVE_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     "gspo": {"clip_coef": 3e-4, "clip_coef_high": 4e-4},
+}
+
+
+def _gspo_options(cfg: GRPOConfig, name: str) -> dict[str, Any]:
+    clip = clip_options(cfg.clip_coef, cfg.clip_coef_high)
+    return {"clip_low": clip.get("clip_low", 3e-4), "clip_high": clip.get("clip_high", 4e-4)}
+
+
+def _cispo_options(cfg: GRPOConfig, name: str) -> dict[str, Any]:
+    c = cfg.clip_coef if isinstance(cfg.clip_coef, float) else 0.2
+    return {"clamp": cfg.cispo_clamp, "eps_low": c, "eps_high": cfg.cispo_eps_high}
+
+
+def _ppo_options(cfg: GRPOConfig, name: str) -> dict[str, Any]:
+    return clip_options(cfg.clip_coef, cfg.clip_coef_high)
+
+
+def _named_clip_options(cfg: GRPOConfig, name: str) -> dict[str, Any]:
+    """A registered loss gets the clip bounds it names in its signature (and nothing else)."""
+    accepted = inspect.signature(get_policy_loss(name)).parameters
+    return {k: v for k, v in _ppo_options(cfg, name).items() if k in accepted}
+
+
+#: How GRPO's keywords (``clip_coef``, ``clip_coef_high``, ``cispo_*``) become each built-in
+#: objective's options; any other registered loss gets :func:`_named_clip_options`, and every
+#: loss gets ``loss_kwargs`` on top.
+LOSS_OPTIONS: Mapping[str, Callable[[GRPOConfig, str], dict[str, Any]]] = {
+    "ppo": _ppo_options,
+    "gspo": _gspo_options,
+    "cispo": _cispo_options,
 }
 
 
@@ -190,22 +220,7 @@ class GRPO(LLMAlgorithm):
         """The policy loss as data (read from the current config)."""
         cfg = self.config
         name = resolve_loss_name(cfg.loss_type)
-        options: dict[str, Any]
-        if name == "gspo":
-            clip = clip_options(cfg.clip_coef, cfg.clip_coef_high)
-            options = {
-                "clip_low": clip.get("clip_low", 3e-4),
-                "clip_high": clip.get("clip_high", 4e-4),
-            }
-        elif name == "cispo":
-            c = cfg.clip_coef if isinstance(cfg.clip_coef, float) else 0.2
-            options = {"clamp": cfg.cispo_clamp, "eps_low": c, "eps_high": cfg.cispo_eps_high}
-        elif name == "ppo":
-            options = clip_options(cfg.clip_coef, cfg.clip_coef_high)
-        else:  # a registered loss gets the clip bounds it names in its signature
-            accepted = inspect.signature(get_policy_loss(name)).parameters
-            clip = clip_options(cfg.clip_coef, cfg.clip_coef_high)
-            options = {k: v for k, v in clip.items() if k in accepted}
+        options = LOSS_OPTIONS.get(name, _named_clip_options)(cfg, name)
         return PolicyObjective(
             loss=name,
             options={**options, **cfg.loss_kwargs},
