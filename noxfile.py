@@ -1,9 +1,9 @@
 """Task runner for the rl-* workspace (nox with the uv backend).
 
 Plain ``nox`` runs the default sessions: lint, typecheck, every ``test-<package>``, isolation,
-integration (which also executes every Python example of the docs site), slow and docs. Environments
-are synced from the committed ``uv.lock`` (``--locked``): a stale lock fails instead of being
-rewritten.
+integration (which also executes every Python example of the docs site), slow, docs and
+docs-browser. Environments are synced from the committed ``uv.lock`` (``--locked``): a stale lock
+fails instead of being rewritten.
 
 Sessions:
     test-<package>   that package's unit tests, in an environment holding only the package, its
@@ -16,11 +16,17 @@ Sessions:
     slow             every test marked ``slow`` (DeepSpeed ZeRO-2/3, SIGKILL + resume, ...)
     bench            tools/bench/ benchmarks (medians and ratios; see tools/bench/README.md)
     docs             mkdocs build --strict (the site's examples run in ``integration``)
+    docs-browser     the built site opened in the system's Chromium (tools/docs/browser_check.py):
+                     rendered math, no console error, no broken link, each page ready in 5 s;
+                     screenshots in .nox/docs-browser/screenshots; skips when no Chromium is
+                     installed (``.ci/run`` installs Debian's ``chromium``)
     build-<package>  wheel + sdist into dist/<package> with --no-sources, installed in a fresh venv
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -143,6 +149,32 @@ def docs(session: nox.Session) -> None:
     session.run(
         "mkdocs", "build", "--strict", "--site-dir", "site", *session.posargs,
         env={"NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+
+
+@nox.session(name="docs-browser")
+def docs_browser(session: nox.Session) -> None:
+    # the system's Chromium, as tools/docs/browser_check.py finds it
+    browser = (
+        os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    )
+    if browser is None:
+        session.skip(
+            "no Chromium on this machine (apt-get install chromium, as .ci/run does as root); "
+            "the docs site was not opened in a browser"
+        )
+    sync(session, "--all-packages", "--group", "docs", "--group", "docs-browser")
+    # the checker's own tests: a broken formula, a missing MathJax, a broken link must fail
+    session.run("pytest", "tools/docs", "-p", "no:cacheprovider", env={"CHROMIUM": browser})
+    out = Path(session.virtualenv.location)
+    site = out / "site"
+    session.run(
+        "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(site),
+        env={"NO_MKDOCS_2_WARNING": "1"},
+    )  # fmt: skip
+    session.run(
+        "python", "tools/docs/browser_check.py", str(site),
+        "--screenshots", str(out / "screenshots"), "--browser", browser, *session.posargs,
     )  # fmt: skip
 
 
