@@ -195,6 +195,7 @@ def check_page(
             " || document.querySelector('.arithmatex');"
             " if (m) m.scrollIntoView({block: 'center'}); }"
         )
+        page.wait_for_timeout(300)  # the theme's header settles after a scroll
         result.screenshot = screenshots / (path.strip("/").replace("/", "_") + ".png")
         page.screenshot(path=str(result.screenshot))
     page.close()

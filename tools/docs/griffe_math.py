@@ -51,7 +51,7 @@ def rest_math_to_arithmatex(text: str) -> str:
         out.extend([f"{indent}\\[", *(f"{indent}{b}" for b in body if b), f"{indent}\\]"])
         if i < len(lines) and lines[i].strip():
             out.append("")
-    return "\n".join(out)
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
 
 
 class RestMath(griffe.Extension):
