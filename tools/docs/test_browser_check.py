@@ -8,6 +8,7 @@ console error.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -88,7 +89,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         [sys.executable, "-m", "mkdocs", "build", "--quiet", "--site-dir", "site"],
         cwd=work,
         check=True,
-        env={"NO_MKDOCS_2_WARNING": "1", "PATH": str(Path(sys.executable).parent) + ":/usr/bin"},
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     built = work / "site"
     pages = {
