@@ -85,7 +85,9 @@ def _demo(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     import torch  # heavy: only once the arguments are known to be good
 
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    # One intra-op thread: the ~78k-parameter model's matrices are too small to gain from
+    # more, and spinning worker threads cost the most on a shared 2-core machine.
+    torch.set_num_threads(1)
     if args.algo == "ilql":  # offline: log a behaviour dataset, then learn from it alone
         from rl_train.ilql_demo import ILQLDemoConfig, run_ilql_demo
 
