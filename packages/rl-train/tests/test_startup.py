@@ -151,3 +151,18 @@ def test_public_names_still_import() -> None:
         )
     with pytest.raises(AttributeError):
         _ = rl_algos.no_such_name
+
+
+def test_trainer_registry_is_complete_from_the_package() -> None:
+    """``from rl_train import get_trainer`` alone still knows every algorithm's trainer."""
+    code = (
+        "from rl_train import available_trainers, get_trainer\n"
+        "from rl_algos.names import ALGORITHMS\n"
+        "assert available_trainers() == sorted(ALGORITHMS), available_trainers()\n"
+        "print(get_trainer('ilql').__name__)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ILQLTrainer"

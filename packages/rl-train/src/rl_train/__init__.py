@@ -72,6 +72,11 @@ _LAZY: dict[str, tuple[str, str]] = {
 
 __version__: str = _version("rl-train")
 
+# Modules whose import completes another's registry: the trainer registry of
+# ``rl_train.trainer`` holds ILQL's trainer once ``rl_train.ilql`` is imported (as it was when
+# ``import rl_train`` imported every module).
+_LOAD_WITH: dict[str, tuple[str, ...]] = {"rl_train.trainer": ("rl_train.ilql",)}
+
 __all__ = [
     "AgentTrainer",
     "BaseRLTrainer",
@@ -112,6 +117,8 @@ def __getattr__(name: str) -> Any:
     except KeyError:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     value = getattr(import_module(module), attribute)
+    for also in _LOAD_WITH.get(module, ()):
+        import_module(also)
     globals()[name] = value
     return value
 
