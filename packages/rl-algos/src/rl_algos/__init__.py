@@ -145,6 +145,11 @@ def __getattr__(name: str) -> Any:
     try:
         module, attribute = _LAZY[name]
     except KeyError:
+        try:  # a submodule, as ``pkg.sub`` after ``import pkg`` when the package was eager
+            return import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
     value = getattr(import_module(module), attribute)
     globals()[name] = value
