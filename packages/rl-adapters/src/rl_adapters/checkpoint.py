@@ -31,10 +31,9 @@ import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
 from safetensors.torch import load_model, save_file
 from torch import nn
 
@@ -47,6 +46,9 @@ from rl_adapters._checkpoint_read import (
 )
 from rl_adapters.lora import comparable_lora_config
 from rl_adapters.policy import PolicyModel
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "load_checkpoint", "save_checkpoint"]
 
@@ -495,6 +497,8 @@ def load_checkpoint(
             "without `optimizer` and build a new one over policy.trainable_parameters()"
         )
     if policy.peft is not None:
+        from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
         for role in policy.adapter_roles:
             weights = root / role / "adapter_model.safetensors"
             if not weights.is_file():

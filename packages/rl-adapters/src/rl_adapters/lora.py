@@ -5,10 +5,12 @@ from __future__ import annotations
 import copy
 import re
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from peft import LoraConfig
 from torch import nn
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
 __all__ = [
     "comparable_lora_config",
@@ -45,6 +47,8 @@ def default_lora_config(model: nn.Module) -> LoraConfig:
         UserWarning,
         stacklevel=3,
     )
+    from peft import LoraConfig  # peft is heavy: imported only when LoRA is used
+
     return LoraConfig(
         r=8, lora_alpha=16, lora_dropout=0.0, target_modules=linear_module_names(model)
     )
@@ -52,6 +56,8 @@ def default_lora_config(model: nn.Module) -> LoraConfig:
 
 def validate_lora_config(config: LoraConfig, model: nn.Module) -> LoraConfig:
     """Check that the config's target modules exist in the model; return a private copy."""
+    from peft import LoraConfig  # peft is heavy: imported only when LoRA is used
+
     if not isinstance(config, LoraConfig):
         raise TypeError(f"`lora_config` must be a peft.LoraConfig, got {type(config).__name__}")
     config = copy.deepcopy(config)

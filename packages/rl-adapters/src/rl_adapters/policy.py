@@ -16,21 +16,17 @@ import contextlib
 import copy
 import importlib.util
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from peft import (
-    LoraConfig,
-    PeftModel,
-    get_peft_model,
-    get_peft_model_state_dict,
-    set_peft_model_state_dict,
-)
 from torch import nn
 from transformers import PreTrainedModel
 
 from rl_adapters.lora import default_lora_config, scope_lora_config, validate_lora_config
 from rl_adapters.value_head import ValueHead
+
+if TYPE_CHECKING:
+    from peft import LoraConfig, PeftModel
 
 __all__ = ["PolicyModel", "ReferenceMode", "causal_lm_of", "copy_adapter", "is_lora_param_of"]
 
@@ -44,6 +40,8 @@ def is_lora_param_of(name: str, adapter: str) -> bool:
 
 def copy_adapter(peft_model: PeftModel, source: str, target: str) -> None:
     """Copy adapter ``source``'s weights onto adapter ``target`` exactly."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
     state = get_peft_model_state_dict(peft_model, adapter_name=source)
     set_peft_model_state_dict(peft_model, state, adapter_name=target)
 
@@ -153,6 +151,8 @@ class PolicyModel(nn.Module):
 
     def _attach_adapters(self, model: PreTrainedModel, config: LoraConfig) -> None:
         """Wrap ``model`` with this policy's LoRA adapters, seeded (global RNG untouched)."""
+        from peft import PeftModel, get_peft_model  # heavy: only with LoRA
+
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             peft_model = get_peft_model(model, config, adapter_name="actor")

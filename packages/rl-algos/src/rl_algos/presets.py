@@ -1,7 +1,8 @@
-"""The one table of algorithm names: each preset is an agent class plus default settings.
+"""The presets: each row of :mod:`rl_algos.names` as an agent class plus default settings.
 
-``ALGORITHMS`` is the only list of algorithm names in the stack: ``rl-train demo --algo``,
-``rl-train run``'s ``algo:`` and the trlX-style trainer registry all read it. A preset is data
+``ALGORITHMS`` (defined in the torch-free :mod:`rl_algos.names`, re-exported here) is the only
+list of algorithm names in the stack: ``rl-train demo --algo``, ``rl-train run``'s ``algo:``
+and the trlX-style trainer registry all read it. A preset is data
 (:class:`Preset`): Dr. GRPO, DAPO, RLOO and REINFORCE++ are :class:`~rl_algos.GRPO` with other
 defaults, not code paths. :func:`make_agent` builds one; an explicit keyword always wins over a
 preset default.
@@ -16,6 +17,7 @@ from typing import Any
 
 from rl_algos.grpo import CISPO, GRPO, GSPO
 from rl_algos.ilql import ILQL
+from rl_algos.names import ALGORITHM_SPECS, ALGORITHMS, FromArg
 from rl_algos.ppo import LLMPPO
 from rl_algos.reinforce import LLMREINFORCE
 
@@ -31,14 +33,6 @@ __all__ = [
     "reinforce_pp",
     "rloo_agent",
 ]
-
-
-@dataclass(frozen=True)
-class FromArg:
-    """A preset default that copies another keyword's value (e.g. Dr. GRPO's length norm)."""
-
-    name: str
-    """The keyword whose value is copied (None when it was not passed)."""
 
 
 @dataclass(frozen=True)
@@ -67,67 +61,22 @@ class Preset:
         return out
 
 
-_TABLE = (
-    Preset("grpo", GRPO, {}, "GRPO: group-relative advantages, clipped surrogate (2402.03300)"),
-    Preset("gspo", GSPO, {}, "GSPO: sequence-level ratio (2507.18071)"),
-    Preset("cispo", CISPO, {}, "CISPO: clipped IS weight x log-prob (2506.13585)"),
-    Preset(
-        "dr_grpo",
-        GRPO,
-        {
-            "adv_norm": "mean_only",
-            "loss_aggregation": "seq_mean_token_sum_norm",
-            "max_length_norm": FromArg("max_output_tokens"),
-            "beta": 0.0,
-        },
-        "Dr. GRPO: no std scaling, constant length normaliser, no KL (2503.20783, Sec. 3.1)",
-    ),
-    Preset(
-        "dapo",
-        GRPO,
-        {
-            "clip_coef": 0.2,
-            "clip_coef_high": 0.28,
-            "loss_aggregation": "token_mean",
-            "filter_zero_adv": True,
-            "beta": 0.0,
-        },
-        "DAPO: clip-higher, token-level normaliser, dynamic sampling, no KL (2503.14476)",
-    ),
-    Preset(
-        "rloo",
-        GRPO,
-        {"advantage_estimator": "rloo", "loss_aggregation": "token_mean"},
-        "RLOO: leave-one-out baseline, token-mean loss (2402.14740)",
-    ),
-    Preset(
-        "reinforce_pp",
-        GRPO,
-        {"advantage_estimator": "reinforce_pp_baseline", "loss_aggregation": "token_mean"},
-        "REINFORCE++-baseline: group-mean baseline, KL in the reward, whitening (2501.03262)",
-    ),
-    Preset(
-        "reinforce",
-        LLMREINFORCE,
-        {},
-        "REINFORCE with Return Batch Normalization, turn level (2510.01051)",
-        grouped=False,
-    ),
-    Preset("ppo", LLMPPO, {}, "PPO with a critic and turn-level GAE (1707.06347)", grouped=False),
-    Preset(
-        "ilql",
-        ILQL,
-        {},
-        "ILQL: offline Q/V heads, value-guided decoding (2206.11871)",
-        grouped=False,
-        online=False,
-    ),
+_AGENTS: Mapping[str, type] = {
+    "GRPO": GRPO,
+    "GSPO": GSPO,
+    "CISPO": CISPO,
+    "LLMREINFORCE": LLMREINFORCE,
+    "LLMPPO": LLMPPO,
+    "ILQL": ILQL,
+}
+
+_TABLE = tuple(
+    Preset(s.name, _AGENTS[s.agent], s.defaults, s.summary, grouped=s.grouped, online=s.online)
+    for s in ALGORITHM_SPECS.values()
 )
 
 #: Every preset by name, in the order users see them.
 PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in _TABLE})
-#: The algorithm names (``--algo`` choices, ``algo:`` values): the stack's only such list.
-ALGORITHMS: tuple[str, ...] = tuple(PRESETS)
 
 
 def get_preset(name: str) -> Preset:

@@ -5,16 +5,33 @@ and :class:`SyncMultiTurnVecEnv` (multi-turn text environments), built-in tasks 
 locally (:mod:`rl_envs.tasks`) and reward helpers (:mod:`rl_envs.rewards`).
 """
 
+from importlib import import_module
 from importlib.metadata import version as _version
+from typing import TYPE_CHECKING, Any
 
-from rl_envs.multiturn import (
-    SyncMultiTurnVecEnv,
-    TextEnv,
-    TokenObservationWrapper,
-    Trajectory,
-    TrajectoryBatch,
-)
-from rl_envs.reasoning import PromptBatch, ReasoningGym, RewardFunctionError, render_prompt
+if TYPE_CHECKING:
+    from rl_envs.multiturn import (
+        SyncMultiTurnVecEnv,
+        TextEnv,
+        TokenObservationWrapper,
+        Trajectory,
+        TrajectoryBatch,
+    )
+    from rl_envs.reasoning import PromptBatch, ReasoningGym, RewardFunctionError, render_prompt
+
+# Public name -> (submodule, attribute): loaded on first access (PEP 562), so importing the
+# package (or a light submodule of it) does not import torch or the model libraries.
+_LAZY: dict[str, tuple[str, str]] = {
+    "PromptBatch": ("rl_envs.reasoning", "PromptBatch"),
+    "ReasoningGym": ("rl_envs.reasoning", "ReasoningGym"),
+    "RewardFunctionError": ("rl_envs.reasoning", "RewardFunctionError"),
+    "SyncMultiTurnVecEnv": ("rl_envs.multiturn", "SyncMultiTurnVecEnv"),
+    "TextEnv": ("rl_envs.multiturn", "TextEnv"),
+    "TokenObservationWrapper": ("rl_envs.multiturn", "TokenObservationWrapper"),
+    "Trajectory": ("rl_envs.multiturn", "Trajectory"),
+    "TrajectoryBatch": ("rl_envs.multiturn", "TrajectoryBatch"),
+    "render_prompt": ("rl_envs.reasoning", "render_prompt"),
+}
 
 __version__: str = _version("rl-envs")
 
@@ -30,3 +47,23 @@ __all__ = [
     "__version__",
     "render_prompt",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Load a public name from its submodule on first access (PEP 562)."""
+    try:
+        module, attribute = _LAZY[name]
+    except KeyError:
+        try:  # a submodule, as ``pkg.sub`` after ``import pkg`` when the package was eager
+            return import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(import_module(module), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -18,9 +18,10 @@ import random
 import re
 import string
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from datasets import Dataset, Features, Value
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 from rl_envs.rewards import extract_final_answer, numbers_equal
 
@@ -42,7 +43,6 @@ TASK_ALPHABET: str = string.digits + string.ascii_lowercase + " \n" + "+-*/=?.,:
 """Every character a built-in task or environment may emit (questions, answers, observations)."""
 
 _SYMBOLS = frozenset(TASK_ALPHABET) - frozenset(" \n")
-_FEATURES = Features({"question": Value("string"), "answer": Value("string")})
 _INTEGER = re.compile(r"(?:(?<![0-9])[-+])?[0-9]+")
 
 
@@ -71,7 +71,10 @@ def _check_length(length: object) -> int:
 
 
 def _dataset(questions: list[str], answers: list[str]) -> Dataset:
-    return Dataset.from_dict({"question": questions, "answer": answers}, features=_FEATURES)
+    from datasets import Dataset, Features, Value  # heavy (pyarrow, pandas): only when used
+
+    features = Features({"question": Value("string"), "answer": Value("string")})
+    return Dataset.from_dict({"question": questions, "answer": answers}, features=features)
 
 
 def successor_digit(n: int, *, seed: int = 0) -> Dataset:

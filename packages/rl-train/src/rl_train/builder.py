@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from datasets import load_dataset
-from peft import LoraConfig
 from rl_algos import get_preset, make_agent
 from rl_envs import ReasoningGym
 from rl_envs.rewards import exact_match_reward, tagged_format_reward
@@ -239,6 +237,8 @@ def build_reward(name: str) -> RewardFn:
 def _datasets(config: RunConfig) -> tuple[Any, Any]:
     """``(train, test)`` datasets of ``config.data``."""
     d = config.data
+    from datasets import load_dataset  # heavy (pyarrow, pandas): only for files and the hub
+
     if d.hub is not None:
         ds = load_dataset(d.hub, d.hub_config)
         return ds["train"], ds["test"]
@@ -355,6 +355,8 @@ def build_agent(config: RunConfig, model: Any, tokenizer: Any, accelerator: Any 
     if _full_finetune(config):
         common["full_finetune"] = True
     else:
+        from peft import LoraConfig  # heavy: only with LoRA
+
         common["lora_config"] = LoraConfig(
             r=config.model.lora_r,
             lora_alpha=config.model.lora_alpha,

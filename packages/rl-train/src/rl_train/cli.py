@@ -3,6 +3,10 @@
 ``rl-train demo`` runs a real training job on the embedded default (a tiny model built from
 scratch and a built-in task, on CPU) and reports greedy accuracy before and after, and where
 the run directory is (checkpoints, metrics, reward curve).
+
+Start-up is cheap on purpose: the arguments and the YAML (types, unknown keys, missing files,
+algorithm names) are checked before torch or any model library is imported; ``rl_train.run``
+(torch, transformers, the agents) is imported only by the command that trains or evaluates.
 """
 
 from __future__ import annotations
@@ -10,16 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib.metadata import version
 
-import torch
-from rl_algos import ALGORITHMS
+from rl_algos.names import ALGORITHMS
 from rl_envs.tasks import available_tasks
 
-from rl_train import __version__
 from rl_train.config import load_config
 from rl_train.demo import DemoConfig
-from rl_train.ilql_demo import ILQLDemoConfig, run_ilql_demo
-from rl_train.run import evaluate, fit, prepare, train
 
 #: Exit status for bad arguments or configuration.
 EXIT_USAGE = 2
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rl-train",
         description="Reinforcement-learning fine-tuning of causal language models.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('rl-train')}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = sub.add_parser(
         "demo",
@@ -82,11 +83,19 @@ def _demo(args: argparse.Namespace) -> int:
     if args.steps < 1:
         print(f"rl-train: --steps must be >= 1, got {args.steps}", file=sys.stderr)
         return EXIT_USAGE
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    import torch  # heavy: only once the arguments are known to be good
+
+    # One intra-op thread: the ~78k-parameter model's matrices are too small to gain from
+    # more, and spinning worker threads cost the most on a shared 2-core machine.
+    torch.set_num_threads(1)
     if args.algo == "ilql":  # offline: log a behaviour dataset, then learn from it alone
+        from rl_train.ilql_demo import ILQLDemoConfig, run_ilql_demo
+
         ilql = ILQLDemoConfig(task=args.task, steps=args.steps, seed=args.seed)
         run_ilql_demo(ilql, args.run_dir, progress=not args.quiet)
         return 0
+    from rl_train.run import fit, prepare
+
     demo = DemoConfig(task=args.task, algo=args.algo, steps=args.steps, seed=args.seed)
     built = prepare(demo.run_config(args.run_dir))
     n_params = sum(p.numel() for p in built.model.parameters())
@@ -102,7 +111,10 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """``rl-train run CONFIG [overrides]``."""
-    summary = train(load_config(args.config, args.overrides), verbose=not args.quiet, say=print)
+    config = load_config(args.config, args.overrides)  # before torch: errors answer at once
+    from rl_train.run import train
+
+    summary = train(config, verbose=not args.quiet, say=print)
     if summary.main_process:
         print(f"run directory: {summary.run_dir}")
     return 0
@@ -110,7 +122,10 @@ def _run(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     """``rl-train eval CHECKPOINT [--config CONFIG] [overrides]``."""
-    result = evaluate(load_config(args.config, args.overrides), args.checkpoint)
+    config = load_config(args.config, args.overrides)
+    from rl_train.run import evaluate
+
+    result = evaluate(config, args.checkpoint)
     print(f"greedy accuracy: {result['accuracy']:.2f}   test reward: {result['test_reward']:.3f}")
     return 0
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rl_algos import ALGORITHMS
+from rl_algos.names import ALGORITHMS  # torch-free: the config is checked before torch loads
 
 __all__ = ["ConfigError", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "load_config"]
 
@@ -217,7 +217,23 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         _resolve_paths(config, Path(path).resolve().parent)
     if config.deepspeed_config is not None and not Path(config.deepspeed_config).is_file():
         raise ConfigError(f"deepspeed_config file {config.deepspeed_config!r} does not exist")
+    _check_data_files(config)
     return config
+
+
+def _check_data_files(config: RunConfig) -> None:
+    """Data files that do not exist fail here, before the model libraries are imported."""
+    d = config.data
+    if d.hub is None and d.train_path is not None:
+        kind = Path(d.train_path).suffix.lstrip(".") in ("json", "jsonl", "csv")
+        if not kind or not Path(d.train_path).is_file():
+            raise ConfigError(
+                f"data.train_path {d.train_path!r} must be an existing .json, .jsonl or .csv file"
+            )
+        if d.test_path is not None and not Path(d.test_path).is_file():
+            raise ConfigError(f"data.test_path file {d.test_path!r} does not exist")
+    if d.offline_path is not None and not Path(d.offline_path).is_file():
+        raise ConfigError(f"data.offline_path {d.offline_path!r} does not exist")
 
 
 def _check(config: RunConfig) -> None:

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rl_algos import get_preset
-from rl_envs import ReasoningGym
+from rl_algos.names import ALGORITHM_SPECS
 
-from rl_train.builder import build_agent as build_run_agent
-from rl_train.builder import build_env as build_run_env
 from rl_train.config import DataConfig, ModelConfig, RunConfig, TrainConfig
+
+if TYPE_CHECKING:
+    from rl_envs import ReasoningGym
 
 __all__ = ["DemoConfig", "build_agent", "build_env"]
 
@@ -62,7 +62,7 @@ class DemoConfig:
         Returns:
             A :class:`RunConfig` on the tiny model (checkpoints at half-time and the end).
         """
-        grouped = get_preset(self.algo).grouped
+        grouped = ALGORITHM_SPECS[self.algo].grouped
         agent: dict[str, Any] = {
             "lr": self.lr,
             "max_output_tokens": self.max_output_tokens,
@@ -105,6 +105,8 @@ def build_env(config: DemoConfig, tokenizer: Any) -> ReasoningGym:
     Returns:
         :func:`rl_train.builder.build_env` of the preset run configuration.
     """
+    from rl_train.builder import build_env as build_run_env  # torch: only when building
+
     return build_run_env(config.run_config(), tokenizer)
 
 
@@ -119,4 +121,6 @@ def build_agent(config: DemoConfig, model: Any, tokenizer: Any) -> Any:
     Returns:
         :func:`rl_train.builder.build_agent` of the preset run configuration.
     """
+    from rl_train.builder import build_agent as build_run_agent  # torch: only when building
+
     return build_run_agent(config.run_config(), model, tokenizer)
