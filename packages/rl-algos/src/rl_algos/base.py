@@ -38,6 +38,7 @@ from rl_algos.config import (
     CosineLRScheduleConfig,
     HyperparameterConfig,
     VLLMConfig,
+    config_fields,
 )
 from rl_algos.distributed import world_size
 from rl_algos.generation import (
@@ -125,14 +126,14 @@ class LLMAlgorithm:
         if name.startswith("__") or name == "config" or "config" not in self.__dict__:
             raise AttributeError(name)
         config = self.__dict__["config"]
-        if name in {f.name for f in dataclasses.fields(config)}:
+        if name in config_fields(type(config)):
             return getattr(config, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Writes to a config field go to the config (so mutations reach ``learn()``)."""
         config = self.__dict__.get("config")
-        if config is not None and name in {f.name for f in dataclasses.fields(config)}:
+        if config is not None and name in config_fields(type(config)):
             setattr(config, name, value)
         else:
             object.__setattr__(self, name, value)
@@ -157,7 +158,7 @@ class LLMAlgorithm:
         tokenizer: Any = None,
         **hyperparameters: Any,
     ) -> None:
-        known = {f.name for f in dataclasses.fields(self.config_class)}
+        known = config_fields(self.config_class)
         unknown = sorted(set(hyperparameters) - known - set(_IGNORED))
         if unknown:
             raise TypeError(f"{type(self).__name__} got unexpected arguments {unknown}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ __all__ = [
     "HyperparameterConfig",
     "RLParameter",
     "VLLMConfig",
+    "config_fields",
     "cosine_schedule",
 ]
 
@@ -255,3 +257,14 @@ class AgentConfig:
             raise ValueError(
                 f"a tuple `clip_coef` must be absolute ratio bounds (lo < 1 < hi), got {c}"
             )
+
+
+_FIELDS: dict[type, frozenset[str]] = {}
+
+
+def config_fields(config_class: type) -> frozenset[str]:
+    """The field names of a config dataclass (``agent.<field>`` routes to ``agent.config``)."""
+    names = _FIELDS.get(config_class)
+    if names is None:
+        names = _FIELDS[config_class] = frozenset(f.name for f in dataclasses.fields(config_class))
+    return names

@@ -43,6 +43,14 @@ class AlgorithmSpec:
     online: bool = True
     """Learns from its own generations; False: from logged (offline) data (ILQL)."""
 
+    def resolve(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """``kwargs`` over this row's defaults (``FromArg`` defaults filled from ``kwargs``)."""
+        out = dict(kwargs)
+        for key, value in self.defaults.items():
+            if key not in out:
+                out[key] = kwargs.get(value.name) if isinstance(value, FromArg) else value
+        return out
+
 
 _TABLE = (
     AlgorithmSpec(

@@ -11,13 +11,13 @@ preset default.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from rl_algos.grpo import CISPO, GRPO, GSPO
 from rl_algos.ilql import ILQL
-from rl_algos.names import ALGORITHM_SPECS, ALGORITHMS, FromArg
+from rl_algos.names import ALGORITHM_SPECS, ALGORITHMS, AlgorithmSpec, FromArg
 from rl_algos.ppo import LLMPPO
 from rl_algos.reinforce import LLMREINFORCE
 
@@ -37,28 +37,41 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Preset:
-    """One algorithm: which agent class, with which defaults."""
+    """One algorithm: its torch-free row (:class:`rl_algos.names.AlgorithmSpec`) and agent class."""
 
-    name: str
-    """The name users write (``--algo``, ``algo:``)."""
+    spec: AlgorithmSpec
+    """The row of :data:`rl_algos.names.ALGORITHM_SPECS` (name, defaults, summary, flags)."""
     agent: type
     """The rl-algos agent class (``GRPO``, ``LLMPPO``, ...)."""
-    defaults: Mapping[str, Any] = field(default_factory=dict)
-    """Constructor defaults over the class's own; a :class:`FromArg` copies another keyword."""
-    summary: str = ""
-    """One line with the paper (arXiv id)."""
-    grouped: bool = True
-    """Samples ``group_size`` completions per prompt (the GRPO family); False: one per prompt."""
-    online: bool = True
-    """Learns from its own generations; False: from logged (offline) data (ILQL)."""
+
+    @property
+    def name(self) -> str:
+        """The name users write (``--algo``, ``algo:``)."""
+        return self.spec.name
+
+    @property
+    def defaults(self) -> Mapping[str, Any]:
+        """Constructor defaults over the class's own; a ``FromArg`` copies another keyword."""
+        return self.spec.defaults
+
+    @property
+    def summary(self) -> str:
+        """One line with the paper (arXiv id)."""
+        return self.spec.summary
+
+    @property
+    def grouped(self) -> bool:
+        """Samples ``group_size`` completions per prompt (the GRPO family)."""
+        return self.spec.grouped
+
+    @property
+    def online(self) -> bool:
+        """Learns from its own generations; False: from logged (offline) data (ILQL)."""
+        return self.spec.online
 
     def resolve(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """``kwargs`` over this preset's defaults (``FromArg`` defaults filled from ``kwargs``)."""
-        out = dict(kwargs)
-        for key, value in self.defaults.items():
-            if key not in out:
-                out[key] = kwargs.get(value.name) if isinstance(value, FromArg) else value
-        return out
+        return self.spec.resolve(kwargs)
 
 
 _AGENTS: Mapping[str, type] = {
@@ -70,10 +83,7 @@ _AGENTS: Mapping[str, type] = {
     "ILQL": ILQL,
 }
 
-_TABLE = tuple(
-    Preset(s.name, _AGENTS[s.agent], s.defaults, s.summary, grouped=s.grouped, online=s.online)
-    for s in ALGORITHM_SPECS.values()
-)
+_TABLE = tuple(Preset(spec, _AGENTS[spec.agent]) for spec in ALGORITHM_SPECS.values())
 
 #: Every preset by name, in the order users see them.
 PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in _TABLE})
