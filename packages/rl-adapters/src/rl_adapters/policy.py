@@ -1,9 +1,12 @@
 """One causal-LM base with LoRA adapters by role: actor, reference and critic.
 
 Roles share the frozen base weights; each role is a LoRA adapter (or, for the reference, the
-base with adapters disabled). ``use_role`` switches the active adapter and always restores the
-actor and the exact trainable set on exit: peft's ``set_adapter`` marks only the active adapter
-trainable, which would otherwise freeze the actor after a reference forward.
+base with adapters disabled). ``use_role`` switches the active adapter and restores the actor
+and the exact trainable set on exit: peft's ``set_adapter`` marks only the active adapter
+trainable, which would otherwise freeze the actor after a reference forward. The switch visits
+only the LoRA layers, recorded once (:class:`rl_adapters.roles.LoraSites`), not every module;
+``merged_for_generation`` runs the actor with its LoRA delta merged into new base weights, so
+sampling costs what the bare model's does.
 
 Log-probs are not computed here: :meth:`PolicyModel.hidden_states` returns the last hidden
 states and :attr:`PolicyModel.lm_head_weight` the projection, so rl-algos feeds them to
@@ -23,6 +26,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from rl_adapters.lora import default_lora_config, scope_lora_config, validate_lora_config
+from rl_adapters.roles import LoraSites
 from rl_adapters.value_head import ValueHead
 
 if TYPE_CHECKING:
@@ -125,6 +129,7 @@ class PolicyModel(nn.Module):
         self.lora_config: LoraConfig | None = None
         self.reference_model: PreTrainedModel | None = None
         self.value_head: ValueHead | None = None
+        self._sites: LoraSites | None = None
         if gradient_checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
@@ -166,6 +171,7 @@ class PolicyModel(nn.Module):
         self.lora_config = config
         self.peft = peft_model
         self.causal_lm = causal_lm_of(peft_model)
+        self._sites = None  # recorded again on first use
 
     def rebuild_adapters(self, config: LoraConfig) -> None:
         """Replace every adapter by a fresh one with ``config`` (weights re-initialised).
@@ -269,18 +275,43 @@ class PolicyModel(nn.Module):
         if role not in self.roles:
             raise ValueError(f"unknown `role` {role!r}; this model has roles {self.roles}")
 
+    def lora_sites(self) -> LoraSites | None:
+        """The LoRA layers, recorded on first use; None without LoRA or under ZeRO-3.
+
+        ZeRO-3 partitions the weights and gathers them in per-module hooks, so its role
+        switches stay peft's own model-level ones.
+        """
+        if self.peft is None:
+            return None
+        if self._sites is None:
+            self._sites = LoraSites(self.peft, self.trainable_parameters())
+        return None if self._sites.partitioned() else self._sites
+
     @contextlib.contextmanager
     def use_role(self, role: str) -> Iterator[None]:
-        """Run the body with ``role``'s weights; restore the actor and trainable set after.
+        """Run the body with ``role``'s weights; the actor and its trainable set after.
 
         Raises:
             ValueError: For a role this model does not have.
         """
         self._check_role(role)
-        try:
-            if self.peft is None or role == "actor":
-                yield
-            elif role == "reference" and self.reference_mode == "base":
+        if self.peft is None or role == "actor":
+            yield
+            return
+        sites = self.lora_sites()
+        if sites is not None:  # only the LoRA layers are visited
+            if role == "reference" and self.reference_mode == "base":
+                with sites.bypassed():
+                    yield
+            elif role == "reference" and not torch.is_grad_enabled():
+                with sites.merged(role):  # frozen: its delta merged, at base-model speed
+                    yield
+            else:
+                with sites.active(role):
+                    yield
+            return
+        try:  # peft's model-level switches (ZeRO-3)
+            if role == "reference" and self.reference_mode == "base":
                 with self.peft.disable_adapter():
                     yield
             else:
@@ -288,6 +319,24 @@ class PolicyModel(nn.Module):
                 yield
         finally:
             self._restore()
+
+    @contextlib.contextmanager
+    def merged_for_generation(self, enabled: bool = True) -> Iterator[None]:
+        """Run the body (generation, no gradient) with the actor's LoRA delta merged.
+
+        Each plain LoRA linear layer is replaced by one with weight ``W + scaling * B @ A``
+        (see :meth:`rl_adapters.roles.LoraSites.merged`); the base weights are not written, so
+        the model is bit-identical after the body. Logits differ from the unmerged forward by
+        float rounding only (the sampler's log-probs record what was sampled from). Memory:
+        one extra copy of the adapted base weights while the body runs. A no-op with
+        ``enabled=False``, in full fine-tuning, and under ZeRO-3.
+        """
+        sites = self.lora_sites() if enabled else None
+        if sites is None:
+            yield
+            return
+        with sites.merged("actor"):
+            yield
 
     def trainable_parameters(self, role: str | None = None) -> list[nn.Parameter]:
         """Parameters an optimizer should update: all (None), the actor's, or the critic's."""

@@ -79,6 +79,9 @@ class AgentParts:
     """The policy loss (registered name and arguments) and the KL term."""
     extra_loss: Callable[[MicroBatch, Normalizers], LossTerms] | None = None
     """A further loss term per micro-batch (PPO's value loss), or None."""
+    needs_old_logprobs: bool = True
+    """Whether ``estimate`` reads ``Scores.old_logprobs`` (e.g. a KL in the reward). False
+    lets an on-policy ``learn()`` skip the old-log-prob forward (:meth:`LLMAlgorithm.learn`)."""
 
 
 def _jsonable(value: Any) -> bool:
@@ -340,7 +343,11 @@ class LLMAlgorithm:
         """
         ids = prompt_ids(obs)
         self._deepspeed()
-        return generate_actions(self.engine, ids, self.sampling_params(training), repeat_prompts)
+        merge = self.config.merge_lora_for_generation and not self.config.use_vllm
+        with self.policy.merged_for_generation(merge):
+            return generate_actions(
+                self.engine, ids, self.sampling_params(training), repeat_prompts
+            )
 
     # -- learn -----------------------------------------------------------------------------------
 
@@ -372,6 +379,8 @@ class LLMAlgorithm:
         ``update_epochs`` passes in shuffled minibatches of ``batch_size`` rows, each one
         learner step accumulated over micro-batches of ``micro_batch_size_per_gpu`` rows
         with global normalisers (the summed micro-batch losses equal the minibatch loss).
+        Phase 3 skips the old log-probs when the update is :meth:`on_policy` and the parts
+        do not read them.
 
         Raises:
             ValueError: malformed experiences (shapes, NaN rewards, options the batch lacks).
@@ -381,7 +390,10 @@ class LLMAlgorithm:
         batch = self.parse(experiences, turn_ids, sampling_logps)  # 1. parse
         parts = self.parts(batch)  # 2. parts
         scores = score_batch(  # 3. score
-            self.scorer, batch, with_reference=self.config.beta > 0
+            self.scorer,
+            batch,
+            with_reference=self.config.beta > 0,
+            with_old=parts.needs_old_logprobs or not self.on_policy(batch),
         )
         with torch.no_grad():
             estimates = parts.estimate(batch, scores)  # 4. advantages
@@ -392,12 +404,35 @@ class LLMAlgorithm:
             self._push_weights_to_engine()
         return out
 
+    def _corrects(self, batch: Batch) -> bool:
+        """Whether phase 5 weights the batch by old / sampler probabilities."""
+        return (
+            batch.sampling_logprobs is not None and self.config.vllm_importance_sampling_correction
+        )
+
+    def on_policy(self, batch: Batch) -> bool:
+        """Whether ``learn(batch)`` is on-policy: one optimizer step, no mismatch correction.
+
+        One epoch of one minibatch, and nothing before the step reads the old log-probs.
+
+        The weights then do not change between sampling-time scoring and the loss, so the old
+        log-probs equal the loss's own log-probs (detached) and their forward is skipped, as
+        TRL's GRPO does when ``num_iterations == 1``. The loss is the same to float rounding:
+        the ratio is exactly 1 instead of ``exp(x - x')`` of two forwards of one policy.
+        """
+        cfg = self.config
+        return (
+            cfg.update_epochs == 1
+            and cfg.batch_size >= batch.num_rows
+            and not self._corrects(batch)
+        )
+
     def _correct(self, batch: Batch, scores: Scores, estimates: Estimates) -> Estimates:
         """Truncated importance weights old / sampler (:func:`rl_losses.rollout_correction`)."""
-        if batch.sampling_logprobs is None or not self.config.vllm_importance_sampling_correction:
+        if not self._corrects(batch) or batch.sampling_logprobs is None:
             return estimates
         corr = rollout_correction(
-            scores.old_logprobs,
+            scores.old(),
             batch.sampling_logprobs,
             batch.mask,
             cap=self.config.vllm_importance_sampling_cap,
@@ -432,6 +467,8 @@ class LLMAlgorithm:
         self, batch: Batch, scores: Scores, estimates: Estimates, parts: AgentParts
     ) -> dict[str, list[float]]:
         self._deepspeed()
+        if self.policy.training:  # dropout stays off (the class docstring); once per update
+            self.policy.eval()
         fused = self.config.use_liger_loss and parts.objective.fusable
         metrics: dict[str, list[float]] = {}
         for rows in self.minibatches(batch.num_rows):
@@ -449,7 +486,6 @@ class LLMAlgorithm:
         self, mb: MicroBatch, norm: Normalizers, parts: AgentParts, fused: bool
     ) -> LossTerms | None:
         """One micro-batch's loss: the objective (plain or fused) plus the extra term."""
-        self.policy.eval()
         if fused:
             terms = fused_objective_loss(parts.objective, self.scorer, mb, norm)
         else:

@@ -54,10 +54,21 @@ class Batch:
 class Scores:
     """Log-probs of the batch's actions before the update (no gradient)."""
 
-    old_logprobs: torch.Tensor
-    """[N, T] under the policy that is being updated, 0 off the mask."""
+    old_logprobs: torch.Tensor | None
+    """[N, T] under the policy that is being updated, 0 off the mask; None when the update
+    is on-policy (one optimizer step on this batch, nothing before it reads them): the loss
+    then uses its own log-probs, detached (ratio 1), and the scoring forward is skipped."""
     ref_logprobs: torch.Tensor | None
     """[N, T] under the frozen reference, or None (no KL term, or no reference)."""
+
+    def old(self) -> torch.Tensor:
+        """:attr:`old_logprobs`, which must have been scored."""
+        if self.old_logprobs is None:
+            raise ValueError(
+                "old log-probs were not scored (an on-policy learn() skips them): declare "
+                "AgentParts(needs_old_logprobs=True) for an estimate that reads them"
+            )
+        return self.old_logprobs
 
 
 @dataclass(frozen=True)
@@ -107,7 +118,8 @@ class MicroBatch:
     mask: torch.Tensor
     """[M, T] bool, shifted by one; rows dropped by ``Estimates.keep`` are all False."""
     old_logprobs: torch.Tensor | None
-    """[M, T], or None without a scoring phase (ILQL)."""
+    """[M, T]; None on-policy (see :attr:`Scores.old_logprobs`) or without a scoring phase
+    (ILQL)."""
     ref_logprobs: torch.Tensor | None
     """[M, T] or None."""
     advantages: torch.Tensor | None
@@ -148,7 +160,7 @@ class MicroBatch:
             input_ids=batch.input_ids[rows],
             attention_mask=batch.attention_mask[rows],
             mask=mask,
-            old_logprobs=None if scores is None else scores.old_logprobs[rows],
+            old_logprobs=None if scores is None else pick(scores.old_logprobs),
             ref_logprobs=None if scores is None else pick(scores.ref_logprobs),
             advantages=pick(estimates.advantages),
             turn_ids=pick(turn_ids),

@@ -231,6 +231,10 @@ class AgentConfig:
     """Strings that end a completion (need a tokenizer)."""
     use_vllm: bool = False
     """Generate with a colocated vLLM engine (CUDA)."""
+    merge_lora_for_generation: bool = True
+    """LoRA: sample with the actor's delta merged into new base weights (bare-model speed, one
+    extra copy of the adapted weights while generating; see
+    ``rl_adapters.PolicyModel.merged_for_generation``). False: through the LoRA layers."""
 
     def __post_init__(self) -> None:
         """Check the values (each error names the argument)."""

@@ -107,7 +107,7 @@ def _sequence(cfg: GroupAdvantage, seq: torch.Tensor, batch: Batch, scores: Scor
     fn = get_estimator(cfg.estimator)
     if cfg.estimator in TOKEN_ESTIMATORS:
         ref = scores.ref_logprobs
-        kl = None if ref is None else scores.old_logprobs - ref
+        kl = None if ref is None else scores.old() - ref
         return fn(seq, batch.mask, cfg.group_size, kl=kl, beta=cfg.beta, **cfg.kwargs)
     return fn(seq, cfg.group_size, **cfg.kwargs)
 
@@ -131,7 +131,7 @@ def _as_tokens(value: Any, like: torch.Tensor, name: str) -> torch.Tensor:
 
 def group_advantages(cfg: GroupAdvantage, batch: Batch, scores: Scores) -> Estimates:
     """[N, T] advantages of the GRPO family (see the module docstring), and the kept rows."""
-    r, mask, old, ref = batch.rewards, batch.mask, scores.old_logprobs, scores.ref_logprobs
+    r, mask, ref = batch.rewards, batch.mask, scores.ref_logprobs
     seq = r.sum(-1) if r.dim() == 2 else r
     if (
         cfg.granularity == "turn"
@@ -146,10 +146,10 @@ def group_advantages(cfg: GroupAdvantage, batch: Batch, scores: Scores) -> Estim
         )
         adv = broadcast_to_tokens(per_turn, batch.turn_ids)
     else:
-        adv = _as_tokens(_sequence(cfg, seq, batch, scores), old, cfg.estimator)
+        adv = _as_tokens(_sequence(cfg, seq, batch, scores), mask, cfg.estimator)
     adv = torch.where(mask, adv, torch.zeros_like(adv))
     if cfg.kl_shaping and ref is not None:
-        adv = adv - cfg.beta * (old - ref)
+        adv = adv - cfg.beta * (scores.old() - ref)
     if cfg.whiten:
         adv = whiten(adv, mask)
     if cfg.clip_range is not None:

@@ -241,6 +241,7 @@ class GRPO(LLMAlgorithm):
         return AgentParts(
             estimate=lambda b, scores: group_advantages(settings, b, scores),
             objective=self.objective(kl_in_reward=settings.kl_in_reward),
+            needs_old_logprobs=settings.kl_in_reward,
         )
 
 

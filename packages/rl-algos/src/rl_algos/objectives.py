@@ -123,9 +123,14 @@ class PolicyObjective:
 def policy_loss(
     objective: PolicyObjective, mb: MicroBatch, logprobs: torch.Tensor, norm: Normalizers
 ) -> LossTerms:
-    """The objective on ``mb`` with the current ``logprobs`` [M, T] (plain path)."""
-    if mb.old_logprobs is None or mb.advantages is None:
-        raise ValueError("a policy objective needs scored old log-probs and advantages")
+    """The objective on ``mb`` with the current ``logprobs`` [M, T] (plain path).
+
+    Without ``mb.old_logprobs`` (an on-policy update) the old log-probs are ``logprobs``
+    detached: the ratio is 1 and its gradient that of the log-probs.
+    """
+    if mb.advantages is None:
+        raise ValueError("a policy objective needs advantages")
+    old = logprobs.detach() if mb.old_logprobs is None else mb.old_logprobs
     normalizer = objective.normalizer(norm)
     kwargs: dict[str, Any] = {
         "aggregation": objective.aggregation,
@@ -136,9 +141,7 @@ def policy_loss(
     }
     if objective.level not in (None, "token"):
         kwargs.update(level=objective.level, pooling=objective.pooling, turn_ids=mb.turn_ids)
-    out = get_policy_loss(objective.loss)(
-        logprobs, mb.old_logprobs, mb.advantages, mb.mask, **kwargs
-    )
+    out = get_policy_loss(objective.loss)(logprobs, old, mb.advantages, mb.mask, **kwargs)
     loss: torch.Tensor = out.loss if hasattr(out, "loss") else out
     m = out.metrics() if hasattr(out, "metrics") else {}
     mask = mb.mask
@@ -173,10 +176,10 @@ def fused_objective_loss(
 
     The chunked kernel projects only the valid tokens and computes the gradient in its forward,
     so the ``[M, T, V]`` logits never exist; it equals :func:`policy_loss` (value and gradient)
-    to float32 rounding.
+    to float32 rounding. ``mb.old_logprobs`` None: on-policy (the kernel's ratio is 1).
     """
-    if mb.old_logprobs is None or mb.advantages is None:
-        raise ValueError("a policy objective needs scored old log-probs and advantages")
+    if mb.advantages is None:
+        raise ValueError("a policy objective needs advantages")
     hidden = scorer.hidden_states(mb.input_ids, mb.attention_mask)
     use_ref = objective.kl_in_loss and mb.ref_logprobs is not None and objective.beta > 0
     weight, bias = scorer.head()

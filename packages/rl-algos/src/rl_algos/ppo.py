@@ -161,5 +161,8 @@ class LLMPPO(LLMAlgorithm):
     def parts(self, batch: Batch) -> AgentParts:
         """Turn-level GAE with the critic, the clipped surrogate and the value loss."""
         return AgentParts(
-            estimate=self._estimate, objective=self.objective(), extra_loss=self._value_loss
+            estimate=self._estimate,
+            objective=self.objective(),
+            extra_loss=self._value_loss,
+            needs_old_logprobs=False,
         )

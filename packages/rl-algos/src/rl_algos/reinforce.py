@@ -80,5 +80,7 @@ class LLMREINFORCE(LLMAlgorithm):
             raise ValueError("importance_sampling_level='turn' needs `turn_ids` in learn()")
         gamma = self.config.gamma
         return AgentParts(
-            estimate=lambda b, scores: rebn_advantages(b, gamma), objective=self.objective()
+            estimate=lambda b, scores: rebn_advantages(b, gamma),
+            objective=self.objective(),
+            needs_old_logprobs=False,
         )

@@ -129,10 +129,18 @@ class Scorer:
         return torch.cat(parts)
 
 
-def score_batch(scorer: Scorer, batch: Batch, with_reference: bool) -> Scores:
-    """The batch's :class:`Scores`: actor log-probs, and the reference's when asked (no grad)."""
+def score_batch(
+    scorer: Scorer, batch: Batch, with_reference: bool, with_old: bool = True
+) -> Scores:
+    """The batch's :class:`Scores` (no grad).
+
+    The actor's log-probs unless ``with_old`` is False (an on-policy update, see
+    :attr:`Scores.old_logprobs`), and the reference's when ``with_reference``.
+    """
     with torch.no_grad():
-        old = scorer.logprobs(batch.input_ids, batch.attention_mask, batch.mask)
+        old = None
+        if with_old:
+            old = scorer.logprobs(batch.input_ids, batch.attention_mask, batch.mask)
         ref = None
         if with_reference and "reference" in scorer.policy.roles:
             ref = scorer.logprobs(batch.input_ids, batch.attention_mask, batch.mask, "reference")

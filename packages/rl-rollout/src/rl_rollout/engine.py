@@ -171,8 +171,12 @@ class _Processor(LogitsProcessor):
         step = input_ids.shape[1] - width
         if self.record and self.previous is not None:
             self.logprobs.append(self.previous.gather(1, input_ids[:, -1:]).squeeze(1))
-        generated = torch.ones(input_ids.shape[0], step, dtype=torch.bool, device=input_ids.device)
-        mask = torch.cat([self.prompt_mask, generated], dim=1)
+        mask = None  # only the repetition penalty reads which context tokens are padding
+        if self.params.repetition_penalty != 1.0:
+            generated = torch.ones(
+                input_ids.shape[0], step, dtype=torch.bool, device=input_ids.device
+            )
+            mask = torch.cat([self.prompt_mask, generated], dim=1)
         processed = process_logits(
             scores, input_ids, self.params, input_mask=mask, step=step, eos_token_ids=self.eos
         )

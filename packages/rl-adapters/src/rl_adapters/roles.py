@@ -1,0 +1,163 @@
+"""Fast role switches on a peft model: touch only the LoRA layers, found once.
+
+peft's model-level ``set_adapter`` / ``disable_adapter`` walk every module of the model and
+reset ``requires_grad`` on the way, and restoring the trainable set afterwards walks every
+parameter again; on a small model that is a third of an RL update. :class:`LoraSites` records
+each LoRA layer (and where it hangs in its parent) once, then switches roles by visiting only
+those layers:
+
+* :meth:`LoraSites.bypassed`: each LoRA layer is replaced in its parent by its own base layer,
+  so the forward is the base model's, exactly (what ``disable_adapter()`` computes: the base
+  layer's output, nothing added);
+* :meth:`LoraSites.active`: each layer's public ``set_adapter(role)``, then back to the actor
+  with the trainable flags put back from a list recorded once;
+* :meth:`LoraSites.merged`: for generation, each plain LoRA ``Linear`` is replaced by a linear
+  layer holding ``W + scaling * B @ A`` (peft's ``get_delta_weight``), so sampling runs at the
+  speed of the bare model. The base weight ``W`` is never written: the merged weight is a new
+  tensor, dropped on exit, so leaving the context restores the model bit for bit.
+
+All three are context managers that put every layer back on exit, also on an exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["LoraSite", "LoraSites"]
+
+
+@dataclass(frozen=True)
+class LoraSite:
+    """One LoRA layer and where it hangs: ``getattr(parent, name) is layer``."""
+
+    parent: nn.Module
+    name: str
+    layer: Any
+    """A peft ``BaseTunerLayer`` module (``base_layer``, ``set_adapter``, ``get_delta_weight``)."""
+
+
+class _MergedLinear(nn.Module):
+    """``x @ weight.T + bias`` with a merged weight held as a plain tensor (not a parameter)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.weight = weight
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., out] the merged projection of [..., in] ``x``."""
+        return nn.functional.linear(x, self.weight, self.bias)
+
+
+class LoraSites:
+    """The LoRA layers of a peft model, recorded once, and role switches over them.
+
+    Args:
+        model: The peft model (or its inner transformers model) with LoRA layers injected.
+        trainable: Parameters that must be trainable after every switch (the actor's and the
+            critic's adapter weights).
+    """
+
+    def __init__(self, model: nn.Module, trainable: Sequence[nn.Parameter]) -> None:
+        from peft.tuners.tuners_utils import BaseTunerLayer  # heavy: only with LoRA
+
+        sites: list[LoraSite] = []
+        for parent in model.modules():
+            for name, child in parent.named_children():
+                if isinstance(child, BaseTunerLayer):
+                    sites.append(LoraSite(parent, name, child))
+        self.sites = tuple(sites)
+        self.trainable = tuple(trainable)
+
+    def __len__(self) -> int:
+        return len(self.sites)
+
+    def partitioned(self) -> bool:
+        """Whether DeepSpeed ZeRO-3 partitions the weights; the switches here do not apply then.
+
+        Checked at each use: the DeepSpeed engine is built after the model.
+        """
+        first = self.sites[0].layer if self.sites else None
+        return first is not None and any(hasattr(p, "ds_id") for p in first.parameters())
+
+    @contextlib.contextmanager
+    def _swapped(self, replacements: Sequence[tuple[LoraSite, nn.Module]]) -> Iterator[None]:
+        """Hang each replacement where its site's LoRA layer hangs; put the layers back after."""
+        done: list[LoraSite] = []
+        try:
+            for site, module in replacements:
+                setattr(site.parent, site.name, module)
+                done.append(site)
+            yield
+        finally:
+            for site in done:
+                setattr(site.parent, site.name, site.layer)
+
+    @contextlib.contextmanager
+    def bypassed(self) -> Iterator[None]:
+        """Run the base model: every LoRA layer replaced by its own base layer."""
+        with self._swapped([(s, s.layer.base_layer) for s in self.sites]):
+            yield
+
+    @contextlib.contextmanager
+    def active(self, adapter: str, restore: str = "actor") -> Iterator[None]:
+        """Run with ``adapter`` active in every LoRA layer; ``restore`` active after.
+
+        peft's per-layer ``set_adapter`` marks only the active adapter trainable; on exit the
+        recorded trainable parameters are made trainable again.
+        """
+        try:
+            for site in self.sites:
+                site.layer.set_adapter(adapter)
+            yield
+        finally:
+            for site in self.sites:
+                site.layer.set_adapter(restore)
+            for p in self.trainable:
+                p.requires_grad_(True)
+
+    def mergeable(self, adapter: str) -> list[LoraSite]:
+        """Sites whose ``adapter`` can be merged: plain LoRA over an ``nn.Linear``.
+
+        Excluded (they keep their LoRA forward): variants such as DoRA, non-linear layers
+        (embeddings, convolutions), quantized or partitioned base weights.
+        """
+        out = []
+        for site in self.sites:
+            layer = site.layer
+            base = getattr(layer, "base_layer", None)
+            ok = (
+                type(base) is nn.Linear
+                and adapter in getattr(layer, "lora_A", {})
+                and adapter not in getattr(layer, "lora_variant", {})
+                and not getattr(layer, "lora_bias", {}).get(adapter, False)
+                and not getattr(layer, "merged", False)
+                and base.weight.dtype.is_floating_point
+                and not hasattr(base.weight, "ds_id")  # ZeRO-3 partition
+            )
+            if ok:
+                out.append(site)
+        return out
+
+    @contextlib.contextmanager
+    def merged(self, adapter: str = "actor") -> Iterator[None]:
+        """Run with ``adapter`` merged into new base weights (inference only, no gradient).
+
+        Each mergeable layer (:meth:`mergeable`) is replaced by a linear layer with weight
+        ``W + scaling * B @ A``; the others run unchanged. ``W`` itself is not modified.
+        """
+        replacements: list[tuple[LoraSite, nn.Module]] = []
+        with torch.no_grad():
+            for site in self.mergeable(adapter):
+                base = site.layer.base_layer
+                delta = site.layer.get_delta_weight(adapter)
+                weight = base.weight + delta.to(base.weight.dtype)
+                replacements.append((site, _MergedLinear(weight, base.bias)))
+        with self._swapped(replacements):
+            yield
