@@ -1,0 +1,114 @@
+"""The on-policy update skips the old-log-prob forward and computes the same step.
+
+``learn()`` takes one optimizer step from the weights that produced the batch when it runs one
+epoch of one minibatch without a mismatch correction (``LLMAlgorithm.on_policy``); the old
+log-probs are then the loss's own, detached, and phase 3 does not score them unless the parts
+read them (``AgentParts.needs_old_logprobs``). Each test compares with the same agent made to
+score them (an ``on_policy`` override, the documented extension point): loss and every gradient
+agree to float32 rounding, and the phase-3 ``Scores`` say which path ran.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import algos_testlib as tl
+import pytest
+import rl_algos
+import torch
+
+SAME_LOSS_TOL: dict[str, float] = {"rel": 1e-5, "abs": 1e-7}
+SAME_GRAD_TOL: dict[str, float] = {"rtol": 1e-5, "atol": 1e-7}
+
+
+@cache
+def _recording(algo: str, scored: bool) -> type:
+    """``rl_algos.<algo>`` that records phase 3's ``Scores`` (and, with ``scored``, is never
+    treated as on-policy, so the old log-probs are always scored)."""
+    base = getattr(rl_algos, algo)
+
+    def parts(self: Any, batch: Any) -> Any:
+        out = base.parts(self, batch)
+        estimate = out.estimate
+
+        def recorded(b: Any, scores: Any) -> Any:
+            self.seen.append(scores)
+            return estimate(b, scores)
+
+        return rl_algos.AgentParts(recorded, out.objective, out.extra_loss, out.needs_old_logprobs)
+
+    body: dict[str, Any] = {"parts": parts, "algo_name": f"{base.algo_name}-rec{int(scored)}"}
+    if scored:
+        body["on_policy"] = lambda self, batch: False
+    return type(f"{algo}Recording{int(scored)}", (base,), body)
+
+
+def _agent(algo: str, scored: bool, **kw: Any) -> Any:
+    extra: dict[str, Any] = {"group_size": tl.GROUP_SIZE} if algo == "GRPO" else {}
+    agent = _recording(algo, scored)(
+        actor_network=tl.tiny_model(0), **tl.agent_kwargs(**{**extra, **kw})
+    )
+    tl.perturb_adapter(agent.policy, "actor", seed=1)
+    agent.seen = []
+    return agent
+
+
+CASES = [
+    pytest.param("GRPO", {}, id="grpo"),
+    pytest.param("GRPO", {"use_liger_loss": True}, id="grpo-fused"),
+    pytest.param("GRPO", {"micro_batch_size_per_gpu": 3}, id="grpo-micro-batched"),
+    pytest.param("GRPO", {"loss_type": "gspo"}, id="gspo"),
+    pytest.param("LLMREINFORCE", {}, id="reinforce"),
+]
+
+
+@pytest.mark.parametrize(("algo", "kw"), CASES)
+def test_on_policy_step_equals_the_scored_step(algo: str, kw: dict[str, Any]) -> None:
+    batch = tl.make_batch()
+    fast, scored = _agent(algo, False, **kw), _agent(algo, True, **kw)
+    names = tl.trainable_names(fast)
+    m_fast = fast.learn(batch.experiences())
+    m_scored = scored.learn(batch.experiences())
+    assert fast.seen[0].old_logprobs is None  # the forward was skipped
+    assert scored.seen[0].old_logprobs is not None
+    assert m_fast["loss"] == pytest.approx(m_scored["loss"], **SAME_LOSS_TOL)
+    grads = tl.agent_grads(fast.policy, names)
+    assert max(float(g.abs().max()) for g in grads.values()) > 1e-3, "degenerate test case"
+    torch.testing.assert_close(grads, tl.agent_grads(scored.policy, names), **SAME_GRAD_TOL)
+    # the next step starts from the same weights
+    torch.testing.assert_close(
+        tl.named_params(fast.policy), tl.named_params(scored.policy), rtol=1e-5, atol=1e-7
+    )
+
+
+@pytest.mark.parametrize(
+    ("kw", "why"),
+    [
+        ({"update_epochs": 2}, "a second epoch steps from moved weights"),
+        ({"batch_size": 4}, "a second minibatch steps from moved weights"),
+        ({"use_kl_advantage_shaping": True}, "the advantages read old - ref"),
+        ({"advantage_estimator": "reinforce_pp_baseline"}, "REINFORCE++ puts the KL in the reward"),
+    ],
+)
+def test_old_logprobs_are_scored_when_the_update_reads_them(kw: dict[str, Any], why: str) -> None:
+    agent = _agent("GRPO", False, **kw)
+    agent.learn(tl.make_batch().experiences())
+    assert agent.seen[0].old_logprobs is not None, why
+
+
+def test_sampling_logprobs_with_correction_are_scored_against() -> None:
+    batch = tl.make_batch()
+    agent = _agent("GRPO", False)
+    sampling = torch.zeros(batch.masks.shape)
+    agent.learn(batch.experiences(), sampling_logps=sampling)
+    assert agent.seen[0].old_logprobs is not None  # the correction compares old and sampler
+    agent = _agent("GRPO", False, vllm_importance_sampling_correction=False)
+    agent.learn(batch.experiences(), sampling_logps=sampling)
+    assert agent.seen[0].old_logprobs is None
+
+
+def test_reading_unscored_old_logprobs_names_the_fix() -> None:
+    scores = rl_algos.Scores(None, None)
+    with pytest.raises(ValueError, match="needs_old_logprobs=True"):
+        scores.old()
