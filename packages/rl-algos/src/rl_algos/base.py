@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,12 +43,13 @@ from rl_algos.distributed import world_size
 from rl_algos.generation import (
     IdsTokenizer,
     generate_actions,
+    model_eos_ids,
     prompt_ids,
     push_weights,
     sampling_params,
     vllm_engine,
 )
-from rl_algos.learner import Learner, StepResult, broadcast_module
+from rl_algos.learner import Learner, StepResult, broadcast_module, summarize
 from rl_algos.objectives import LossTerms, PolicyObjective, fused_objective_loss, policy_loss
 from rl_algos.scoring import Scorer, score_batch
 
@@ -188,13 +188,9 @@ class LLMAlgorithm:
         self.device = torch.device(accelerator.device if accelerator is not None else device)
         self.policy = self._build_policy(model_name, actor_network, model_config, lora_config)
         self.extra_modules: dict[str, torch.nn.Module] = {}
-        eos = getattr(self.policy.causal_lm.generation_config, "eos_token_id", None)
-        eos = (
-            eos if eos is not None else getattr(self.policy.causal_lm.config, "eos_token_id", None)
-        )
-        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-        self.eos_token_id = int(eos_ids[0]) if eos_ids else self.pad_token_id
-        self.stop_token_ids = tuple(int(e) for e in eos_ids[1:])
+        eos_ids = model_eos_ids(self.policy.causal_lm)
+        self.eos_token_id = eos_ids[0] if eos_ids else self.pad_token_id
+        self.stop_token_ids = eos_ids[1:]
         self.tokenizer = tokenizer or IdsTokenizer(self.pad_token_id, self.eos_token_id)
         self.engine = self.make_engine(self.policy)
         self._vllm_lora_dir: str | None = None
@@ -399,7 +395,7 @@ class LLMAlgorithm:
             estimates = parts.estimate(batch, scores)  # 4. advantages
         estimates = self._correct(batch, scores, estimates)  # 5. correction
         metrics = self._update(batch, scores, estimates, parts)  # 6. update
-        out = self._summary(metrics, batch)
+        out = summarize(metrics, batch.rewards)
         if self.config.use_vllm and metrics.get("loss"):
             self._push_weights_to_engine()
         return out
@@ -411,21 +407,14 @@ class LLMAlgorithm:
         )
 
     def on_policy(self, batch: Batch) -> bool:
-        """Whether ``learn(batch)`` is on-policy: one optimizer step, no mismatch correction.
+        """Whether ``learn(batch)`` is one optimizer step with no mismatch correction.
 
-        One epoch of one minibatch, and nothing before the step reads the old log-probs.
-
-        The weights then do not change between sampling-time scoring and the loss, so the old
-        log-probs equal the loss's own log-probs (detached) and their forward is skipped, as
-        TRL's GRPO does when ``num_iterations == 1``. The loss is the same to float rounding:
-        the ratio is exactly 1 instead of ``exp(x - x')`` of two forwards of one policy.
+        One epoch of one minibatch: the old log-probs equal the loss's own, detached, so phase
+        3 skips them (TRL's GRPO with ``num_iterations == 1``); the ratio is exactly 1.
         """
         cfg = self.config
-        return (
-            cfg.update_epochs == 1
-            and cfg.batch_size >= batch.num_rows
-            and not self._corrects(batch)
-        )
+        one_step = cfg.update_epochs == 1 and cfg.batch_size >= batch.num_rows
+        return one_step and not self._corrects(batch)
 
     def _correct(self, batch: Batch, scores: Scores, estimates: Estimates) -> Estimates:
         """Truncated importance weights old / sampler (:func:`rl_losses.rollout_correction`)."""
@@ -512,17 +501,6 @@ class LLMAlgorithm:
         for k, value in result.metrics.items():
             metrics.setdefault(k, []).append(value)
 
-    @staticmethod
-    def _summary(metrics: dict[str, list[float]], batch: Batch) -> dict[str, float]:
-        out = {k: sum(v) / len(v) for k, v in metrics.items() if v}
-        losses = metrics.get("loss", [])
-        out["loss"] = losses[-1] if losses else float("nan")
-        out["mean_loss"] = sum(losses) / len(losses) if losses else math.nan
-        r = batch.rewards.float()
-        out["mean_reward"] = float(r.sum(-1).mean() if r.dim() == 2 else r.mean())
-        out["mean_kl"] = out.get("kl", 0.0)
-        return out
-
     def _push_weights_to_engine(self) -> None:  # pragma: no cover - needs vLLM and CUDA
         """After an update, give the generation engine (vLLM) the trained actor."""
         self._vllm_lora_dir = push_weights(self.engine, self.policy, self._vllm_lora_dir)
@@ -594,19 +572,9 @@ class LLMAlgorithm:
         Arguments that are not JSON (``lora_config``, ``tokenizer``, ``hp_config``) come back
         through ``overrides``.
         """
-        state = lifecycle.read_state(path)
-        klass = LLMAlgorithm._registry.get(str(state.get("class")), cls)
-        if not issubclass(klass, cls):
-            raise ValueError(f"{path} holds a {klass.__name__}, not a {cls.__name__}")
-        kwargs = {**state.get("init_kwargs", {}), **overrides}
-        for name in ("actor_network", "device", "accelerator"):
-            kwargs.pop(name, None)
-        if actor_network is None and kwargs.get("model_name") is None:
-            raise ValueError(
-                "pass `actor_network` (a fresh base model): checkpoints hold adapters, not the base"
-            )
-        agent = klass(actor_network=actor_network, device=device, accelerator=accelerator, **kwargs)
-        agent.load_checkpoint(path)
+        agent: LLMAlgorithm = lifecycle.load_new_agent(
+            cls, LLMAlgorithm._registry, path, actor_network, device, accelerator, overrides
+        )
         return agent
 
     def clone(self, index: int | None = None) -> LLMAlgorithm:

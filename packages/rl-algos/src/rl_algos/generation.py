@@ -17,6 +17,7 @@ from rl_algos.config import ActionResult, AgentConfig, VLLMConfig
 __all__ = [
     "IdsTokenizer",
     "generate_actions",
+    "model_eos_ids",
     "prompt_ids",
     "push_weights",
     "sampling_params",
@@ -45,6 +46,16 @@ class IdsTokenizer:
     def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
         """Refuses: there is no vocabulary."""
         raise ValueError("this agent has no tokenizer: pass prompts as token ids")
+
+
+def model_eos_ids(model: Any) -> tuple[int, ...]:
+    """The model's EOS ids: its generation config's, else its config's.
+
+    The first is *the* EOS; the others end a completion like it (stop ids).
+    """
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    eos = eos if eos is not None else getattr(model.config, "eos_token_id", None)
+    return tuple(int(e) for e in ([eos] if isinstance(eos, int) else list(eos or [])))
 
 
 def sampling_params(

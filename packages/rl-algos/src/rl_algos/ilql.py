@@ -36,7 +36,7 @@ from rl_algos.batch import (
 from rl_algos.config import ActionResult, AgentConfig
 from rl_algos.distributed import deepspeed_plugin
 from rl_algos.generation import generate_actions, prompt_ids
-from rl_algos.learner import broadcast_module
+from rl_algos.learner import broadcast_module, summarize
 from rl_algos.objectives import LossTerms
 from rl_algos.scoring import Scorer
 
@@ -406,7 +406,7 @@ class ILQL(LLMAlgorithm):
             self._apply(step, metrics)
             if self.steps > before and self.heads.maybe_sync(self.steps):  # 3. targets
                 syncs += 1
-        out = self._summary(metrics, batch)
+        out = summarize(metrics, batch.rewards)
         out.pop("mean_kl", None)
         out["target_syncs"] = float(syncs)
         return out

@@ -27,7 +27,7 @@ from rl_algos.config import CosineLRScheduleConfig, cosine_schedule
 from rl_algos.distributed import deepspeed_plugin, prepare_deepspeed, world_size, zero_stage
 from rl_algos.objectives import LossTerms
 
-__all__ = ["Learner", "StepResult"]
+__all__ = ["Learner", "StepResult", "summarize"]
 
 LossFn = Callable[[MicroBatch], LossTerms | None]
 
@@ -263,3 +263,19 @@ class Learner:
             raise FloatingPointError(message + ". Pass skip_nonfinite=True to skip such steps")
         warnings.warn(message + "; step skipped", RuntimeWarning, stacklevel=4)
         return StepResult(False, total, grad_norm)
+
+
+def summarize(metrics: dict[str, list[float]], rewards: torch.Tensor) -> dict[str, float]:
+    """``learn()``'s metrics from the per-step values it collected.
+
+    Each value averaged over the steps; ``loss`` the last step's and ``mean_loss`` their mean;
+    ``mean_reward`` of [N] ``rewards`` (per-turn [N, K] summed per row); ``mean_kl``.
+    """
+    out = {k: sum(v) / len(v) for k, v in metrics.items() if v}
+    losses = metrics.get("loss", [])
+    out["loss"] = losses[-1] if losses else math.nan
+    out["mean_loss"] = sum(losses) / len(losses) if losses else math.nan
+    r = rewards.float()
+    out["mean_reward"] = float(r.sum(-1).mean() if r.dim() == 2 else r.mean())
+    out["mean_kl"] = out.get("kl", 0.0)
+    return out

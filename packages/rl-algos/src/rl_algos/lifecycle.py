@@ -205,3 +205,33 @@ def mutate_hyperparameter(agent: Any, rng: random.Random | None) -> dict[str, An
     record = {"step": agent.steps, "param": name, "before": before, "after": getattr(agent, name)}
     agent.mutation_history.append(record)
     return record
+
+
+def load_new_agent(
+    cls: Any,
+    registry: dict[str, Any],
+    path: str | Path,
+    actor_network: Any,
+    device: Any,
+    accelerator: Any,
+    overrides: dict[str, Any],
+) -> Any:
+    """``cls.load``: rebuild the checkpoint's agent, then load its weights.
+
+    The class is the checkpoint's (a subclass of ``cls``, looked up in ``registry``); the
+    constructor arguments are its JSON ones, ``overrides`` winning.
+    """
+    state = read_state(path)
+    klass: Any = registry.get(str(state.get("class")), cls)
+    if not issubclass(klass, cls):
+        raise ValueError(f"{path} holds a {klass.__name__}, not a {cls.__name__}")
+    kwargs = {**state.get("init_kwargs", {}), **overrides}
+    for name in ("actor_network", "device", "accelerator"):
+        kwargs.pop(name, None)
+    if actor_network is None and kwargs.get("model_name") is None:
+        raise ValueError(
+            "pass `actor_network` (a fresh base model): checkpoints hold adapters, not the base"
+        )
+    agent = klass(actor_network=actor_network, device=device, accelerator=accelerator, **kwargs)
+    agent.load_checkpoint(path)
+    return agent
