@@ -1,8 +1,8 @@
 """Task runner for the rl-* workspace (nox with the uv backend).
 
-Plain ``nox`` runs the default sessions: lint, typecheck, every ``test-<package>``, isolation,
-integration (which also executes every Python example of the docs site), slow, docs and
-docs-browser. Environments are synced from the committed ``uv.lock`` (``--locked``): a stale lock
+Plain ``nox`` runs the default sessions: lint, typecheck, tools, every ``test-<package>``,
+isolation, integration (which also executes every Python example of the docs site), slow, docs
+and docs-browser. ``nox -s affected -- origin/main...HEAD`` runs only those a change needs. Environments are synced from the committed ``uv.lock`` (``--locked``): a stale lock
 fails instead of being rewritten.
 
 Sessions:

@@ -8,13 +8,17 @@
 
 The default output is one package name per line: the workspace members whose files changed,
 plus every member that depends on one of them, transitively (a change to a member's own
-``tests/`` or top-level Markdown, such as its README or CHANGELOG, selects that member alone). The dependency graph is read from
-the members' own ``pyproject.toml`` files (``dependencies``, optional dependencies and dependency
-groups, so a change to the test-support member ``rl-testing`` selects every package whose
-``test`` group uses it). A change to a workspace-level file (the root ``pyproject.toml``,
-``uv.lock``, ``noxfile.py``, ``.ci/``) selects everything, and so does any path no rule below
-knows: an unknown file runs the full suite rather than too little.
+``tests/`` or top-level Markdown, such as its README or CHANGELOG, selects that member alone).
+The dependency graph is read from the members' own ``pyproject.toml`` files (``dependencies``,
+optional dependencies and dependency groups, so a change to the test-support member
+``rl-testing`` selects every package whose ``test`` group uses it). A change to a
+workspace-level file (the root ``pyproject.toml``, ``uv.lock``, ``noxfile.py``, ``.ci/``) selects
+everything, and so does any path no rule below knows: an unknown file runs the full suite
+rather than too little.
 
+Besides the ``test-<member>`` sessions, a change needs lint and typecheck always, isolation when
+a light (torch-only) package is affected, integration and slow when rl-algos or rl-train is, and
+the docs sessions when docs or a member change (``PATH_RULES`` below has the other paths).
 ``nox -s affected -- <range>`` runs exactly the sessions of ``--format sessions``, and the CI
 workflow (``.github/workflows/ci.yml``) runs the same list, so a contributor can run locally
 what CI will run for their change. See CONTRIBUTING.md.
@@ -97,7 +101,12 @@ class Plan:
             "packages": self.packages,
             "light": light,
             "sessions": self.sessions,
-            "checks": [s for s in self.sessions if not s.startswith("test-")],
+            # the other sessions, each as nox -s takes it ("isolation -- rl-losses")
+            "checks": [
+                " -- ".join([s, " ".join(self.posargs[s])]) if s in self.posargs else s
+                for s in self.sessions
+                if not s.startswith("test-")
+            ],
             "everything": self.everything,
             "heavy": "integration" in self.sessions,
             "posargs": self.posargs,
@@ -158,6 +167,16 @@ def _match(path: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(path, pattern)
 
 
+def _outside(path: str) -> tuple[list[str] | None, str]:
+    """Sessions a change to a path outside the members needs (None: everything), and why."""
+    if any(_match(path, pattern) for pattern in WORKSPACE_FILES):
+        return None, f"{path}: workspace-level file, everything runs"
+    rule = next((r for r in PATH_RULES if _match(path, r[0])), None)
+    if rule is None:
+        return None, f"{path}: no rule for this path, everything runs"
+    return rule[1], f"{path}: {', '.join(rule[1]) or 'lint only'}"
+
+
 def plan(paths: Iterable[str], root: Path = ROOT) -> Plan:
     """The packages and sessions that a change to ``paths`` (relative to ``root``) needs."""
     graph = members(root)
@@ -168,30 +187,24 @@ def plan(paths: Iterable[str], root: Path = ROOT) -> Plan:
     reasons: list[str] = []
     everything = False
     paths = sorted({p.strip().removeprefix("./") for p in paths if p.strip()})
-    for path in paths:
-        member = next((m for m in by_dir if path.startswith(m.path + "/")), None)
-        if member is not None:
-            inner = path.removeprefix(member.path + "/")
-            sessions.add("docs")  # the API pages render the members' docstrings
-            if inner.startswith("tests/") or ("/" not in inner and inner.endswith(".md")):
-                alone.add(member.name)
-                reasons.append(f"{path}: {member.name} alone (its own tests or Markdown)")
-            else:
-                changed.add(member.name)
-                reasons.append(f"{path}: {member.name} and the members that depend on it")
-        elif any(_match(path, pattern) for pattern in WORKSPACE_FILES):
-            everything = True
-            reasons.append(f"{path}: workspace-level file, everything runs")
-        else:
-            rule = next((r for r in PATH_RULES if _match(path, r[0])), None)
-            if rule is None:
-                everything = True
-                reasons.append(f"{path}: no rule for this path, everything runs")
-            else:
-                sessions.update(rule[1])
-                reasons.append(f"{path}: {', '.join(rule[1]) or 'lint only'}")
     if not paths:
         return Plan([], [], everything=False, reasons=["no file changed"])
+    for path in paths:
+        member = next((m for m in by_dir if path.startswith(m.path + "/")), None)
+        if member is None:
+            needs, why = _outside(path)
+            everything |= needs is None
+            sessions.update(needs or [])
+            reasons.append(why)
+            continue
+        inner = path.removeprefix(member.path + "/")
+        sessions.add("docs")  # the API pages render the members' docstrings
+        if inner.startswith("tests/") or ("/" not in inner and inner.endswith(".md")):
+            alone.add(member.name)
+            reasons.append(f"{path}: {member.name} alone (its own tests or Markdown)")
+        else:
+            changed.add(member.name)
+            reasons.append(f"{path}: {member.name} and the members that depend on it")
     selected = sorted(graph) if everything else sorted(set(dependents(changed, graph)) | alone)
     sessions |= {"lint", "typecheck"} | {f"test-{name}" for name in selected}
     if everything:
@@ -199,11 +212,10 @@ def plan(paths: Iterable[str], root: Path = ROOT) -> Plan:
     if set(selected) & set(HEAVY):
         sessions |= {"integration", "slow"}
     light = [p for p in selected if p in LIGHT]
-    posargs: dict[str, list[str]] = {}
     if light:
         sessions.add("isolation")
-    if "isolation" in sessions and light != sorted(LIGHT) and light:
-        posargs["isolation"] = light
+    # isolation of the affected light packages only (all three: no arguments)
+    posargs = {"isolation": light} if light and light != sorted(LIGHT) else {}
     return Plan(selected, _ordered(sessions), everything, reasons, posargs)
 
 
