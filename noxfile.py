@@ -2,8 +2,9 @@
 
 Plain ``nox`` runs the default sessions: lint, typecheck, tools, every ``test-<package>``,
 isolation, integration (which also executes every Python example of the docs site), slow, docs
-and docs-browser. ``nox -s affected -- origin/main...HEAD`` runs only those a change needs. Environments are synced from the committed ``uv.lock`` (``--locked``): a stale lock
-fails instead of being rewritten.
+and docs-browser. ``nox -s affected -- origin/main...HEAD`` runs only those a change needs.
+Environments are synced from the committed ``uv.lock`` (``--locked``): a stale lock fails
+instead of being rewritten.
 
 Sessions:
     test-<package>   that package's unit tests, in an environment holding only the package, its
