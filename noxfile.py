@@ -192,7 +192,7 @@ def docs_browser(session: nox.Session) -> None:
     )  # fmt: skip
 
 
-@nox.session(tags=["lint"])
+@nox.session
 def tools(session: nox.Session) -> None:
     """tools/tests: affected.py on scratch git repos, workflow schemas, release check-tag."""
     sync(session, "--only-group", "tools")
