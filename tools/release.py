@@ -315,8 +315,8 @@ def check_tag(tag: str) -> str:
     package, version = match["package"], match["version"]
     if package not in packages():
         raise ReleaseError(
-            f"check-tag {tag!r}: no package {package!r} in packages/; "
-            f"packages: {', '.join(packages())}"
+            f"check-tag {tag!r}: unknown package {package!r} (no packages/{package}); "
+            f"known: {', '.join(packages())}"
         )
     if version_of(package) != version:
         raise ReleaseError(

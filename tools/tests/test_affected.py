@@ -218,6 +218,11 @@ def test_the_graph_is_the_workspaces_own() -> None:
         assert "rl-testing" in graph[package].deps
 
 
+def test_every_session_a_rule_names_has_a_place_in_the_order() -> None:
+    named = {s for _, sessions in affected.PATH_RULES for s in sessions}
+    assert named <= set(affected.SESSION_ORDER), named - set(affected.SESSION_ORDER)
+
+
 def test_the_light_packages_are_the_noxfile_isolation_ones() -> None:
     text = (ROOT / "noxfile.py").read_text()
     assert "TORCH_ONLY = affected.LIGHT" in text

@@ -40,7 +40,7 @@ def test_another_version_is_refused_with_the_fix() -> None:
 def test_an_unknown_package_is_refused_with_the_known_ones() -> None:
     proc = check_tag("rl-nothing-v0.1.0")
     assert proc.returncode == 1
-    assert "no package 'rl-nothing'" in proc.stderr and "rl-losses" in proc.stderr
+    assert "unknown package 'rl-nothing'" in proc.stderr and "rl-losses" in proc.stderr
 
 
 @pytest.mark.parametrize("tag", ["v0.1.0", "rl-losses-0.1.0", "rl-losses", "rl-testing-v0.1.0"])
