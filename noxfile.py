@@ -203,26 +203,12 @@ def tools(session: nox.Session) -> None:
 def affected_sessions(session: nox.Session) -> None:
     """Run exactly the sessions a change needs: ``nox -s affected -- origin/main...HEAD``.
 
-    The arguments are tools/affected.py's: a git range, or ``--files PATH ...``.
+    The arguments are tools/affected.py's: a git range, ``--files PATH ...`` or ``--all``.
     """
-    if not session.posargs:
-        session.error(
-            "nox -s affected needs a git range or files after `--`, e.g. "
-            "`nox -s affected -- origin/main...HEAD` or `nox -s affected -- --files README.md`"
-        )
-    args = session.posargs
     try:
-        if args[0] == "--files":
-            paths = list(args[1:])
-        elif len(args) == 1:
-            paths = affected.changed_files(args[0])
-        else:
-            raise affected.AffectedError(
-                f"nox -s affected -- {' '.join(args)}: give one git range or --files PATH ..."
-            )
-        plan = affected.plan(paths)
+        plan = affected.plan(affected.paths_from_args(session.posargs))
     except affected.AffectedError as exc:
-        session.error(str(exc))
+        session.error(f"nox -s affected -- ...: {str(exc).rstrip('.')}")  # nox adds a period
     for reason in plan.reasons:
         session.log(reason)
     if not plan.sessions:

@@ -257,6 +257,22 @@ def _relative(path: str, root: Path) -> str:
         raise AffectedError(f"--files {path}: not inside the workspace {root}") from None
 
 
+def paths_from_args(args: Sequence[str], root: Path = ROOT) -> list[str]:
+    """The paths ``nox -s affected -- ARGS`` names: a range, ``--files ...`` or ``--all``."""
+    if list(args) == ["--all"]:
+        return ["uv.lock"]  # a workspace-level file: everything
+    if args and args[0] == "--files":
+        if len(args) == 1:
+            raise AffectedError("--files needs at least one path after it")
+        return [_relative(a, root) for a in args[1:]]
+    if len(args) == 1 and not args[0].startswith("-"):
+        return changed_files(args[0], root)
+    raise AffectedError(
+        f"arguments {' '.join(args) or '(none)'}: give one git range (origin/main...HEAD), "
+        "--files PATH [PATH ...], or --all"
+    )
+
+
 def render(result: Plan, fmt: str) -> str:
     """The plan in one of the output formats of the command line."""
     if fmt == "packages":

@@ -229,3 +229,14 @@ def test_the_light_packages_are_the_noxfile_isolation_ones() -> None:
     for name in affected.LIGHT:
         deps = release.workspace_deps(name)
         assert set(deps) <= set(affected.LIGHT), (name, deps)
+
+
+def test_the_nox_session_arguments(repo: Path) -> None:
+    # what `nox -s affected -- ARGS` passes on: a range, --files PATH ..., or --all
+    rng = change(repo, "packages/rl-envs/README.md")
+    assert affected.paths_from_args([rng], repo) == ["packages/rl-envs/README.md"]
+    assert affected.paths_from_args(["--files", "a", str(repo / "b")], repo) == ["a", "b"]
+    assert affected.plan(affected.paths_from_args(["--all"], repo), repo).everything
+    for bad in ([], ["a", "b"], ["--files"], ["--explain"]):
+        with pytest.raises(affected.AffectedError, match=r"git range|--files"):
+            affected.paths_from_args(bad, repo)
