@@ -50,6 +50,7 @@ WORKSPACE_FILES = ["pyproject.toml", "uv.lock", "noxfile.py", ".python-version",
 PATH_RULES: list[tuple[str, list[str]]] = [
     ("docs/*", ["docs", "docs-browser", "integration"]),  # integration runs every docs example
     ("mkdocs.yml", ["docs", "docs-browser"]),
+    ("tools/docs/gpu_examples.py", ["tools"]),  # gpu.yml runs it; tools/tests test it
     ("tools/docs/*", ["docs", "docs-browser"]),
     ("tests_integration/*", ["integration", "slow"]),
     ("examples/*", ["integration"]),
