@@ -1,9 +1,10 @@
 """Task runner for the rl-* workspace (nox with the uv backend).
 
-Plain ``nox`` runs the default sessions: lint, typecheck, every ``test-<package>``, isolation,
-integration (which also executes every Python example of the docs site), slow, docs and
-docs-browser. Environments are synced from the committed ``uv.lock`` (``--locked``): a stale lock
-fails instead of being rewritten.
+Plain ``nox`` runs the default sessions: lint, typecheck, tools, every ``test-<package>``,
+isolation, integration (which also executes every Python example of the docs site), slow, docs
+and docs-browser. ``nox -s affected -- origin/main...HEAD`` runs only those a change needs.
+Environments are synced from the committed ``uv.lock`` (``--locked``): a stale lock fails
+instead of being rewritten.
 
 Sessions:
     test-<package>   that package's unit tests, in an environment holding only the package, its
@@ -21,6 +22,10 @@ Sessions:
                      screenshots in .nox/docs-browser/screenshots; skips when no Chromium is
                      installed (``.ci/run`` installs Debian's ``chromium``)
     build-<package>  wheel + sdist into dist/<package> with --no-sources, installed in a fresh venv
+    tools            tools/tests: tools/affected.py on scratch git repos, the GitHub workflows
+                     against their schema, release.py check-tag (the release dry run is ``slow``)
+    affected         not a default: ``nox -s affected -- origin/main...HEAD`` runs exactly the
+                     sessions that change needs (tools/affected.py; the same list CI runs)
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import nox
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tools"))
 
+import affected  # noqa: E402  (tools/affected.py: which packages and sessions a change needs)
 import release  # noqa: E402  (tools/release.py: build, smoke and package helpers)
 
 nox.needs_version = ">=2025.5"
@@ -43,7 +49,7 @@ nox.options.reuse_venv = "yes"
 
 PACKAGES = release.packages()
 #: Packages that must install with torch and nothing heavier (docs/architecture.md).
-TORCH_ONLY = ["rl-advantages", "rl-losses", "rl-kernels"]
+TORCH_ONLY = affected.LIGHT
 #: What a torch-only package must never pull in.
 FORBIDDEN_IN_TORCH_ONLY = ["transformers", "peft", "accelerate", "datasets"]
 #: Sources type-checked by mypy (tests are exercised by pytest instead).
@@ -53,6 +59,7 @@ TYPED_SOURCES = [
     *(f"packages/{p}/src" for p in PACKAGES),
     "tools/rl-testing/src",
     "tools/release.py",
+    "tools/affected.py",
     "noxfile.py",
 ]
 
@@ -102,9 +109,15 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def isolation(session: nox.Session) -> None:
-    """Each torch-only package's wheel, alone in a fresh venv, imports, computes, stays light."""
+    """Each torch-only package's wheel, alone in a fresh venv, imports, computes, stays light.
+
+    ``nox -s isolation -- rl-losses`` checks only the packages named (``nox -s affected`` does).
+    """
+    unknown = sorted(set(session.posargs) - set(TORCH_ONLY))
+    if unknown:
+        session.error(f"isolation -- {' '.join(unknown)}: not torch-only; choose from {TORCH_ONLY}")
     work = Path(session.create_tmp()).resolve() / "isolation"
-    for package in TORCH_ONLY:
+    for package in [p for p in TORCH_ONLY if p in session.posargs or not session.posargs]:
         wheel_dir = work / "dist" / package
         release.build(package, wheel_dir)
         got = release.smoke(
@@ -127,10 +140,11 @@ def integration(session: nox.Session) -> None:
 def slow(session: nox.Session) -> None:
     # DeepSpeed's first launch JIT-builds a C++ op (~75 s); later launches reuse the cache in
     # TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions)
-    sync(session, "--all-packages", "--extra", "deepspeed", "--group", "test")
+    # the tools group: tools/tests' release dry run (release.yml's steps, without the publish)
+    sync(session, "--all-packages", "--extra", "deepspeed", "--group", "test", "--group", "tools")
     dirs = [f"packages/{p}/tests" for p in PACKAGES]
     session.run(
-        "pytest", *dirs, "tools/rl-testing/tests", "tests_integration", "-m", "slow",
+        "pytest", *dirs, "tools/rl-testing/tests", "tools/tests", "tests_integration", "-m", "slow",
         *session.posargs,
         success_codes=[0, 5],  # 5: nothing is marked slow yet
     )  # fmt: skip
@@ -176,6 +190,33 @@ def docs_browser(session: nox.Session) -> None:
         "python", "tools/docs/browser_check.py", str(site),
         "--screenshots", str(out / "screenshots"), "--browser", browser, *session.posargs,
     )  # fmt: skip
+
+
+@nox.session
+def tools(session: nox.Session) -> None:
+    """tools/tests: affected.py on scratch git repos, workflow schemas, release check-tag."""
+    sync(session, "--only-group", "tools")
+    session.run("pytest", "tools/tests", *(session.posargs or ["-m", "not slow"]))
+
+
+@nox.session(name="affected", default=False, venv_backend="none")
+def affected_sessions(session: nox.Session) -> None:
+    """Run exactly the sessions a change needs: ``nox -s affected -- origin/main...HEAD``.
+
+    The arguments are tools/affected.py's: a git range, ``--files PATH ...`` or ``--all``.
+    """
+    try:
+        plan = affected.plan(affected.paths_from_args(session.posargs))
+    except affected.AffectedError as exc:
+        session.error(f"nox -s affected -- ...: {str(exc).rstrip('.')}")  # nox adds a period
+    for reason in plan.reasons:
+        session.log(reason)
+    if not plan.sessions:
+        session.log("nothing to run")
+    for name in plan.sessions:
+        session.log(f"queued: {name} {' '.join(plan.posargs.get(name, []))}")
+        # the posargs of this session (the range) must not reach pytest in the queued ones
+        session.notify(name, posargs=plan.posargs.get(name, []))
 
 
 def _build_session(package: str) -> None:

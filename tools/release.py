@@ -296,13 +296,35 @@ def tag_name(package: str, version: str | None = None) -> str:
 
 
 def check_tag(tag: str) -> str:
-    """Check that a release tag names a package whose pyproject has that version."""
+    """Check that a release tag names a package whose pyproject has that version.
+
+    Args:
+        tag: The tag, e.g. ``rl-losses-v0.2.0`` (a leading ``refs/tags/`` is allowed).
+
+    Returns:
+        The package the tag releases (``rl-losses``); ``.github/workflows/release.yml`` builds
+        that package and nothing else.
+    """
+    tag = tag.removeprefix("refs/tags/")
     match = TAG_RE.match(tag)
     if not match:
-        raise ReleaseError(f"tag {tag!r} is not of the form <package>-v<version>")
+        raise ReleaseError(
+            f"check-tag {tag!r}: not of the form <package>-v<version>, e.g. "
+            f"{tag_name('rl-losses')}; packages: {', '.join(packages())}"
+        )
     package, version = match["package"], match["version"]
+    if package not in packages():
+        raise ReleaseError(
+            f"check-tag {tag!r}: unknown package {package!r} (no packages/{package}); "
+            f"known: {', '.join(packages())}"
+        )
     if version_of(package) != version:
-        raise ReleaseError(f"tag {tag} but {package} pyproject says {version_of(package)}")
+        raise ReleaseError(
+            f"check-tag {tag}: the tag says {version} but {package} pyproject says "
+            f"{version_of(package)}. Tag the "
+            f"committed version ({tag_name(package)}), or bump it first "
+            f"(release.py bump {package} ...) and tag the commit that holds the bump."
+        )
     return package
 
 
