@@ -602,3 +602,33 @@ def test_full_finetune_without_reference() -> None:
         pass
     with pytest.raises(ValueError, match=r"(?i)sync|reference"):
         policy.sync_reference()
+
+
+@pytest.mark.parametrize("full_finetune", [False, True])
+def test_gradient_checkpointing_recomputes_in_eval_mode(full_finetune: bool) -> None:
+    # The policy stays in eval() (dropout off); transformers checkpoints a layer only when
+    # the layer's own `training` flag is set, so the policy must set it for the backward.
+    calls: dict[bool, int] = {}
+    for gc in (False, True):
+        kw: dict[str, Any] = {"full_finetune": True, "reference": None} if full_finetune else {}
+        policy = _policy("qwen2", gradient_checkpointing=gc, **kw)
+        policy.eval()
+        ids, mask = _inputs(policy)
+        attention = [m for n, m in _model(policy).named_modules() if n.endswith("self_attn")]
+        count = [0]
+
+        def tick(*_: Any, count: list[int] = count) -> None:
+            count[0] += 1
+
+        hooks = [a.register_forward_hook(tick) for a in attention]
+        tl.lm_loss(policy.logits(ids, mask), ids, mask).backward()
+        calls[gc] = count[0]
+        with torch.no_grad():  # scoring and generation: no recomputation, KV cache kept
+            count[0] = 0
+            policy.logits(ids, mask)
+            assert count[0] == len(attention)
+        for h in hooks:
+            h.remove()
+        assert not any(m.training for m in _model(policy).modules())  # dropout stays off
+    assert calls[False] == len(attention)
+    assert calls[True] == 2 * len(attention)  # each layer recomputed in the backward

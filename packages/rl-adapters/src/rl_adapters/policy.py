@@ -124,6 +124,8 @@ class PolicyModel(nn.Module):
         self.full_finetune = full_finetune
         self.seed = seed
         self.activation_offload = activation_offload
+        self.gradient_checkpointing = gradient_checkpointing
+        self._checkpointed: list[nn.Module] | None = None
         self.reference_mode: ReferenceMode = reference
         self.has_critic = critic
         self.lora_config: LoraConfig | None = None
@@ -398,11 +400,45 @@ class PolicyModel(nn.Module):
             if self.activation_offload
             else contextlib.nullcontext()
         )
-        with self.use_role(role), offload:
-            out = decoder_of(model)(input_ids=input_ids, attention_mask=attention_mask)
+        with self.use_role(role), offload, self._checkpointing(model):
+            out = decoder_of(model)(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+            )
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         assert isinstance(hidden, torch.Tensor)
         return hidden
+
+    @contextlib.contextmanager
+    def _checkpointing(self, model: nn.Module) -> Iterator[None]:
+        """Make activation checkpointing happen in ``eval()`` mode while autograd records.
+
+        transformers checkpoints a decoder layer only when that layer's own ``training`` flag
+        is set, and the policy stays in ``eval()`` (dropout off), which would silently turn
+        ``gradient_checkpointing=True`` into a no-op. The flag is set on the checkpointed layers
+        themselves, not their submodules (dropout stays off), and only around a forward with
+        autograd on (generation keeps its KV cache).
+        """
+        if not (self.gradient_checkpointing and torch.is_grad_enabled()) or model is not (
+            self.causal_lm
+        ):
+            yield
+            return
+        if self._checkpointed is None:
+            from transformers.modeling_layers import GradientCheckpointingLayer
+
+            self._checkpointed = [
+                m
+                for m in model.modules()
+                if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing
+            ]
+        flags = [m.training for m in self._checkpointed]
+        try:
+            for m in self._checkpointed:
+                m.training = True
+            yield
+        finally:
+            for m, flag in zip(self._checkpointed, flags, strict=True):
+                m.training = flag
 
     def logits(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, role: str = "actor"
