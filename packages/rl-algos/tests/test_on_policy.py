@@ -97,15 +97,27 @@ def test_old_logprobs_are_scored_when_the_update_reads_them(kw: dict[str, Any], 
     assert agent.seen[0].old_logprobs is not None, why
 
 
-def test_sampling_logprobs_with_correction_are_scored_against() -> None:
+@pytest.mark.parametrize("fused", [False, True])
+def test_on_policy_correction_equals_the_scored_correction(fused: bool) -> None:
+    # The mismatch correction weighs tokens by min(exp(old - sampler), cap). On-policy the
+    # plain loss takes `old` from each micro-batch's own log-probs; the fused loss needs them
+    # scored. Either way: the same loss and gradients as the scored step.
     batch = tl.make_batch()
-    agent = _agent("GRPO", False)
-    sampling = torch.zeros(batch.masks.shape)
-    agent.learn(batch.experiences(), sampling_logps=sampling)
-    assert agent.seen[0].old_logprobs is not None  # the correction compares old and sampler
-    agent = _agent("GRPO", False, vllm_importance_sampling_correction=False)
-    agent.learn(batch.experiences(), sampling_logps=sampling)
-    assert agent.seen[0].old_logprobs is None
+    gen = torch.Generator().manual_seed(3)
+    sampling = -(torch.rand(batch.masks.shape, generator=gen) * 8.0)  # weights above and below cap
+    kw: dict[str, Any] = {"use_liger_loss": fused, "micro_batch_size_per_gpu": 3}
+    fast, scored = _agent("GRPO", False, **kw), _agent("GRPO", True, **kw)
+    plain = _agent("GRPO", False, vllm_importance_sampling_correction=False, **kw)
+    names = tl.trainable_names(fast)
+    m_fast = fast.learn(batch.experiences(), sampling_logps=sampling.clone())
+    m_scored = scored.learn(batch.experiences(), sampling_logps=sampling.clone())
+    m_plain = plain.learn(batch.experiences(), sampling_logps=sampling.clone())
+    assert (fast.seen[0].old_logprobs is not None) == fused
+    assert plain.seen[0].old_logprobs is None  # no correction: nothing reads them
+    assert m_fast["loss"] == pytest.approx(m_scored["loss"], **SAME_LOSS_TOL)
+    assert m_fast["loss"] != pytest.approx(m_plain["loss"], rel=1e-3)  # the weights matter
+    grads = tl.agent_grads(fast.policy, names)
+    torch.testing.assert_close(grads, tl.agent_grads(scored.policy, names), **SAME_GRAD_TOL)
 
 
 def test_reading_unscored_old_logprobs_names_the_fix() -> None:

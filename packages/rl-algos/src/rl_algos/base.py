@@ -43,6 +43,7 @@ from rl_algos.distributed import world_size
 from rl_algos.generation import (
     IdsTokenizer,
     generate_actions,
+    greedy_fitness,
     model_eos_ids,
     prompt_ids,
     push_weights,
@@ -375,8 +376,10 @@ class LLMAlgorithm:
         ``update_epochs`` passes in shuffled minibatches of ``batch_size`` rows, each one
         learner step accumulated over micro-batches of ``micro_batch_size_per_gpu`` rows
         with global normalisers (the summed micro-batch losses equal the minibatch loss).
-        Phase 3 skips the old log-probs when the update is :meth:`on_policy` and the parts
-        do not read them.
+        Phase 3 skips the old log-probs when the update is :meth:`on_policy` (one epoch of
+        one minibatch) and the parts do not read them: they are the loss's own, detached
+        (ratio 1, as TRL's GRPO with ``num_iterations == 1``), and a mismatch correction
+        weighs each micro-batch by its own log-probs (the fused loss needs them scored).
 
         Raises:
             ValueError: malformed experiences (shapes, NaN rewards, options the batch lacks).
@@ -407,26 +410,30 @@ class LLMAlgorithm:
         )
 
     def on_policy(self, batch: Batch) -> bool:
-        """Whether ``learn(batch)`` is one optimizer step with no mismatch correction.
-
-        One epoch of one minibatch: the old log-probs equal the loss's own, detached, so phase
-        3 skips them (TRL's GRPO with ``num_iterations == 1``); the ratio is exactly 1.
-        """
+        """Whether ``learn(batch)`` is one optimizer step (see :meth:`learn`, phase 3)."""
         cfg = self.config
         one_step = cfg.update_epochs == 1 and cfg.batch_size >= batch.num_rows
-        return one_step and not self._corrects(batch)
+        return one_step and not (self._corrects(batch) and cfg.use_liger_loss)
 
     def _correct(self, batch: Batch, scores: Scores, estimates: Estimates) -> Estimates:
-        """Truncated importance weights old / sampler (:func:`rl_losses.rollout_correction`)."""
-        if not self._corrects(batch) or batch.sampling_logprobs is None:
+        """Truncated importance weights old / sampler (on-policy: per micro-batch, in 6)."""
+        sampling = batch.sampling_logprobs
+        if not self._corrects(batch) or sampling is None or scores.old_logprobs is None:
             return estimates
-        corr = rollout_correction(
-            scores.old(),
-            batch.sampling_logprobs,
-            batch.mask,
-            cap=self.config.vllm_importance_sampling_cap,
-        )
-        return dataclasses.replace(estimates, is_weights=corr.weights)
+        weights = self._is_weights(scores.old_logprobs, sampling, batch.mask)
+        return dataclasses.replace(estimates, is_weights=weights)
+
+    def _weigh_on_policy(self, mb: MicroBatch, lp: torch.Tensor) -> MicroBatch:
+        """On-policy, phase 5 weighs ``mb`` by its own log-probs ``lp`` [M, T] (old = lp)."""
+        samp = mb.sampling_logprobs if self.config.vllm_importance_sampling_correction else None
+        if mb.old_logprobs is not None or mb.is_weights is not None or samp is None:
+            return mb
+        return dataclasses.replace(mb, is_weights=self._is_weights(lp.detach(), samp, mb.mask))
+
+    def _is_weights(self, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor) -> Any:
+        """[N, T] :func:`rl_losses.rollout_correction` weights of ``old`` over ``sampling``."""
+        cap = self.config.vllm_importance_sampling_cap
+        return rollout_correction(old, sampling, mask, cap=cap).weights
 
     def minibatches(self, num_rows: int) -> list[torch.Tensor]:
         """``update_epochs`` shuffled passes of ``batch_size`` sorted row indices each.
@@ -481,6 +488,7 @@ class LLMAlgorithm:
             lp = self.scorer.logprobs(mb.input_ids, mb.attention_mask, mb.mask)
             if not bool(torch.isfinite(lp[mb.mask]).all()):  # else the loss would raise
                 return None
+            mb = self._weigh_on_policy(mb, lp)
             terms = policy_loss(parts.objective, mb, lp, norm)
         if parts.extra_loss is None:
             return terms
@@ -513,14 +521,7 @@ class LLMAlgorithm:
         Works with ``rl_envs.ReasoningGym`` (inside its ``eval_mode``); the score is
         appended to :attr:`fitness`.
         """
-        rewards: list[torch.Tensor] = []
-        with env.eval_mode():
-            prompts = env.reset()
-            for _ in range(loop):
-                completion_ids, _ = self.get_action(prompts, training=False)
-                prompts, r = env.step(completion_ids)
-                rewards.append(r.float().mean())
-        fitness = torch.stack(rewards).mean()
+        fitness = greedy_fitness(self, env, loop)
         self.fitness.append(float(fitness))
         return fitness
 

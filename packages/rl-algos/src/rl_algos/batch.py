@@ -128,6 +128,8 @@ class MicroBatch:
     """[M, T] or None."""
     is_weights: torch.Tensor | None
     """[M, T] or None."""
+    sampling_logprobs: torch.Tensor | None
+    """[M, T] the sampler's log-probs (see :attr:`Batch.sampling_logprobs`), or None."""
     returns: torch.Tensor | None
     """[M, K] or None."""
     old_values: torch.Tensor | None
@@ -165,6 +167,7 @@ class MicroBatch:
             advantages=pick(estimates.advantages),
             turn_ids=pick(turn_ids),
             is_weights=pick(estimates.is_weights),
+            sampling_logprobs=pick(batch.sampling_logprobs),
             returns=pick(estimates.returns),
             old_values=pick(estimates.old_values),
             turn_mask=pick(estimates.turn_mask),

@@ -17,6 +17,7 @@ from rl_algos.config import ActionResult, AgentConfig, VLLMConfig
 __all__ = [
     "IdsTokenizer",
     "generate_actions",
+    "greedy_fitness",
     "model_eos_ids",
     "prompt_ids",
     "push_weights",
@@ -46,6 +47,21 @@ class IdsTokenizer:
     def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
         """Refuses: there is no vocabulary."""
         raise ValueError("this agent has no tokenizer: pass prompts as token ids")
+
+
+def greedy_fitness(agent: Any, env: Any, loop: int) -> torch.Tensor:
+    """Mean reward of ``agent``'s greedy completions over ``loop`` test batches of ``env``.
+
+    Runs inside the environment's ``eval_mode`` (e.g. :class:`rl_envs.ReasoningGym`).
+    """
+    rewards: list[torch.Tensor] = []
+    with env.eval_mode():
+        prompts = env.reset()
+        for _ in range(loop):
+            completion_ids, _ = agent.get_action(prompts, training=False)
+            prompts, r = env.step(completion_ids)
+            rewards.append(r.float().mean())
+    return torch.stack(rewards).mean()
 
 
 def model_eos_ids(model: Any) -> tuple[int, ...]:
