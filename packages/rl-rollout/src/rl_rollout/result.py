@@ -111,30 +111,38 @@ def assemble_result(
     rows = len(completions)
     p_width = max(len(p) for p in prompts)
     c_width = max(1, *(len(c) for c in completions))
-    prompt_ids = torch.full((rows, p_width), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((rows, p_width), dtype=torch.bool)
-    completion_ids = torch.full((rows, c_width), pad_id, dtype=torch.long)
-    mask = torch.zeros((rows, c_width), dtype=torch.bool)
-    lp = torch.zeros((rows, c_width), dtype=logprob_dtype) if logprobs is not None else None
+    # one tensor per field from padded lists (not one small copy per row)
+    prompt_ids = torch.tensor(
+        [[pad_id] * (p_width - len(prompts[r // n])) + list(prompts[r // n]) for r in range(rows)],
+        dtype=torch.long,
+    ).reshape(rows, p_width)
+    p_lens = torch.tensor([len(prompts[r // n]) for r in range(rows)])
+    prompt_mask = torch.arange(p_width)[None] >= (p_width - p_lens)[:, None]
+    token_lists = [list(generated) for generated in completions]
+    completion_ids = torch.tensor(
+        [t + [pad_id] * (c_width - len(t)) for t in token_lists], dtype=torch.long
+    ).reshape(rows, c_width)
     reasons: list[str] = []
     texts: list[str] = []
-    for row, generated in enumerate(completions):
-        prompt = prompts[row // n]
-        if prompt:
-            prompt_ids[row, p_width - len(prompt) :] = torch.tensor(list(prompt))
-            prompt_mask[row, p_width - len(prompt) :] = True
-        tokens = list(generated)
-        if tokens:
-            completion_ids[row, : len(tokens)] = torch.tensor(tokens)
+    lengths: list[int] = []
+    for tokens in token_lists:
         end = first_stop(tokens, stop_ids, stop, decode)
         length = len(tokens) if end is None else end + 1
-        mask[row, :length] = True
-        if lp is not None and logprobs is not None and length:
-            lp[row, :length] = torch.tensor(list(logprobs[row][:length]), dtype=logprob_dtype)
+        lengths.append(length)
         reasons.append("length" if end is None else "stop")
         text = decode(tokens[:length])
         cut = min((text.find(s) for s in stop if s in text), default=-1)
         texts.append(text[:cut] if cut >= 0 else text)
+    mask = torch.arange(c_width)[None] < torch.tensor(lengths, dtype=torch.long)[:, None]
+    lp = None
+    if logprobs is not None:
+        lp = torch.tensor(
+            [
+                list(logprobs[r][:length]) + [0.0] * (c_width - length)
+                for r, length in enumerate(lengths)
+            ],
+            dtype=logprob_dtype,
+        ).reshape(rows, c_width)
     return RolloutResult(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,

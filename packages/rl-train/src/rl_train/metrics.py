@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,9 @@ class MetricsLogger:
     """Writes one row per logged step to ``metrics.jsonl`` and ``metrics.csv`` in ``run_dir``.
 
     TensorBoard event files go to ``run_dir/tensorboard`` (when the ``tensorboard`` package is
-    importable); Weights & Biases is used only when asked for and installed.
+    importable), flushed at most every :attr:`tb_flush_s` seconds and on :meth:`close`;
+    Weights & Biases is used only when asked for and installed. The JSONL and CSV files get
+    each row as it is logged (the CSV is rewritten only when a new column appears).
 
     Args:
         run_dir: The run directory (created).
@@ -42,6 +45,9 @@ class MetricsLogger:
             for path in (self.jsonl, self.csv):
                 path.unlink(missing_ok=True)
         self.history: list[dict[str, Any]] = self.read(self.jsonl) if resume else []
+        self._csv_fields: list[str] | None = None  # the CSV's columns; None: rewrite it
+        self.tb_flush_s = 5.0
+        self._tb_flushed = time.monotonic()
         self._tb: Any = None
         if tensorboard:
             try:
@@ -70,17 +76,23 @@ class MetricsLogger:
         self.history.append(row)
         with self.jsonl.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        fields = sorted({k for r in self.history for k in r} - {"step"})
-        with self.csv.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=["step", *fields])
-            writer.writeheader()
-            for r in self.history:
-                writer.writerow(r)
+        if self._csv_fields is not None and set(row) - {"step"} <= set(self._csv_fields):
+            with self.csv.open("a", newline="") as f:
+                csv.DictWriter(f, fieldnames=["step", *self._csv_fields]).writerow(row)
+        else:  # a new column (or a first or resumed write): the whole file again
+            self._csv_fields = sorted({k for r in self.history for k in r} - {"step"})
+            with self.csv.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=["step", *self._csv_fields])
+                writer.writeheader()
+                for r in self.history:
+                    writer.writerow(r)
         if self._tb is not None:
             for k, v in row.items():
                 if k != "step" and math.isfinite(v):
                     self._tb.add_scalar(k, v, step)
-            self._tb.flush()
+            if time.monotonic() - self._tb_flushed >= self.tb_flush_s:
+                self._tb.flush()
+                self._tb_flushed = time.monotonic()
         if self._wandb is not None:  # pragma: no cover
             self._wandb.log(row, step=step)
 
@@ -88,6 +100,7 @@ class MetricsLogger:
         """Drop rows after ``step`` (resuming from a checkpoint written at ``step``)."""
         self.history = [r for r in self.history if r["step"] <= step]
         self.jsonl.write_text("".join(json.dumps(r) + "\n" for r in self.history))
+        self._csv_fields = None  # the CSV is rewritten at the next row
 
     def close(self) -> None:
         """Flush and close the writers."""

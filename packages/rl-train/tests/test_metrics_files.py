@@ -1,0 +1,61 @@
+"""MetricsLogger's CSV and JSONL hold every logged row, also across new columns and resumes.
+
+The CSV is appended row by row and rewritten only when a row brings a new column (or after a
+truncation), so a long run does not rewrite the whole file at every step.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from rl_train import MetricsLogger
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _as_csv(rows: list[dict[str, float]]) -> list[dict[str, str]]:
+    fields = sorted({k for r in rows for k in r} - {"step"})
+    return [{k: ("" if k not in r else str(r[k])) for k in ["step", *fields]} for r in rows]
+
+
+def test_csv_and_jsonl_hold_every_row_across_new_columns_and_resume(tmp_path: Path) -> None:
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    logger.log(1, {"loss": 1.5})
+    logger.log(2, {"loss": 1.25})
+    logger.log(3, {"loss": 1.0, "kl": 0.5})  # a new column: earlier rows get it empty
+    logger.log(4, {"kl": 0.25})  # a missing column: empty in this row
+    expected = [
+        {"step": 1, "loss": 1.5},
+        {"step": 2, "loss": 1.25},
+        {"step": 3, "loss": 1.0, "kl": 0.5},
+        {"step": 4, "kl": 0.25},
+    ]
+    assert MetricsLogger.read(tmp_path / "metrics.jsonl") == expected
+    assert _csv_rows(tmp_path / "metrics.csv") == _as_csv(expected)
+    logger.close()
+
+    resumed = MetricsLogger(tmp_path, tensorboard=False, resume=True)
+    resumed.truncate(2)  # resuming from the checkpoint of step 2
+    resumed.log(3, {"loss": 0.75, "entropy": 2.0})
+    resumed.log(4, {"loss": 0.5})
+    expected = [*expected[:2], {"step": 3, "loss": 0.75, "entropy": 2.0}, {"step": 4, "loss": 0.5}]
+    assert MetricsLogger.read(tmp_path / "metrics.jsonl") == expected
+    assert _csv_rows(tmp_path / "metrics.csv") == _as_csv(expected)
+    resumed.close()
+
+
+def test_tensorboard_scalars_are_all_written_by_close(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logger = MetricsLogger(tmp_path, tensorboard=True)
+    logger.tb_flush_s = 3600.0  # no flush during the run: close() must write everything
+    for step in range(1, 6):
+        logger.log(step, {"loss": 1.0 / step})
+    logger.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("loss")] == [1, 2, 3, 4, 5]
