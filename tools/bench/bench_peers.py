@@ -437,6 +437,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=None, help="override the shapes' warm-up")
     parser.add_argument("--steps", type=int, default=None, help="override the shapes' timed steps")
     parser.add_argument(
+        "--append", action="store_true",
+        help="add this run's samples to those already in --out (rounds renumbered after them)",
+    )  # fmt: skip
+    parser.add_argument(
         "--from-json", type=Path, default=None,
         help="measure nothing: recompute the summary, MFU and tables of a saved results file "
         "(its samples untouched) and write them back into it",
@@ -515,14 +519,14 @@ def render(
     md = [f"machine: {json.dumps(info)}", ""]
     for name in shapes:
         shape = SHAPES[name]
-        warmup = shape.warmup if args.warmup is None else args.warmup
-        steps = shape.steps if args.steps is None else args.steps
         for gc, row in summary.get(name, {}).items():
-            n = len({r["round"] for r in runs if r["shape"] == name and r["gc"] == gc})
+            mine = [r for r in runs if r["shape"] == name and r["gc"] == gc and "samples" in r]
+            n = len({r["round"] for r in mine})
+            steps = sorted({len(next(iter(r["samples"].values()))) for r in mine})
             md.append(
                 f"### {name}: {shape.prompts} prompts x {shape.group} samples, "
-                f"{shape.new_tokens} new tokens, gradient checkpointing {gc} ({n} round(s) of "
-                f"{warmup} warm-up + {steps} timed steps per implementation)"
+                f"{shape.new_tokens} new tokens, gradient checkpointing {gc} ({n} round(s); "
+                f"timed steps per subprocess: {'/'.join(map(str, steps))}, after warm-up)"
             )
             md += ["", table(row, impls), "", parts_table(row), ""]
     if mfu:
@@ -551,6 +555,19 @@ def main(argv: list[str] | None = None) -> int:
     started = dt.datetime.now(dt.UTC)
     runs = execute(args, impls, pythons, shapes)
     info["loadavg_after"] = os.getloadavg()
+    previous: dict[str, Any] = {}
+    sessions: list[dict[str, Any]] = []
+    if args.append and args.out.exists():
+        previous = json.loads(args.out.read_text())
+        keys = ("command", "started_utc", "machine")
+        sessions = previous.get("sessions") or [{k: previous[k] for k in keys}]
+        offset = 1 + max((r["round"] for r in previous["runs"]), default=-1)
+        for r in runs:
+            r["round"] += offset
+            r["session"] = len(sessions) + 1
+        runs = previous["runs"] + runs
+        shapes = [n for n in ("small", "large") if n in shapes or n in previous["shapes"]]
+        impls = [i for i in IMPLS if any(r.get("impl") == i for r in runs)]
     mfu = mfu_report(runs, SHAPES["large"]) if "large" in shapes else None
     text = render(args, runs, impls, shapes, info, mfu)
     print(text)
@@ -558,9 +575,13 @@ def main(argv: list[str] | None = None) -> int:
     for r in runs:
         if "versions" in r:
             versions.setdefault(r["impl"], r["versions"])
+    command = [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]
+    started_utc = started.isoformat(timespec="seconds")
+    sessions.append({"command": command, "started_utc": started_utc, "machine": info})
     payload = {
-        "command": [Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])],
-        "started_utc": started.isoformat(timespec="seconds"),
+        "command": previous.get("command", command),
+        "started_utc": previous.get("started_utc", started_utc),
+        "sessions": sessions,
         "machine": info,
         "versions": versions,
         "shapes": {n: SHAPES[n].__dict__ for n in shapes},
