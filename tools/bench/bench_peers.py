@@ -48,7 +48,7 @@ PEERS_DIR = HERE / "peers"
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(PEERS_DIR))
 
-from common import SHAPES, Shape  # noqa: E402  (torch is imported lazily by common's helpers)
+from common import SHAPES, Shape  # noqa: E402  (the workload's definition; no peer code)
 
 
 @dataclass(frozen=True)
@@ -455,10 +455,8 @@ def rerender(args: argparse.Namespace) -> int:
     runs = payload["runs"]
     shapes = [n for n in ("small", "large") if n in payload["shapes"]]
     impls = [i for i in IMPLS if any(r.get("impl") == i for r in runs)]
-    overrides = payload.get("overrides", {})
-    args.warmup, args.steps = overrides.get("warmup"), overrides.get("steps")
     mfu = mfu_report(runs, SHAPES["large"]) if "large" in shapes else None
-    text = render(args, runs, impls, shapes, payload["machine"], mfu)
+    text = render(runs, impls, shapes, payload["machine"], mfu)
     print(text)
     payload.update(summary=summarize(runs), mfu=mfu, markdown=text)
     payload["rerendered_utc"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -511,8 +509,8 @@ def execute(
 
 
 def render(
-    args: argparse.Namespace, runs: list[dict[str, Any]], impls: list[str], shapes: list[str],
-    info: dict[str, Any], mfu: dict[str, Any] | None,
+    runs: list[dict[str, Any]], impls: list[str], shapes: list[str], info: dict[str, Any],
+    mfu: dict[str, Any] | None,
 ) -> str:  # fmt: skip
     """The Markdown report."""
     summary = summarize(runs)
@@ -569,7 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         shapes = [n for n in ("small", "large") if n in shapes or n in previous["shapes"]]
         impls = [i for i in IMPLS if any(r.get("impl") == i for r in runs)]
     mfu = mfu_report(runs, SHAPES["large"]) if "large" in shapes else None
-    text = render(args, runs, impls, shapes, info, mfu)
+    text = render(runs, impls, shapes, info, mfu)
     print(text)
     versions: dict[str, Any] = {}
     for r in runs:
