@@ -16,6 +16,8 @@ Sessions:
     integration      tests_integration/ (not slow)
     slow             every test marked ``slow`` (DeepSpeed ZeRO-2/3, SIGKILL + resume, ...)
     bench            tools/bench/ benchmarks (medians and ratios; see tools/bench/README.md)
+    bench-peers      one GRPO step of ours against TRL and AgileRL (each in a throwaway venv
+                     outside the workspace) and bare generate, side by side (not default)
     docs             mkdocs build --strict (the site's examples run in ``integration``)
     docs-browser     the built site opened in the system's Chromium (tools/docs/browser_check.py):
                      rendered math, no console error, no broken link, each page ready in 5 s;
@@ -155,6 +157,14 @@ def bench(session: nox.Session) -> None:
     # the liger extra lets the kernel benchmark compare against Liger's chunked loss
     sync(session, "--all-packages", "--extra", "liger", "--group", "test")
     session.run("python", "tools/bench/run.py", *session.posargs)
+
+
+@nox.session(name="bench-peers", default=False)
+def bench_peers(session: nox.Session) -> None:
+    # ours runs in this env; TRL and AgileRL run in throwaway venvs outside the workspace
+    # (~/.cache/rl-bench-peers by default), never installed here
+    sync(session, "--all-packages")
+    session.run("python", "tools/bench/bench_peers.py", *session.posargs)
 
 
 @nox.session

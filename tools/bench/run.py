@@ -13,6 +13,9 @@ sys.path.insert(0, str(HERE))
 
 from harness import Row, machine  # noqa: E402
 
+#: Benchmarks with their own command line and nox session (not ``run(quick)`` modules).
+STANDALONE = {"bench_peers"}
+
 
 def table(rows: list[Row]) -> str:
     lines = [
@@ -36,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="few repeats: a smoke run")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args(argv)
-    files = sorted(p for p in HERE.glob("bench_*.py") if args.only in p.stem)
+    files = sorted(
+        p for p in HERE.glob("bench_*.py") if args.only in p.stem and p.stem not in STANDALONE
+    )
     if not files:
         print(f"no benchmark matches {args.only!r}", file=sys.stderr)
         return 1
