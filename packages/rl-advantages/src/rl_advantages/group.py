@@ -4,7 +4,9 @@ Rows come as B contiguous groups of G samples of the same prompt: rows ``[b*G, (
 group b, so ``rewards`` [N] reshapes to [B, G]. An optional ``mask`` [N] marks the samples that
 count (False for a sample whose reward is missing); masked samples take no part in any group
 statistic and get advantage 0. A group with fewer than two valid members has no baseline and
-gives 0 to its members (peers differ: verl gives a lone sample mean 0 and std 1, i.e. A = r).
+gives 0 to its members. Peers differ, deliberately not followed: verl's loop estimators
+``grpo``, ``rloo``, ``opo`` and ``gpg`` give a lone sample mean 0 (and std 1), i.e. A = r
+(times GPG's alpha); verl's ``rloo_vectorized`` and ``grpo_vectorized`` give 0 as we do.
 """
 
 from __future__ import annotations
@@ -203,7 +205,10 @@ def rloo(
               = \frac{n_g}{n_g - 1}\,(r_i - \bar r_g)
 
     over the valid members of the group (:math:`n_g` of them). The advantages of a group sum
-    to zero. Groups with fewer than two valid members give 0 (TRL and verl do the same).
+    to zero. Groups with fewer than two valid members give 0, as TRL's RLOOTrainer and verl's
+    ``rloo_vectorized`` do. verl's ``compute_rloo_outcome_advantage`` (``rloo``) leaves
+    :math:`A = r` for a group of one (deliberately not followed: a lone sample has no
+    baseline, and its raw reward is not an advantage).
 
     Args:
         rewards: [N] scalar reward per sequence, groups contiguous.

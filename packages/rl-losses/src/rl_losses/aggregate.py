@@ -62,8 +62,10 @@ def aggregate(
     * ``"seq_mean_token_sum"``: :math:`\sum_{i,t} m l / D`, :math:`D = |S|`.
     * ``"seq_mean_token_sum_norm"``: :math:`\sum_{i,t} m l / (D \cdot L)`, :math:`D = |S|`,
       :math:`L` = ``max_length`` (default T): a constant normaliser that removes the length
-      bias (Dr. GRPO, arXiv 2503.20783, Sec. 3.1; TRL ``dr_grpo``). verl's
-      ``seq-mean-token-sum-norm`` divides by :math:`L` only: pass ``normalizer=1`` for it.
+      bias (Dr. GRPO, arXiv 2503.20783, Sec. 3.1). verl 0.9.1's ``seq-mean-token-sum-norm``
+      divides by the non-empty sequence count and then by ``loss_scale_factor``: our default
+      with ``max_length=loss_scale_factor``. TRL's ``dr_grpo`` divides by every row
+      (``per_token_loss.size(0)``), empty ones included: pass ``normalizer=N``.
 
     ``normalizer`` replaces :math:`D` by a global count: the valid tokens (``token_mean``) or
     sequences (the ``seq_*`` modes) of the whole gradient-accumulation window, across

@@ -179,13 +179,17 @@ def gspo_loss(
 
     Two gradient forms exist in the wild, chosen by ``gradient``:
 
-    * ``"sequence"`` (the paper's GSPO, TRL ``importance_sampling_level="sequence"``,
-      OpenRLHF, AgileRL ``trajectory`` level): one unit per sequence.
+    * ``"sequence"`` (the paper's GSPO; OpenRLHF ``policy_loss_type="gspo"``): one unit per
+      sequence, each counting once.
     * ``"token"`` (GSPO-token, eq. 10; verl's ``gspo``): per-token ratio
       :math:`s_{i,t} = \operatorname{sg}(s_i)\,\pi(y_{i,t}) / \operatorname{sg}(\pi(y_{i,t}))`,
       equal in value to :math:`s_i`, with per-token advantages allowed and a per-token
       reduction. With ``aggregation="seq_mean_token_mean"`` (verl forces it) and sequence
-      advantages it matches the sequence form exactly, value and gradient.
+      advantages it matches the sequence form exactly, value and gradient. With
+      ``"token_mean"`` each sequence weighs by its length, which is what TRL
+      (``importance_sampling_level="sequence"``, ``loss_type="dapo"``: the sequence loss
+      broadcast over its tokens) and AgileRL 2.58 (``importance_sampling_level="trajectory"``)
+      compute; TRL's ``luspo`` is ``"seq_mean_token_sum"`` with ``normalizer=N``.
 
     The paper's clip range is tiny (3e-4 / 4e-4) because :math:`s_i` is length-normalised.
 
