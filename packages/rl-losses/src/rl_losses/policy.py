@@ -8,8 +8,9 @@ Optional ``is_weights`` [N, T] (from :func:`rl_losses.rollout_correction`) multi
 per-unit loss, detached. Losses are to be minimised.
 
 The PPO clip family, REINFORCE, GSPO and CISPO are defined here; SAPO, GMPO, Clip-Cov and
-KL-Cov live in :mod:`rl_losses.policy_variants` and are re-exported, so every objective can be
-imported from this module. The shared helpers are in ``rl_losses._policy_common``.
+KL-Cov live in :mod:`rl_losses.policy_variants`, LUSPO and VESPO in
+:mod:`rl_losses.policy_sequence`, and are re-exported, so every objective can be imported from
+this module. The shared helpers are in ``rl_losses._policy_common``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from rl_losses._checks import check_choice, zero_fill
 from rl_losses._policy_common import (
+    UnitWeight,
     _bounds,
     _check_clip_extras,
     _clip_objective,
@@ -28,6 +30,7 @@ from rl_losses._policy_common import (
 )
 from rl_losses.aggregate import Aggregation
 from rl_losses.outputs import PolicyLossOutput
+from rl_losses.policy_sequence import luspo_loss, vespo_loss
 from rl_losses.policy_variants import clip_cov_loss, gmpo_loss, kl_cov_loss, sapo_loss
 from rl_losses.units import Level, Pooling, to_units
 
@@ -38,8 +41,10 @@ __all__ = [
     "gmpo_loss",
     "gspo_loss",
     "kl_cov_loss",
+    "luspo_loss",
     "reinforce_loss",
     "sapo_loss",
+    "vespo_loss",
 ]
 
 
@@ -56,6 +61,7 @@ def clipped_surrogate(
     normalizer: float | torch.Tensor | None = None,
     max_length: int | None = None,
     is_weights: torch.Tensor | None = None,
+    unit_weight: UnitWeight = "unit",
     clip_low: float = 0.2,
     clip_high: float | None = None,
     dual_clip: float | None = None,
@@ -89,6 +95,10 @@ def clipped_surrogate(
         normalizer: Global denominator for gradient accumulation, see ``aggregate``.
         max_length: :math:`L` of ``seq_mean_token_sum_norm``.
         is_weights: [N, T] detached per-token weights (rollout correction), mean-pooled.
+        unit_weight: ``"unit"``: each turn / trajectory counts once in the aggregation (and
+            ``is_weights`` are mean-pooled to it); ``"tokens"``: each unit's loss counts once per
+            valid token, times that token's ``is_weights``, as AgileRL 2.58 does at its turn and
+            trajectory levels (the unit's loss broadcast over its tokens). Same at token level.
         clip_low: :math:`\epsilon_{low}` in [0, 1).
         clip_high: :math:`\epsilon_{high}` (default ``clip_low``).
         dual_clip: c > 1 for the dual clip, or None.
@@ -103,7 +113,9 @@ def clipped_surrogate(
     u = _prepare(logprobs, old_logprobs, advantages, mask, level, pooling, turn_ids, is_weights)
     ratio = torch.exp(u.logratio)
     loss_u, low, high = _clip_objective(ratio, u.advantages, lo, hi, dual_clip, delta)
-    return _finish(loss_u, u, ratio, u.logratio, low, high, aggregation, normalizer, max_length)
+    return _finish(
+        loss_u, u, ratio, u.logratio, low, high, aggregation, normalizer, max_length, unit_weight
+    )
 
 
 def reinforce_loss(
@@ -119,6 +131,7 @@ def reinforce_loss(
     normalizer: float | torch.Tensor | None = None,
     max_length: int | None = None,
     is_weights: torch.Tensor | None = None,
+    unit_weight: UnitWeight = "unit",
     form: Literal["logprob", "ratio"] = "logprob",
 ) -> PolicyLossOutput:
     r"""Plain REINFORCE, no ratio and no clipping (Williams 1992; GPG, arXiv 2504.02546, eq. 5).
@@ -142,6 +155,7 @@ def reinforce_loss(
         normalizer: Global denominator.
         max_length: For ``seq_mean_token_sum_norm``.
         is_weights: [N, T] detached weights.
+        unit_weight: See :func:`clipped_surrogate`.
         form: ``"logprob"`` or ``"ratio"``.
 
     Returns:
@@ -154,7 +168,9 @@ def reinforce_loss(
     loss_u = -u.advantages * score
     ratio = torch.exp(u.logratio)
     none = torch.zeros_like(u.mask)
-    return _finish(loss_u, u, ratio, u.logratio, none, none, aggregation, normalizer, max_length)
+    return _finish(
+        loss_u, u, ratio, u.logratio, none, none, aggregation, normalizer, max_length, unit_weight
+    )
 
 
 def gspo_loss(
@@ -241,6 +257,7 @@ def cispo_loss(
     normalizer: float | torch.Tensor | None = None,
     max_length: int | None = None,
     is_weights: torch.Tensor | None = None,
+    unit_weight: UnitWeight = "unit",
     clamp: Literal["upper", "two_sided"] = "upper",
     eps_low: float = 0.2,
     eps_high: float = 4.0,
@@ -268,6 +285,7 @@ def cispo_loss(
         normalizer: Global denominator.
         max_length: For ``seq_mean_token_sum_norm``.
         is_weights: [N, T] detached weights.
+        unit_weight: See :func:`clipped_surrogate`.
         clamp: ``"upper"`` or ``"two_sided"``.
         eps_low: Lower offset (two-sided only), in [0, 1).
         eps_high: Upper offset, >= 0.
@@ -287,5 +305,14 @@ def cispo_loss(
         low = ratio < lo
     loss_u = -weight.detach() * u.advantages * u.logprobs
     return _finish(
-        loss_u, u, ratio, u.logratio, low, ratio > hi, aggregation, normalizer, max_length
+        loss_u,
+        u,
+        ratio,
+        u.logratio,
+        low,
+        ratio > hi,
+        aggregation,
+        normalizer,
+        max_length,
+        unit_weight,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from rl_losses._policy_common import (
+    UnitWeight,
     _bounds,
     _clip_objective,
     _finish,
@@ -38,6 +39,7 @@ def sapo_loss(
     normalizer: float | torch.Tensor | None = None,
     max_length: int | None = None,
     is_weights: torch.Tensor | None = None,
+    unit_weight: UnitWeight = "unit",
     tau_pos: float = 1.0,
     tau_neg: float = 1.05,
 ) -> PolicyLossOutput:
@@ -62,6 +64,7 @@ def sapo_loss(
         normalizer: Global denominator.
         max_length: For ``seq_mean_token_sum_norm``.
         is_weights: [N, T] detached weights.
+        unit_weight: See :func:`clipped_surrogate`.
         tau_pos: Temperature for positive advantages (> 0).
         tau_neg: Temperature for non-positive advantages (> 0).
 
@@ -76,7 +79,9 @@ def sapo_loss(
     gate = torch.sigmoid(tau * (ratio - 1)) * 4 / tau
     loss_u = -gate * u.advantages
     none = torch.zeros_like(u.mask)
-    return _finish(loss_u, u, ratio, u.logratio, none, none, aggregation, normalizer, max_length)
+    return _finish(
+        loss_u, u, ratio, u.logratio, none, none, aggregation, normalizer, max_length, unit_weight
+    )
 
 
 def gmpo_loss(
