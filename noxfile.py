@@ -15,6 +15,9 @@ Sessions:
     integration      tests_integration/ (not slow)
     slow             every test marked ``slow`` (DeepSpeed ZeRO-2/3, SIGKILL + resume, ...)
     bench            tools/bench/ benchmarks (medians and ratios; see tools/bench/README.md)
+    conformance      (not default) our estimators and losses against verl, OpenRLHF, TRL, Liger and
+                     AgileRL's released code, each in a throwaway venv under ~/.cache/rl-conformance
+                     (RL_CONFORMANCE_HOME); writes docs/conformance.md (tools/conformance/run.py)
     docs             mkdocs build --strict (the site's examples run in ``integration``)
     docs-browser     the built site opened in the system's Chromium (tools/docs/browser_check.py):
                      rendered math, no console error, no broken link, each page ready in 5 s;
@@ -141,6 +144,13 @@ def bench(session: nox.Session) -> None:
     # the liger extra lets the kernel benchmark compare against Liger's chunked loss
     sync(session, "--all-packages", "--extra", "liger", "--group", "test")
     session.run("python", "tools/bench/run.py", *session.posargs)
+
+
+@nox.session(default=False)
+def conformance(session: nox.Session) -> None:
+    # the peers live in their own venvs outside the workspace; this env only needs ours + torch
+    sync(session, "--all-packages")
+    session.run("python", "tools/conformance/run.py", *session.posargs)
 
 
 @nox.session
