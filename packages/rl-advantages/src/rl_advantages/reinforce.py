@@ -47,6 +47,15 @@ def kl_in_reward(
     path, which writes the score on every token). ``kl`` is whatever per-token estimator the
     caller uses (k1 = log pi - log pi_ref is the usual one here).
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal: ``use_kl_in_reward`` (score on the last token).
+    * OpenRLHF 0.11.2: equal: ``compute_reward`` (valid tokens).
+    * AgileRL 2.58.0: differs by design: AgileRL's single-turn REINFORCE writes the score on every
+      token; ours on the last token (``broadcast_to_tokens(placement="all")`` for theirs).
+    * No counterpart: TRL, Liger.
+
     Args:
         scores: [N] task reward per sequence.
         mask: [N, T] bool, True at valid (generated) tokens.
@@ -110,6 +119,15 @@ def reinforce_plus_plus(
     ``rsqrt(clamp(var, 1e-8))``: ``unbiased=False, eps=0`` reproduces it wherever the variance
     is at least 1e-8 (about 2% apart from the default at 24 tokens).
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal: ``reinforce_plus_plus``, any gamma.
+    * OpenRLHF 0.11.2: equal with ``unbiased=False, eps=0`` (gamma 1; with gamma < 1 and holes:
+      OpenRLHF and AgileRL's token paths treat a masked gap as a time step (reward 0, value 0) and
+      discount across it; ours skips observation tokens (they are not actions)).
+    * No counterpart: TRL, Liger, AgileRL.
+
     Args:
         token_rewards: [N, T] reward per token (KL folded in, score on the last token).
         mask: [N, T] bool, True at valid tokens.
@@ -150,6 +168,14 @@ def reinforce_plus_plus_baseline(
     ``reinforce_plus_plus_baseline`` (which spreads R' over every token with no KL; the same
     result for gamma = 1 and beta = 0). OpenRLHF whitens with the biased variance:
     ``unbiased=False, eps=0`` (see :func:`reinforce_plus_plus`).
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal: ``reinforce_plus_plus_baseline`` (advantages; verl's returns are the
+      centred scores).
+    * OpenRLHF 0.11.2: equal with ``unbiased=False, eps=0``.
+    * No counterpart: TRL, Liger, AgileRL.
 
     Args:
         scores: [N] task reward per sequence, groups of G contiguous.

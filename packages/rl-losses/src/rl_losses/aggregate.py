@@ -72,6 +72,18 @@ def aggregate(
     processes. Summing the micro-batch losses then gives the full-batch loss exactly, which a
     per-micro-batch mean does not.
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal: ``agg_loss`` (verl 0.9.1 ``seq-mean-token-sum-norm`` = ours,
+      ``max_length=loss_scale_factor``).
+    * OpenRLHF 0.11.2: equal: ``aggregate_loss``.
+    * TRL 1.16.0: equal with ``normalizer=N`` for ``grpo``/``sapo``/``dr_grpo``/``luspo`` (TRL
+      divides by every row, empty ones included; ours by rows with a valid token).
+    * Liger 0.8.5: equal with as TRL.
+    * AgileRL 2.58.0: equal with ``micro_batch``: ``normalizer=N`` (AgileRL divides by every row,
+      empty ones included; ours by rows with a valid token).
+
     Args:
         loss: [N, T] per-token (or [N, U] per-unit) loss.
         mask: [N, T] bool, True where the token counts.

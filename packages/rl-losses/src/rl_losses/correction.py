@@ -64,6 +64,18 @@ def rollout_correction(
       ``mode="mask", lower=low, cap=high``; ``seq`` ``mask`` (seq-mask-tis) is
       ``level="sequence", statistic="geometric_mean", weights="token", mode="mask"``.
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal: ``rollout_is`` token / sequence (product), threshold 2.0.
+    * OpenRLHF 0.11.2: equal with token ``clip``: ``mode="truncate", lower=low, cap=high``;
+      ``mask``: ``mode="mask"``; ``seq`` mask: ``level="sequence", statistic="geometric_mean",
+      weights="token"``.
+    * TRL 1.16.0: equal with ``token_truncate``: ``cap=3.0``; ``sequence_mask``: ``level="sequence",
+      mode="mask", cap=3.0``.
+    * AgileRL 2.58.0: equal: token TIS, cap 2.0.
+    * No counterpart: Liger (takes `vllm_is_ratio` from the trainer).
+
     Args:
         old_logprobs: [N, T] trainer log-probs of the sampled tokens.
         sampling_logprobs: [N, T] the sampler's log-probs of the same tokens.
@@ -170,6 +182,15 @@ def off_policy_mask(
     weights) to reproduce them; ``mask=mask & keep`` would also drop the tokens from the
     denominator. AgileRL also removes the dropped tokens' KL term: pass the same weights to
     :func:`rl_losses.kl_penalty` (``is_weights``). Computed without gradient.
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * TRL 1.16.0: equal with ``sequence_threshold=off_policy_mask_threshold`` with the sampler's
+      log-probs, as ``is_weights``.
+    * AgileRL 2.58.0: equal with ``token_bounds``, ``sequence_threshold``, as ``is_weights`` of the
+      policy and KL terms.
+    * No counterpart: verl, OpenRLHF, Liger.
 
     Args:
         logprobs: [N, T] current-policy log-probs (detached here).

@@ -65,6 +65,16 @@ def kl_estimate(
     Peers: TRL and Liger compute k3 as ``exp(ref - logp) - (ref - logp) - 1``, the same as
     ours; AgileRL's older standard path swapped the arguments (agilerl-llm notes, 2.7).
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``low_var_kl``: ``kind="k3", clamp=10``; ``kl``/``mse``/``abs``:
+      k1/k2/abs; ``k3+``: ``grad_kind="k2"``.
+    * OpenRLHF 0.11.2: equal with ``clamp=10``.
+    * TRL 1.16.0: equal: k3.
+    * Liger 0.8.5: equal: k3.
+    * AgileRL 2.58.0: equal: k3.
+
     Args:
         logprobs: [N, T] log-probs of the sampled tokens under the policy (differentiable).
         ref_logprobs: [N, T] log-probs under the reference policy.
@@ -132,6 +142,19 @@ def kl_penalty(
 
     TRL, Liger and AgileRL divide by every row for ``seq_mean_token_mean``; ours divides by
     rows with a valid token (``normalizer=N`` reproduces theirs).
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with as ``kl_estimate``, ``aggregation`` per ``loss_agg_mode``.
+    * OpenRLHF 0.11.2: equal with ``unbiased_gradient=True``: ``old_logprobs=...,
+      importance_weight="gradient", weight_cap=10, clamp=10``.
+    * TRL 1.16.0: equal with ``use_bias_correction_kl`` (token level): ``old_logprobs=...,
+      importance_weight="ratio"``; with ``importance_sampling_level="sequence"`` TRL weights by the
+      sequence ratio (no argument: TRL notes it is not unbiased there).
+    * Liger 0.8.5: equal with as TRL.
+    * AgileRL 2.58.0: equal with ``clamp=10, clamp_mode="drop"`` (``kl_clamp``);
+      ``use_bias_correction_kl``: ``importance_weight="ratio"``; masked tokens: ``is_weights=keep``.
 
     Args:
         logprobs: [N, T] policy log-probs (differentiable).

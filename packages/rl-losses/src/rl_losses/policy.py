@@ -83,6 +83,23 @@ def clipped_surrogate(
     * two-sided cap ``delta``: the unclipped ratio is capped at :math:`\delta`
       (INTELLECT-2, arXiv 2505.07291, Sec. 3.3; TRL ``delta``).
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``clip_low``, ``clip_high``, ``dual_clip=3.0`` (``clip_ratio_c``);
+      ``aggregation`` per ``loss_agg_mode``.
+    * OpenRLHF 0.11.2: equal with token mean; ``token_level_loss=False``:
+      ``aggregation="seq_mean_token_mean"``; ``dual_clip``; rollout correction through
+      ``is_weights``.
+    * TRL 1.16.0: equal with ``dapo``/``bnpo``: token mean; ``grpo``: ``seq_mean_token_mean,
+      normalizer=N``; ``dr_grpo``: ``seq_mean_token_sum_norm, normalizer=N,
+      max_length=max_completion_length``; ``delta``; off-policy mask and vLLM ratio as
+      ``is_weights``.
+    * Liger 0.8.5: equal with as TRL (``grpo`` with ``normalizer=N``).
+    * AgileRL 2.58.0: equal with ``clip_low=c``; window token mean; ``micro_batch``:
+      ``seq_mean_token_mean, normalizer=N``; turn / trajectory levels: ``pooling="mean",
+      unit_weight="tokens"``; masks and TIS as ``is_weights``.
+
     Args:
         logprobs: [N, T] log-probs of the taken tokens under the current policy.
         old_logprobs: [N, T] log-probs under the behaviour policy (no gradient).
@@ -142,6 +159,13 @@ def reinforce_loss(
     Both have the gradient :math:`-A_u \nabla \log\pi(u)`; the ``"ratio"`` form has the value
     :math:`-A_u`, which is what the clipped surrogate evaluates to at ratio 1 (on-policy). verl's
     ``gpg`` loss is the ``"logprob"`` form. ``old_logprobs`` feed only the diagnostics.
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal: ``gpg`` policy loss (``form="logprob"``).
+    * AgileRL 2.58.0: equal: REINFORCE's policy-gradient term.
+    * No counterpart: OpenRLHF, TRL, Liger.
 
     Args:
         logprobs: [N, T] current log-probs.
@@ -209,6 +233,17 @@ def gspo_loss(
 
     The paper's clip range is tiny (3e-4 / 4e-4) because :math:`s_i` is length-normalised.
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``gradient="token", aggregation="seq_mean_token_mean"``.
+    * OpenRLHF 0.11.2: equal with ``aggregation="seq_mean_token_mean"`` (sequence form).
+    * TRL 1.16.0: equal with ``importance_sampling_level="sequence"``: ``gradient="token"`` with
+      ``dapo``: token mean (each sequence weighs by its length); ``grpo``: ``seq_mean_token_mean,
+      normalizer=N``.
+    * Liger 0.8.5: equal with as TRL.
+    * AgileRL 2.58.0: equal with trajectory level = ``gradient="token", aggregation="token_mean"``.
+
     Args:
         logprobs: [N, T] current log-probs.
         old_logprobs: [N, T] behaviour log-probs.
@@ -272,6 +307,15 @@ def cispo_loss(
     clipping (unlike PPO). ``clamp="upper"`` follows the paper (which sets no lower bound),
     TRL, Liger and AgileRL 2.58; ``"two_sided"`` follows verl and AgileRL 2.9. TRL's
     ``epsilon_high`` is an absolute cap (5.0), i.e. our ``1 + eps_high`` with the default 4.0.
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``clamp="two_sided"``.
+    * TRL 1.16.0: equal with ``eps_high = epsilon_high - 1`` (TRL's cap is absolute).
+    * Liger 0.8.5: equal with as TRL.
+    * AgileRL 2.58.0: equal with ``eps_high = clip_coef_max - 1`` (upper clamp).
+    * No counterpart: OpenRLHF.
 
     Args:
         logprobs: [N, T] current log-probs.

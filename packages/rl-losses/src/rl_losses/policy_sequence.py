@@ -56,6 +56,13 @@ def luspo_loss(
     valid token). Defaults of the clip range follow GSPO; TRL's are its ``epsilon`` (0.2) and
     ``epsilon_high``. No peer other than TRL ships it.
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * TRL 1.16.0: equal with ``normalizer=N``, clip ``epsilon``/``epsilon_high``.
+    * Liger 0.8.5: equal with as TRL.
+    * No counterpart: verl (only in the LUSPO authors' verl fork), OpenRLHF, AgileRL.
+
     Args:
         logprobs: [N, T] current log-probs.
         old_logprobs: [N, T] behaviour log-probs.
@@ -131,6 +138,14 @@ def vespo_loss(
     correction stays a separate ``is_weights`` factor (a deliberate difference, only with vLLM
     correction on). TRL also clamps each token's log-ratio to [-20, 20] (never binding for
     finite log-probs of sampled tokens above e^-20).
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * TRL 1.16.0: equal: ``vespo`` (without vLLM correction; with it TRL folds the ratio into w,
+      ours keeps it a separate ``is_weights`` factor: differs by design).
+    * Liger 0.8.5: equal: as TRL.
+    * No counterpart: verl, OpenRLHF, AgileRL.
 
     Args:
         logprobs: [N, T] current log-probs.

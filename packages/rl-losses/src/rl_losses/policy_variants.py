@@ -52,6 +52,14 @@ def sapo_loss(
     gradient, and it decays smoothly off-policy (faster for negative advantages with
     :math:`\tau_{neg} > \tau_{pos}`). Clip fractions are reported as 0.
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``aggregation="seq_mean_token_mean"`` (verl forces it).
+    * TRL 1.16.0: equal with ``aggregation="seq_mean_token_mean", normalizer=N``.
+    * Liger 0.8.5: equal with as TRL.
+    * No counterpart: OpenRLHF, AgileRL.
+
     Args:
         logprobs: [N, T] current log-probs.
         old_logprobs: [N, T] behaviour log-probs.
@@ -108,6 +116,13 @@ def gmpo_loss(
     (the paper's range is :math:`(e^{-0.4}, e^{0.4})`), then the geometric mean of the token
     ratios, which is far less sensitive to outlier tokens than the arithmetic mean. One unit
     per sequence (verl's ``geo_mean``).
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``normalizer=N`` (``geo_mean`` divides by every row, empty ones
+      included; ours by rows with a valid token).
+    * No counterpart: OpenRLHF, TRL, Liger, AgileRL.
 
     Args:
         logprobs: [N, T] current log-probs.
@@ -176,6 +191,13 @@ def clip_cov_loss(
     :math:`lb < c_t < ub` and detaches their gradient; the rest get the clipped surrogate.
     Token level only.
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: differs by design: gradients equal; verl's logged loss value keeps the detached
+      tokens' loss out, ours keeps their (gradient-free) value in.
+    * No counterpart: OpenRLHF, TRL, Liger, AgileRL.
+
     Args:
         logprobs: [N, T] current log-probs.
         old_logprobs: [N, T] behaviour log-probs.
@@ -234,6 +256,12 @@ def kl_cov_loss(
 
     with :math:`c_t` the centred covariance of :func:`clip_cov_loss` and
     :math:`k = \max(1, \lfloor \rho\, n \rfloor)`. No ratio clipping. Token level only.
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``kl_cov_ratio``, ``kl_coef=ppo_kl_coef``.
+    * No counterpart: OpenRLHF, TRL, Liger, AgileRL.
 
     Args:
         logprobs: [N, T] current log-probs.
