@@ -45,6 +45,11 @@ PEER_EXTRAS = {
         "peft",
         "packaging",
         "transformers",
+        "agilerl-arena==1.29.0",  # provides agilerl.arena, which agilerl.algorithms imports
+        "pillow",
+        "pettingzoo",
+        "fastrand",
+        "wandb",
     ],
 }
 
@@ -106,7 +111,11 @@ MATRIX: dict[str, dict[str, Cell]] = {
         ),
         "trl": ("args", '`eps=1e-4`; `scale_rewards`: `scale="batch"` / `"none"`', ()),
         "liger": _n("advantages come from the trainer"),
-        "agilerl": ("args", '`eps=1e-8`; `adv_norm="mean_only"` is `scale="none"`', ()),
+        "agilerl": (
+            "args",
+            '`eps=1e-8`; `adv_norm="mean_only"` is `scale="none"`',
+            ("adv_mean_std", "adv_mean_only"),
+        ),
     },
     "rl_advantages.group_relative_per_turn": {
         "verl": _n(),
@@ -363,7 +372,7 @@ MATRIX: dict[str, dict[str, Cell]] = {
         "agilerl": _n(),
     },
     "rl_losses.kl_cov_loss": {
-        "verl": ("args", "`kl_cov_ratio`, `kl_coef=ppo_kl_coef`", ()),
+        "verl": ("args", "`kl_cov_ratio`, `kl_coef=ppo_kl_coef`", ("kl_cov",)),
         "openrlhf": _n(),
         "trl": _n(),
         "liger": _n(),
@@ -433,14 +442,14 @@ MATRIX: dict[str, dict[str, Cell]] = {
     "rl_losses.entropy_bonus": {
         "verl": ("equal", "`entropy_coeff` (sign: ours returns the loss term)", ()),
         "openrlhf": _n(),
-        "trl": ("equal", "`entropy_coef` (token mean)", ()),
+        "trl": ("equal", "`entropy_coef` (token mean)", ("dapo_entropy",)),
         "liger": _n(),
         "agilerl": _n(),
     },
     "rl_losses.high_entropy_mask": {
         "verl": _n(),
         "openrlhf": _n(),
-        "trl": ("equal", "`top_entropy_quantile`", ()),
+        "trl": ("args", "`top_quantile=top_entropy_quantile`", ("high_entropy_mask",)),
         "liger": _n(),
         "agilerl": _n(),
     },

@@ -87,6 +87,9 @@ def verl(b: dict[str, torch.Tensor], g: int) -> dict[str, Out]:
         ),
         lp,
     )
+    out["kl_cov"] = with_grad(
+        lambda x: rl.kl_cov_loss(x, old, adv_t, m, kl_cov_ratio=0.2, kl_coef=0.5).loss, lp
+    )
     ref = b["ref_logprobs"]
     for kind, clamp in (("k3", 10.0), ("k1", None), ("k2", None), ("abs", None)):
         out[f"kl[{kind}]"] = with_grad(
@@ -134,6 +137,8 @@ def agilerl(b: dict[str, torch.Tensor], g: int) -> dict[str, Out]:
         "trajectory": with_grad(lambda x: ppo(x, level="trajectory", **tok), lp),
         "turn": with_grad(lambda x: ppo(x, level="turn", turn_ids=b["turn_ids"], **tok), lp),
         "cispo": with_grad(lambda x: rl.cispo_loss(x, old, adv, m, eps_high=0.2).loss, lp),
+        "adv_mean_std": {"advantages": ra.group_relative(b["scores"], g, eps=1e-8)[:, None]},
+        "adv_mean_only": {"advantages": ra.group_relative(b["scores"], g, scale="none")[:, None]},
     }
 
 
@@ -175,7 +180,18 @@ def trl(b: dict[str, torch.Tensor], g: int) -> dict[str, Out]:
         ),
         "dapo_off_policy": with_grad(lambda x: ppo(x, is_weights=keep.to(F64)), lp),
         "dapo_vllm_is": with_grad(lambda x: ppo(x, is_weights=tis), lp),
+        "dapo_entropy": with_grad(
+            lambda x: ppo(x) + rl.entropy_bonus(_entropies(b), m, coef=0.01).loss, lp
+        ),
+        "high_entropy_mask": {
+            "mask": rl.high_entropy_mask(_entropies(b), m, top_quantile=0.2).to(F64)
+        },
     }
+
+
+def _entropies(b: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The shared entropies of the TRL cases: |values| rounded to float32 (TRL's quantile is float32)."""
+    return b["values"].abs().float().double()
 
 
 def openrlhf(b: dict[str, torch.Tensor], g: int) -> dict[str, Out]:

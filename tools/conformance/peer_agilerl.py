@@ -1,7 +1,9 @@
 """AgileRL 2.58.0: ``GRPO._compute_policy_loss`` on the shared batches (run in AgileRL's venv).
 
 Installed with ``--no-deps`` plus what ``agilerl.algorithms.grpo`` imports: lazy_loader,
-gymnasium, tensordict, pyyaml, accelerate, dill, peft, packaging, transformers (CPU wheels).
+gymnasium, tensordict, pyyaml, accelerate, dill, peft, packaging, transformers, pillow,
+pettingzoo, fastrand, wandb and agilerl-arena (AgileRL's own ``agilerl.arena`` namespace
+package); CPU wheels, imported by ``agilerl.algorithms`` but unused by the loss.
 The agent is built with ``object.__new__`` (no model, no accelerator) and only the attributes
 the loss reads are set; nothing is stubbed. One patch: ``_token_loss_weights`` builds its
 aggregation weights in float32 (``mask.to(torch.float32)``), which caps agreement at about
@@ -53,12 +55,14 @@ def _weights_in_input_dtype(self: GRPO, mask: torch.Tensor, window: object) -> t
 
 def run(b: dict[str, torch.Tensor], g: int) -> dict[str, peerlib.Out]:
     GRPO._token_loss_weights = _FP32_WEIGHTS  # type: ignore[method-assign]
-    fp32 = {f"{k}_fp32": v for k, v in _run(b).items() if k in ("grpo_window", "grpo_micro_batch")}
+    fp32 = {
+        f"{k}_fp32": v for k, v in _run(b, g).items() if k in ("grpo_window", "grpo_micro_batch")
+    }
     GRPO._token_loss_weights = _weights_in_input_dtype  # type: ignore[method-assign]
-    return _run(b) | fp32
+    return _run(b, g) | fp32
 
 
-def _run(b: dict[str, torch.Tensor]) -> dict[str, peerlib.Out]:
+def _run(b: dict[str, torch.Tensor], g: int) -> dict[str, peerlib.Out]:
     m = b["mask"]
     lp, old, ref = b["logprobs"], b["old_logprobs"], b["ref_logprobs"]
     adv = b["advantages"][:, None]
@@ -95,6 +99,9 @@ def _run(b: dict[str, torch.Tensor]) -> dict[str, peerlib.Out]:
     case("trajectory", level="trajectory")
     case("turn", level="turn")
     case("cispo", objective="cispo")
+    for norm in ("mean_std", "mean_only"):
+        agent = _agent(group_size=g, adv_norm=norm)
+        out[f"adv_{norm}"] = {"advantages": agent._calculate_advantage(b["scores"])}
     return out
 
 

@@ -32,8 +32,12 @@ class _Accelerator:
     def reduce(x: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
         return x
 
+    @staticmethod
+    def pad_across_processes(x: torch.Tensor, dim: int = 0, pad_index: float = 0.0) -> torch.Tensor:
+        return x
 
-def _trainer(x: torch.Tensor, **kw: object) -> GRPOTrainer:
+
+def _trainer(x: torch.Tensor, entropies: torch.Tensor | None = None, **kw: object) -> GRPOTrainer:
     args = types.SimpleNamespace(
         delta=None, use_bias_correction_kl=False, sapo_temperature_pos=1.0,
         sapo_temperature_neg=1.05, vespo_k_pos=2.0, vespo_lambda_pos=3.0, vespo_k_neg=3.0,
@@ -61,7 +65,12 @@ def _trainer(x: torch.Tensor, **kw: object) -> GRPOTrainer:
         "_metrics": {"train": collections.defaultdict(list), "eval": collections.defaultdict(list)},
         "_entropy_bonus_enabled": False,
         "aux_loss_enabled": False,
-        "_get_per_token_logps_and_entropies": lambda *a, **k: (x, torch.zeros_like(x), None),
+        "use_adaptive_entropy": False,
+        "_get_per_token_logps_and_entropies": lambda *a, **k: (
+            x,
+            torch.zeros_like(x) if entropies is None else entropies,
+            None,
+        ),
     } | kw
     for k, v in settings.items():
         object.__setattr__(t, k, v)
@@ -108,6 +117,16 @@ def run(b: dict[str, torch.Tensor], g: int) -> dict[str, peerlib.Out]:
     case("dapo_kl_bias", loss_type="dapo", beta=0.04, use_bias_correction_kl=True)
     case("dapo_off_policy", loss_type="dapo", off_policy_mask_threshold=0.0)
     case("dapo_vllm_is", loss_type="dapo", use_vllm=True, vllm_importance_sampling_correction=True)
+    ent = b["values"].abs().float().double()  # float32-exact: TRL's quantile runs in float32
+    case(
+        "dapo_entropy",
+        loss_type="dapo",
+        entropies=ent,
+        _entropy_bonus_enabled=True,
+        entropy_coef=0.01,
+    )
+    mask = _trainer(lp).get_high_entropy_mask(ent, m.to(torch.long), 1 - 0.2)
+    out["high_entropy_mask"] = {"mask": mask.to(torch.float64)}
     return out
 
 

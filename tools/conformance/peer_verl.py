@@ -10,7 +10,7 @@ import numpy as np
 import peerlib
 import torch
 from verl.trainer.ppo import core_algos as ca
-from verl.workers.config import ActorConfig
+from verl.workers.config import ActorConfig, PolicyLossConfig
 
 
 def _cfg(**kw: object) -> ActorConfig:
@@ -93,6 +93,8 @@ def run(b: dict[str, torch.Tensor], g: int) -> dict[str, peerlib.Out]:
     loss("gpg", "gpg", ppo)
     loss("geo_mean", "geo_mean", _cfg(clip_ratio=0.4, clip_ratio_low=0.4, clip_ratio_high=0.4))
     loss("cispo", "cispo", _cfg(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28))
+    kl_cov = _cfg(clip_ratio=0.2, policy_loss=PolicyLossConfig(kl_cov_ratio=0.2, ppo_kl_coef=0.5))
+    loss("kl_cov", "kl_cov", kl_cov)
     for kind, name in (("low_var_kl", "k3"), ("kl", "k1"), ("mse", "k2"), ("abs", "abs")):
         ref = b["ref_logprobs"]
         out[f"kl[{name}]"] = peerlib.with_grad(

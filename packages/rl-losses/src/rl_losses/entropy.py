@@ -70,7 +70,7 @@ def high_entropy_mask(
     Peers (the call that reproduces each; the checked cases are in
     ``docs/conformance.md``):
 
-    * TRL 1.16.0: equal: ``top_entropy_quantile``.
+    * TRL 1.16.0: equal with ``top_quantile=top_entropy_quantile``.
     * No counterpart: verl, OpenRLHF, Liger, AgileRL.
 
     Args:
