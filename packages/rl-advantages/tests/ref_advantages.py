@@ -194,7 +194,7 @@ def ref_whiten(
         if not m:
             out.append(0.0)
             continue
-        w = (v - mean) / denom
+        w = (v - mean) / denom if denom > 0 else v - mean  # zero spread, eps 0: centred (0)
         if not shift_mean:
             w = w + mean
         out.append(w)
