@@ -87,6 +87,9 @@ def verl(b: dict[str, torch.Tensor], g: int) -> dict[str, Out]:
         ),
         lp,
     )
+    out["clip_cov"] = with_grad(
+        lambda x: rl.clip_cov_loss(x, old, adv_t, m, clip_cov_ratio=1.0, clip_cov_lb=0.1).loss, lp
+    )
     out["kl_cov"] = with_grad(
         lambda x: rl.kl_cov_loss(x, old, adv_t, m, kl_cov_ratio=0.2, kl_coef=0.5).loss, lp
     )

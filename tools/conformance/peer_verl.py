@@ -95,6 +95,9 @@ def run(b: dict[str, torch.Tensor], g: int) -> dict[str, peerlib.Out]:
     loss("cispo", "cispo", _cfg(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28))
     kl_cov = _cfg(clip_ratio=0.2, policy_loss=PolicyLossConfig(kl_cov_ratio=0.2, ppo_kl_coef=0.5))
     loss("kl_cov", "kl_cov", kl_cov)
+    # every candidate detached (ratio 1), so verl's random choice is no choice
+    cov = PolicyLossConfig(clip_cov_ratio=1.0, clip_cov_lb=0.1, clip_cov_ub=5.0)
+    loss("clip_cov", "clip_cov", _cfg(clip_ratio=0.2, policy_loss=cov))
     for kind, name in (("low_var_kl", "k3"), ("kl", "k1"), ("mse", "k2"), ("abs", "abs")):
         ref = b["ref_logprobs"]
         out[f"kl[{name}]"] = peerlib.with_grad(

@@ -194,8 +194,9 @@ def clip_cov_loss(
     Peers (the call that reproduces each; the checked cases are in
     ``docs/conformance.md``):
 
-    * verl 0.9.1: differs by design: gradients equal; verl's logged loss value keeps the detached
-      tokens' loss out, ours keeps their (gradient-free) value in.
+    * verl 0.9.1: differs by design: gradients equal (checked); the logged loss value differs:
+      verl multiplies the detached tokens' loss by 0, ours keeps their (gradient-free) value in.
+      verl also skips tokens its PPO clip already clipped, which have no gradient either way.
     * No counterpart: OpenRLHF, TRL, Liger, AgileRL.
 
     Args:
