@@ -18,6 +18,9 @@ Sessions:
     bench            tools/bench/ benchmarks (medians and ratios; see tools/bench/README.md)
     bench-peers      one GRPO step of ours against TRL and AgileRL (each in a throwaway venv
                      outside the workspace) and bare generate, side by side (not default)
+    conformance      (not default) our estimators and losses against verl, OpenRLHF, TRL, Liger and
+                     AgileRL's released code, each in a throwaway venv under ~/.cache/rl-conformance
+                     (RL_CONFORMANCE_HOME); writes docs/conformance.md (tools/conformance/run.py)
     docs             mkdocs build --strict (the site's examples run in ``integration``)
     docs-browser     the built site opened in the system's Chromium (tools/docs/browser_check.py):
                      rendered math, no console error, no broken link, each page ready in 5 s;
@@ -165,6 +168,13 @@ def bench_peers(session: nox.Session) -> None:
     # (~/.cache/rl-bench-peers by default), never installed here
     sync(session, "--all-packages")
     session.run("python", "tools/bench/bench_peers.py", *session.posargs)
+
+
+@nox.session(default=False)
+def conformance(session: nox.Session) -> None:
+    # the peers live in their own venvs outside the workspace; this env only needs ours + torch
+    sync(session, "--all-packages")
+    session.run("python", "tools/conformance/run.py", *session.posargs)
 
 
 @nox.session

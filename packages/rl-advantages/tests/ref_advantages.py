@@ -194,7 +194,7 @@ def ref_whiten(
         if not m:
             out.append(0.0)
             continue
-        w = (v - mean) / denom
+        w = (v - mean) / denom if denom > 0 else v - mean  # zero spread, eps 0: centred (0)
         if not shift_mean:
             w = w + mean
         out.append(w)
@@ -568,10 +568,14 @@ def ref_kl_in_reward(
 
 
 def ref_reinforce_plus_plus(
-    token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0
+    token_rewards: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float = 1.0,
+    unbiased: bool = True,
+    eps: float = 1e-8,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     returns = ref_discounted_returns(token_rewards, mask, gamma)
-    advantages = ref_whiten(returns, mask, shift_mean=True, unbiased=True, eps=1e-8)
+    advantages = ref_whiten(returns, mask, shift_mean=True, unbiased=unbiased, eps=eps)
     return advantages, returns
 
 
@@ -582,6 +586,8 @@ def ref_reinforce_plus_plus_baseline(
     kl: torch.Tensor | None = None,
     beta: float = 0.0,
     gamma: float = 1.0,
+    unbiased: bool = True,
+    eps: float = 1e-8,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     s = _lst(scores)
     N = len(s)
@@ -591,7 +597,7 @@ def ref_reinforce_plus_plus_baseline(
         for i in members:
             centered[i] = s[i] - mean
     token_rewards = ref_kl_in_reward(_tensor(centered, (N,)), mask, kl, beta)
-    return ref_reinforce_plus_plus(token_rewards, mask, gamma)
+    return ref_reinforce_plus_plus(token_rewards, mask, gamma, unbiased, eps)
 
 
 # --------------------------------------------------------------------------- shaping

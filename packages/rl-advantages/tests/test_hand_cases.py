@@ -434,6 +434,10 @@ def test_reinforce_plus_plus_by_hand(api: Any) -> None:
     close(ret, [[1.0, 1.0], [0.0, 3.0]])
     s = math.sqrt(4 / 3 + 1e-8)
     close(adv, [[(1 - 5 / 3) / s, (1 - 5 / 3) / s], [0.0, (3 - 5 / 3) / s]])
+    # OpenRLHF's whitening: biased variance ((2/3)^2 * 2 + (4/3)^2) / 3 = 8/9, no eps
+    adv, _ = api.reinforce_plus_plus(token_rewards=tr, mask=m, unbiased=False, eps=0.0)
+    s = math.sqrt(8 / 9)
+    close(adv, [[(1 - 5 / 3) / s, (1 - 5 / 3) / s], [0.0, (3 - 5 / 3) / s]])
 
 
 @API

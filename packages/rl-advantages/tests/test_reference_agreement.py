@@ -610,6 +610,16 @@ def test_reinforce_plus_plus(t: int, gamma: float, seed: int) -> None:
     assert_agree("reinforce_plus_plus", *case_reinforce_plus_plus(gen, t, gamma))
 
 
+@pytest.mark.parametrize("t", LENGTHS)
+@pytest.mark.parametrize(("unbiased", "eps"), [(False, 0.0), (False, 1e-8), (True, 0.0)])
+def test_reinforce_plus_plus_whitening(t: int, unbiased: bool, eps: float) -> None:
+    gen = _gen("reinforce_plus_plus_whitening", t, unbiased, eps)
+    kwargs, mask = case_reinforce_plus_plus(gen, t, 1.0)
+    assert_agree("reinforce_plus_plus", {**kwargs, "unbiased": unbiased, "eps": eps}, mask)
+    kwargs, mask = case_reinforce_plus_plus_baseline(gen, 4, t, True, 1.0, "binary")
+    assert_agree("reinforce_plus_plus_baseline", {**kwargs, "unbiased": unbiased, "eps": eps}, mask)
+
+
 @pytest.mark.parametrize("g", GROUP_SIZES)
 @pytest.mark.parametrize("t", LENGTHS)
 @pytest.mark.parametrize("with_kl", [False, True])

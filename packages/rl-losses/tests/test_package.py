@@ -17,14 +17,18 @@ POLICY_NAMES = [
     "gmpo_loss",
     "gspo_loss",
     "kl_cov_loss",
+    "luspo_loss",
     "reinforce_loss",
     "sapo_loss",
+    "vespo_loss",
 ]
 MOVED = ["clip_cov_loss", "gmpo_loss", "kl_cov_loss", "sapo_loss"]
+SEQUENCE = ["luspo_loss", "vespo_loss"]  # rl_losses.policy_sequence (issue 23)
 
 
 def test_policy_module_still_exports_every_objective() -> None:
     import rl_losses.policy
+    import rl_losses.policy_sequence
     import rl_losses.policy_variants
     from rl_losses.policy import (  # noqa: F401  (the import itself is the check)
         cispo_loss,
@@ -39,6 +43,7 @@ def test_policy_module_still_exports_every_objective() -> None:
 
     assert sorted(rl_losses.policy.__all__) == POLICY_NAMES
     assert sorted(rl_losses.policy_variants.__all__) == MOVED
+    assert sorted(rl_losses.policy_sequence.__all__) == SEQUENCE
     for name in POLICY_NAMES:
         fn = getattr(rl_losses.policy, name)
         assert getattr(rl_losses, name) is fn, name

@@ -4,7 +4,9 @@ Rows come as B contiguous groups of G samples of the same prompt: rows ``[b*G, (
 group b, so ``rewards`` [N] reshapes to [B, G]. An optional ``mask`` [N] marks the samples that
 count (False for a sample whose reward is missing); masked samples take no part in any group
 statistic and get advantage 0. A group with fewer than two valid members has no baseline and
-gives 0 to its members (peers differ: verl gives a lone sample mean 0 and std 1, i.e. A = r).
+gives 0 to its members. Peers differ, deliberately not followed: verl's loop estimators
+``grpo``, ``rloo``, ``opo`` and ``gpg`` give a lone sample mean 0 (and std 1), i.e. A = r
+(times GPG's alpha); verl's ``rloo_vectorized`` and ``grpo_vectorized`` give 0 as we do.
 """
 
 from __future__ import annotations
@@ -116,6 +118,17 @@ def group_relative(
     and AgileRL (all use ``torch.std``); ``eps`` is added to the std, outside the square root,
     as all of them do (TRL 1e-4, verl 1e-6, OpenRLHF 1e-9, AgileRL 1e-8).
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``eps=1e-6`` (default); ``scale="none"`` for
+      ``norm_adv_by_std_in_grpo=False``. Group of one: verl's loop gives A = r, ours 0 (differs by
+      design: no baseline).
+    * OpenRLHF 0.11.2: equal with ``group_norm``: ``eps=1e-9``; ``dr_grpo``: ``scale="none"``.
+    * TRL 1.16.0: equal with ``eps=1e-4``; ``scale_rewards``: ``scale="batch"`` / ``"none"``.
+    * AgileRL 2.58.0: equal with ``eps=1e-8``; ``adv_norm="mean_only"`` is ``scale="none"``.
+    * No counterpart: Liger (advantages come from the trainer).
+
     Args:
         rewards: [N] scalar reward per sequence, N = B*G, groups contiguous.
         group_size: G >= 2.
@@ -154,6 +167,13 @@ def group_relative_per_turn(
     ``advantage_granularity="turn"``. A (group, turn) with fewer than two players has no
     baseline: its played cells get ``fallback[n]`` (for example the trajectory-level
     ``group_relative`` advantage, AgileRL's ``turn_advantage_trajectory_fallback``) or 0.
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * AgileRL 2.58.0: equal with ``fallback=`` the trajectory advantage (AgileRL's lone-player
+      rule), ``eps=1e-8``.
+    * No counterpart: verl, OpenRLHF, TRL, Liger.
 
     Args:
         rewards: [N, K] reward per (sequence, turn).
@@ -203,7 +223,19 @@ def rloo(
               = \frac{n_g}{n_g - 1}\,(r_i - \bar r_g)
 
     over the valid members of the group (:math:`n_g` of them). The advantages of a group sum
-    to zero. Groups with fewer than two valid members give 0 (TRL and verl do the same).
+    to zero. Groups with fewer than two valid members give 0, as TRL's RLOOTrainer and verl's
+    ``rloo_vectorized`` do. verl's ``compute_rloo_outcome_advantage`` (``rloo``) leaves
+    :math:`A = r` for a group of one (deliberately not followed: a lone sample has no
+    baseline, and its raw reward is not an advantage).
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal: ``rloo`` and ``rloo_vectorized``. Group of one: verl's loop ``rloo`` leaves
+      A = r, ours 0 (differs by design: no baseline; ``rloo_vectorized`` gives 0 too).
+    * OpenRLHF 0.11.2: equal: ``rloo`` estimator (gamma forced to 1).
+    * TRL 1.16.0: equal: RLOOTrainer's leave-one-out baseline.
+    * No counterpart: Liger, AgileRL.
 
     Args:
         rewards: [N] scalar reward per sequence, groups contiguous.
@@ -241,6 +273,12 @@ def gpg(
     * ``"nonzero_rewards"`` (verl's ``gpg``): valid samples divided by the number of valid
       samples with a non-zero reward.
     * a float: used as is.
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``alpha="nonzero_rewards"``.
+    * No counterpart: OpenRLHF, TRL, Liger, AgileRL.
 
     Args:
         rewards: [N] scalar reward per sequence, groups contiguous.
@@ -287,6 +325,12 @@ def opo(
     The length-weighted group mean is the variance-minimising baseline under the paper's
     assumption that gradient norms grow with the sequence length.
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``mask=lengths > 0`` (verl keeps an empty row at weight 0).
+    * No counterpart: OpenRLHF, TRL, Liger, AgileRL.
+
     Args:
         rewards: [N] scalar reward per sequence, groups contiguous.
         lengths: [N] completion length |o_i| (> 0 for valid samples).
@@ -326,6 +370,12 @@ def pass_at_k(
     where :math:`i^*` is the group's best valid sample (the first on ties, so a tie gives 0),
     :math:`r_{(1)}, r_{(2)}` the largest and second-largest valid rewards, and the division
     happens only with ``scale="group"``.
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal: ``grpo_passk``.
+    * No counterpart: OpenRLHF, TRL, Liger, AgileRL.
 
     Args:
         rewards: [N] scalar reward per sequence, groups contiguous.
@@ -367,6 +417,12 @@ def remax(
     with :math:`b` the reward of the greedy completion of the same prompt (``baselines``).
     With the reward on the last token only, :math:`\hat A_t = R - b` on every token.
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal: ``remax`` (valid tokens; verl leaves returns at masked tokens).
+    * No counterpart: OpenRLHF, TRL, Liger, AgileRL.
+
     Args:
         token_rewards: [N, T] reward per token.
         mask: [N, T] bool, True at valid (generated) tokens.
@@ -403,6 +459,15 @@ def dynamic_sampling_mask(
     group that is all right or all wrong has zero group-relative advantage and only dilutes
     the batch. Generalised to real-valued rewards: keep a group iff its valid rewards are not
     all equal.
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal: DAPO recipe: keep groups with std > 0.
+    * OpenRLHF 0.11.2: differs by design: OpenRLHF keeps groups whose mean lies in a range; ours
+      keeps groups whose valid rewards are not all equal (DAPO, arXiv 2503.14476, eq. 11).
+    * AgileRL 2.58.0: equal: ``filter_zero_adv``.
+    * No counterpart: TRL (not supported in TRL), Liger.
 
     Args:
         rewards: [N] scalar reward per sequence, groups contiguous.

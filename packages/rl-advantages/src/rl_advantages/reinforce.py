@@ -47,6 +47,15 @@ def kl_in_reward(
     path, which writes the score on every token). ``kl`` is whatever per-token estimator the
     caller uses (k1 = log pi - log pi_ref is the usual one here).
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal: ``use_kl_in_reward`` (score on the last token).
+    * OpenRLHF 0.11.2: equal: ``compute_reward`` (valid tokens).
+    * AgileRL 2.58.0: differs by design: AgileRL's single-turn REINFORCE writes the score on every
+      token; ours on the last token (``broadcast_to_tokens(placement="all")`` for theirs).
+    * No counterpart: TRL, Liger.
+
     Args:
         scores: [N] task reward per sequence.
         mask: [N, T] bool, True at valid (generated) tokens.
@@ -94,6 +103,8 @@ def reinforce_plus_plus(
     gamma: float = 1.0,
     *,
     nonfinite: NonFinite = "raise",
+    unbiased: bool = True,
+    eps: float = 1e-8,
 ) -> AdvantagesReturns:
     r"""REINFORCE++ (Hu, arXiv 2501.03262, Sec. 3): token returns whitened over the batch.
 
@@ -101,21 +112,36 @@ def reinforce_plus_plus(
               \hat A_t = \frac{G_t - \mu_B}{\sqrt{\sigma_B^2 + \epsilon}}
 
     with :math:`\mu_B, \sigma_B` over every valid token of the (global) batch. Build
-    ``token_rewards`` with :func:`kl_in_reward`. This is verl's ``reinforce_plus_plus`` and
-    OpenRLHF's ``reinforce`` estimator.
+    ``token_rewards`` with :func:`kl_in_reward`.
+
+    Peers: verl's ``reinforce_plus_plus`` is the default (unbiased variance,
+    :math:`\sqrt{\sigma^2 + 10^{-8}}`). OpenRLHF's ``reinforce`` uses the biased variance and
+    ``rsqrt(clamp(var, 1e-8))``: ``unbiased=False, eps=0`` reproduces it wherever the variance
+    is at least 1e-8 (about 2% apart from the default at 24 tokens).
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal: ``reinforce_plus_plus``, any gamma.
+    * OpenRLHF 0.11.2: equal with ``unbiased=False, eps=0`` (gamma 1; with gamma < 1 and holes:
+      OpenRLHF and AgileRL's token paths treat a masked gap as a time step (reward 0, value 0) and
+      discount across it; ours skips observation tokens (they are not actions)).
+    * No counterpart: TRL, Liger, AgileRL.
 
     Args:
         token_rewards: [N, T] reward per token (KL folded in, score on the last token).
         mask: [N, T] bool, True at valid tokens.
         gamma: Discount in [0, 1] (1 in the paper's runs).
         nonfinite: ``"raise"`` on a NaN/inf reward, or ``"mask"`` to drop it.
+        unbiased: Whitening variance with ``n - 1`` (True) or ``n`` (False, OpenRLHF).
+        eps: Added to the variance inside the square root (>= 0; 0 for OpenRLHF).
 
     Returns:
         ``AdvantagesReturns(advantages [N, T], returns [N, T])``, 0 at invalid tokens.
     """
     r, m = steps(token_rewards, mask, nonfinite, name="token_rewards")
     returns = discount(r, m, gamma)
-    return AdvantagesReturns(whiten(returns, m), returns)
+    return AdvantagesReturns(whiten(returns, m, unbiased=unbiased, eps=eps), returns)
 
 
 def reinforce_plus_plus_baseline(
@@ -127,6 +153,8 @@ def reinforce_plus_plus_baseline(
     gamma: float = 1.0,
     *,
     nonfinite: NonFinite = "raise",
+    unbiased: bool = True,
+    eps: float = 1e-8,
 ) -> AdvantagesReturns:
     r"""REINFORCE++-baseline (arXiv 2501.03262, Sec. 3.3): group mean, then global whitening.
 
@@ -138,7 +166,16 @@ def reinforce_plus_plus_baseline(
     stable without the per-group std that GRPO divides by. OpenRLHF's
     ``reinforce_baseline`` (which forces gamma = 1) and verl's
     ``reinforce_plus_plus_baseline`` (which spreads R' over every token with no KL; the same
-    result for gamma = 1 and beta = 0).
+    result for gamma = 1 and beta = 0). OpenRLHF whitens with the biased variance:
+    ``unbiased=False, eps=0`` (see :func:`reinforce_plus_plus`).
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal: ``reinforce_plus_plus_baseline`` (advantages; verl's returns are the
+      centred scores).
+    * OpenRLHF 0.11.2: equal with ``unbiased=False, eps=0``.
+    * No counterpart: TRL, Liger, AgileRL.
 
     Args:
         scores: [N] task reward per sequence, groups of G contiguous.
@@ -148,6 +185,8 @@ def reinforce_plus_plus_baseline(
         beta: KL coefficient (>= 0).
         gamma: Discount in [0, 1].
         nonfinite: ``"raise"`` on a NaN/inf score, or ``"mask"`` to drop that row.
+        unbiased: Whitening variance with ``n - 1`` (True) or ``n`` (False, OpenRLHF).
+        eps: Added to the variance inside the square root (>= 0).
 
     Returns:
         ``AdvantagesReturns(advantages [N, T], returns [N, T])``, 0 at invalid tokens.
@@ -167,4 +206,4 @@ def reinforce_plus_plus_baseline(
     check_ndim("mask", mask, 2, "[N, T]")
     token_mask = (mask if mask.dtype == torch.bool else mask != 0) & row_ok[:, None]
     rewards = kl_in_reward(centred, token_mask, kl, beta)
-    return reinforce_plus_plus(rewards, token_mask, gamma)
+    return reinforce_plus_plus(rewards, token_mask, gamma, unbiased=unbiased, eps=eps)

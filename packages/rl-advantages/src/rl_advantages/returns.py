@@ -82,6 +82,17 @@ def discounted_returns(
     REINFORCE return (Williams 1992; Sutton & Barto eq. 3.8) used turn-level by AgileRL's
     LLMREINFORCE and token-level by REINFORCE++ (arXiv 2501.03262, eq. 4 of Sec. 3).
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * OpenRLHF 0.11.2: differs by design: OpenRLHF and AgileRL's token paths treat a masked gap as a
+      time step (reward 0, value 0) and discount across it; ours skips observation tokens (they are
+      not actions).
+    * AgileRL 2.58.0: differs by design: OpenRLHF and AgileRL's token paths treat a masked gap as a
+      time step (reward 0, value 0) and discount across it; ours skips observation tokens (they are
+      not actions) (token path); the turn-level returns are ours.
+    * No counterpart: verl, TRL, Liger.
+
     Args:
         rewards: [N, K] reward per step (turns, or tokens [N, T]).
         mask: [N, K] bool, True at valid steps.
@@ -132,6 +143,19 @@ def gae(
     (``[N, T]``, as TRL/verl PPO, where observation tokens are skipped, not terminal).
     ``lmbda = 1`` gives discounted returns minus values; ``gamma = 0`` the one-step TD error.
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``whiten(gae(...).advantages, mask)``: verl whitens inside; holes
+      skipped as ours.
+    * OpenRLHF 0.11.2: differs by design: OpenRLHF and AgileRL's token paths treat a masked gap as a
+      time step (reward 0, value 0) and discount across it; ours skips observation tokens (they are
+      not actions); without holes ``whiten(..., unbiased=False, eps=0)`` of ours reproduces it.
+    * AgileRL 2.58.0: differs by design: OpenRLHF and AgileRL's token paths treat a masked gap as a
+      time step (reward 0, value 0) and discount across it; ours skips observation tokens (they are
+      not actions) (token-level PPO path); its turn-level GAE is ours.
+    * No counterpart: TRL (TRL's PPO is experimental; not compared), Liger.
+
     Args:
         rewards: [N, K] reward per step.
         values: [N, K] critic value per step (NaN allowed at invalid steps).
@@ -176,6 +200,12 @@ def rebn(
     The statistics are taken over the whole batch, not per group (GEM, arXiv 2510.01051,
     Sec. 3, "ReBN"; AgileRL's LLMREINFORCE). Fewer than two valid cells give all zeros: there
     is no baseline to compare against. A constant batch gives zeros too, never NaN.
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * AgileRL 2.58.0: equal: REINFORCE's Return Batch Normalization.
+    * No counterpart: verl, OpenRLHF, TRL, Liger.
 
     Args:
         returns: [N, K] returns per (sequence, turn) (or [N, T] per token).

@@ -27,6 +27,14 @@ def overlong_penalty(
     scaled by ``penalty_factor`` (OpenRLHF's ``overlong_penalty_factor``, verl's
     ``overlong_buffer.penalty_factor``). Add the result to the task reward.
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal: DAPO recipe's overlong buffer.
+    * OpenRLHF 0.11.2: equal: ``overlong_buffer_len`` / ``overlong_penalty_factor``.
+    * TRL 1.16.0: equal: ``get_soft_overlong_punishment``.
+    * No counterpart: Liger, AgileRL.
+
     Args:
         lengths: [N] completion lengths in tokens.
         max_length: :math:`L_{\max}`, the generation budget.

@@ -117,6 +117,16 @@ def whiten(
     whiten GAE advantages with it. With ``shift_mean=False`` the mean is restored after
     scaling (TRL/verl convention), which keeps the sign of rewards.
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal: ``masked_whiten``.
+    * OpenRLHF 0.11.2: equal with ``unbiased=False, eps=0`` (``masked_normalize``; equal while var
+      >= 1e-8).
+    * TRL 1.16.0: equal: ``masked_whiten``.
+    * AgileRL 2.58.0: equal: ``masked_whiten``.
+    * No counterpart: Liger.
+
     Args:
         x: Values, any shape (typically ``[N, T]`` or ``[N, K]``).
         mask: Bool, same shape as ``x``; True where the entry counts.

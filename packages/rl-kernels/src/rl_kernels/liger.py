@@ -81,6 +81,12 @@ def liger_policy_loss(
 ) -> LigerPolicyLossOutput:
     r"""The policy loss through Liger's ``LigerFusedLinearGRPOLoss`` (see the module table).
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * Liger 0.8.5: equal: calls ``LigerFusedLinearGRPOLoss`` itself.
+    * No counterpart: verl, OpenRLHF, TRL, AgileRL.
+
     Args:
         hidden: [N, T, H] last hidden states.
         weight: [V, H] lm_head weight.

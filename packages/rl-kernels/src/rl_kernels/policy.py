@@ -354,6 +354,13 @@ def fused_policy_loss(
     For gradient accumulation, pass the global ``normalizer`` (see ``rl_losses.aggregate``);
     the micro-batch losses then sum to the full-batch loss.
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * Liger 0.8.5: equal with as ``clipped_surrogate`` / ``cispo_loss`` with Liger's ``loss_type``
+      mapping.
+    * No counterpart: verl, OpenRLHF, TRL, AgileRL (AgileRL's fused path is Liger's kernel).
+
     Args:
         hidden: [N, T, H] last hidden states (before the lm_head).
         weight: [V, H] lm_head weight.

@@ -10,7 +10,7 @@ for the peer-conventions table (CISPO clamp, GSPO gradient, KL direction, aggreg
 from importlib.metadata import version as _version
 
 from rl_losses.aggregate import AGGREGATIONS, Aggregation, aggregate
-from rl_losses.correction import rollout_correction
+from rl_losses.correction import off_policy_mask, rollout_correction
 from rl_losses.entropy import entropy_bonus, high_entropy_mask
 from rl_losses.ilql import (
     ILQLLossOutput,
@@ -37,8 +37,10 @@ from rl_losses.policy import (
     gmpo_loss,
     gspo_loss,
     kl_cov_loss,
+    luspo_loss,
     reinforce_loss,
     sapo_loss,
+    vespo_loss,
 )
 from rl_losses.registry import available_policy_losses, get_policy_loss, register_policy_loss
 from rl_losses.units import Level, Pooling, to_units
@@ -78,11 +80,14 @@ __all__ = [
     "kl_cov_loss",
     "kl_estimate",
     "kl_penalty",
+    "luspo_loss",
     "next_state_values",
+    "off_policy_mask",
     "register_policy_loss",
     "reinforce_loss",
     "rollout_correction",
     "sapo_loss",
     "to_units",
     "value_loss",
+    "vespo_loss",
 ]

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -26,6 +27,9 @@ from rl_losses.aggregate import AGGREGATIONS, Aggregation, aggregate
 from rl_losses.outputs import PolicyLossOutput
 from rl_losses.units import Level, Pooling, to_units
 
+#: How a unit (turn, trajectory) counts in the aggregation: once, or once per valid token.
+UnitWeight = Literal["unit", "tokens"]
+
 
 @dataclass(frozen=True)
 class _Units:
@@ -36,6 +40,8 @@ class _Units:
     advantages: torch.Tensor  # [N, U] mean-pooled, detached
     weights: torch.Tensor | None  # [N, U] mean-pooled is_weights, detached
     mask: torch.Tensor  # [N, U]
+    token_ids: torch.Tensor | None = None  # [N, T] unit index of each token (-1: none)
+    token_weights: torch.Tensor | None = None  # [N, T] is_weights, detached, unpooled
 
 
 def _token_advantages(advantages: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
@@ -73,12 +79,37 @@ def _prepare(
     ratio_u, mask_u = to_units(logratio, m, level, turn_ids, pooling)
     lp_u, _ = to_units(lp, m, level, turn_ids, pooling)
     adv_u, _ = to_units(adv.detach().to(lp.dtype), m, level, turn_ids, "mean")
-    w_u = None
+    w_u = w_t = None
     if is_weights is not None:
         check_same_shape("is_weights", is_weights, "logprobs", logprobs)
         check_finite("is_weights", is_weights, m)
-        w_u, _ = to_units(is_weights.detach().to(lp.dtype), m, level, turn_ids, "mean")
-    return _Units(ratio_u, lp_u, adv_u, w_u, mask_u)
+        w_t = zero_fill(is_weights.detach().to(lp.dtype), m)
+        w_u, _ = to_units(w_t, m, level, turn_ids, "mean")
+    if level == "token":
+        ids = torch.where(m, torch.arange(m.shape[1], device=m.device).expand_as(m), -1)
+    elif level == "trajectory":
+        ids = torch.where(m, 0, -1)
+    else:
+        assert turn_ids is not None  # to_units raised otherwise
+        ids = torch.where(m, turn_ids, -1)
+    return _Units(ratio_u, lp_u, adv_u, w_u, mask_u, ids, w_t)
+
+
+def _to_tokens(loss_u: torch.Tensor, units: _Units) -> tuple[torch.Tensor, torch.Tensor]:
+    """Broadcast a per-unit loss [N, U] back to every valid token of its unit: [N, T]."""
+    assert units.token_ids is not None
+    ids = units.token_ids
+    valid = ids >= 0
+    if loss_u.shape[1] == 0:
+        return loss_u.new_zeros(ids.shape), valid
+    loss_t = torch.gather(loss_u, 1, ids.clamp(min=0))
+    if units.token_weights is not None:
+        loss_t = loss_t * units.token_weights
+    return zero_fill(loss_t, valid), valid
+
+
+def _check_unit_weight(unit_weight: str) -> None:
+    check_choice("unit_weight", unit_weight, ("unit", "tokens"))
 
 
 def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -96,12 +127,18 @@ def _finish(
     aggregation: Aggregation,
     normalizer: float | torch.Tensor | None,
     max_length: int | None,
+    unit_weight: UnitWeight = "unit",
 ) -> PolicyLossOutput:
     check_choice("aggregation", aggregation, AGGREGATIONS)
+    _check_unit_weight(unit_weight)
     m = units.mask
-    if units.weights is not None:
-        loss_u = loss_u * units.weights
-    loss = aggregate(loss_u, m, aggregation, normalizer, max_length)
+    if unit_weight == "tokens":
+        loss_t, valid = _to_tokens(loss_u, units)
+        loss = aggregate(loss_t, valid, aggregation, normalizer, max_length)
+    else:
+        if units.weights is not None:
+            loss_u = loss_u * units.weights
+        loss = aggregate(loss_u, m, aggregation, normalizer, max_length)
     with torch.no_grad():
         r = ratio.detach()
         lr = logratio.detach()

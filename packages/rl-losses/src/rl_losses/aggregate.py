@@ -62,13 +62,27 @@ def aggregate(
     * ``"seq_mean_token_sum"``: :math:`\sum_{i,t} m l / D`, :math:`D = |S|`.
     * ``"seq_mean_token_sum_norm"``: :math:`\sum_{i,t} m l / (D \cdot L)`, :math:`D = |S|`,
       :math:`L` = ``max_length`` (default T): a constant normaliser that removes the length
-      bias (Dr. GRPO, arXiv 2503.20783, Sec. 3.1; TRL ``dr_grpo``). verl's
-      ``seq-mean-token-sum-norm`` divides by :math:`L` only: pass ``normalizer=1`` for it.
+      bias (Dr. GRPO, arXiv 2503.20783, Sec. 3.1). verl 0.9.1's ``seq-mean-token-sum-norm``
+      divides by the non-empty sequence count and then by ``loss_scale_factor``: our default
+      with ``max_length=loss_scale_factor``. TRL's ``dr_grpo`` divides by every row
+      (``per_token_loss.size(0)``), empty ones included: pass ``normalizer=N``.
 
     ``normalizer`` replaces :math:`D` by a global count: the valid tokens (``token_mean``) or
     sequences (the ``seq_*`` modes) of the whole gradient-accumulation window, across
     processes. Summing the micro-batch losses then gives the full-batch loss exactly, which a
     per-micro-batch mean does not.
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal: ``agg_loss`` (verl 0.9.1 ``seq-mean-token-sum-norm`` = ours,
+      ``max_length=loss_scale_factor``).
+    * OpenRLHF 0.11.2: equal: ``aggregate_loss``.
+    * TRL 1.16.0: equal with ``normalizer=N`` for ``grpo``/``sapo``/``dr_grpo``/``luspo`` (TRL
+      divides by every row, empty ones included; ours by rows with a valid token).
+    * Liger 0.8.5: equal with as TRL.
+    * AgileRL 2.58.0: equal with ``micro_batch``: ``normalizer=N`` (AgileRL divides by every row,
+      empty ones included; ours by rows with a valid token).
 
     Args:
         loss: [N, T] per-token (or [N, U] per-unit) loss.

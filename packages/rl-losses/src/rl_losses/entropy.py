@@ -26,6 +26,13 @@ def entropy_bonus(
     (``with_entropy=True``). Minimising the returned loss raises the entropy (PPO, arXiv
     1707.06347, eq. 9; TRL ``entropy_coef``, verl ``entropy_coeff``). ``coef = 0`` only logs.
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal: ``entropy_coeff`` (sign: ours returns the loss term).
+    * TRL 1.16.0: equal: ``entropy_coef`` (token mean).
+    * No counterpart: OpenRLHF, Liger, AgileRL.
+
     Args:
         entropies: [N, T] per-token entropies (differentiable).
         mask: [N, T] bool.
@@ -59,6 +66,12 @@ def high_entropy_mask(
     with :math:`Q` the quantile (linear interpolation, ``torch.quantile``) over the valid
     tokens of the batch; :math:`\rho = 0.2` trains on the top 20 % "forking" tokens as in the
     paper; ``top_quantile=1`` keeps every valid token (TRL ``top_entropy_quantile``).
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * TRL 1.16.0: equal with ``top_quantile=top_entropy_quantile``.
+    * No counterpart: verl, OpenRLHF, Liger, AgileRL.
 
     Args:
         entropies: [N, T] per-token entropies.

@@ -192,6 +192,12 @@ def ilql_td_loss(
     No factor 1/2 (the paper and trlX). ``next_values`` is detached (the target is fixed);
     :func:`next_state_values` builds it with 0 after the last action (terminal).
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * No counterpart: verl, OpenRLHF, TRL, Liger, AgileRL (AgileRL's ILQL is not an LLM fine-tuning
+      path here; ours follows trlX, not compared).
+
     Args:
         q_values: [N, T] :math:`Q_\theta(s_t, a_t)` at the taken tokens (differentiable).
         rewards: [N, T] per-token rewards :math:`r_t` (a terminal reward sits on the row's
@@ -240,6 +246,12 @@ def expectile_loss(
     actions (an in-sample maximum); :math:`\tau = 0.5` is half the squared error. trlX writes
     the same weight as ``tau`` where ``targetQ >= V`` and ``1 - tau`` elsewhere.
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * No counterpart: verl, OpenRLHF, TRL, Liger, AgileRL (AgileRL's ILQL is not an LLM fine-tuning
+      path here; ours follows trlX, not compared).
+
     Args:
         values: [N, T] :math:`V_\psi(s_t)` (differentiable).
         target_q: [N, T] :math:`Q_{\hat\theta}(s_t, a_t)` of the target heads (detached here).
@@ -282,6 +294,12 @@ def cql_loss(
     (CQL, Kumar et al., arXiv 2006.04779, with the log-sum-exp regulariser; ILQL Sec. 4 uses it
     to keep the Q-values of tokens the data never took low; trlX's ``cql_scale`` term). It
     pushes down every token's Q-value and up the taken one's.
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * No counterpart: verl, OpenRLHF, TRL, Liger, AgileRL (AgileRL's ILQL is not an LLM fine-tuning
+      path here; ours follows trlX, not compared).
 
     Args:
         q_logits: [N, T, V] :math:`Q_\theta(s_t, \cdot)` of one head over the vocabulary.
@@ -329,6 +347,12 @@ def awac_loss(
     the policy at decoding time instead, see ``rl_rollout.value_guided_logits``); trlX's
     ``awac_scale`` term with its ``beta`` (default 0). IQL clips the weight at 100;
     ``max_weight`` exposes that (None: no clip, as trlX).
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * No counterpart: verl, OpenRLHF, TRL, Liger, AgileRL (AgileRL's ILQL is not an LLM fine-tuning
+      path here; ours follows trlX, not compared).
 
     Args:
         logprobs: [N, T] :math:`\log\pi(a_t \mid s_t)` of the taken tokens (differentiable).
@@ -454,6 +478,12 @@ def ilql_loss(
     per token (trlX puts the standardised return on the last action); the terms are
     aggregated over valid action tokens (trlX: ``token_mean``, dividing by the number of
     non-terminal states).
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * No counterpart: verl, OpenRLHF, TRL, Liger, AgileRL (AgileRL's ILQL is not an LLM fine-tuning
+      path here; ours follows trlX, not compared).
 
     Args:
         logprobs: [N, T] :math:`\log\pi(a_t \mid s_t)` of the language model (differentiable).

@@ -65,6 +65,16 @@ def kl_estimate(
     Peers: TRL and Liger compute k3 as ``exp(ref - logp) - (ref - logp) - 1``, the same as
     ours; AgileRL's older standard path swapped the arguments (agilerl-llm notes, 2.7).
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``low_var_kl``: ``kind="k3", clamp=10``; ``kl``/``mse``/``abs``:
+      k1/k2/abs; ``k3+``: ``grad_kind="k2"``.
+    * OpenRLHF 0.11.2: equal with ``clamp=10``.
+    * TRL 1.16.0: equal: k3.
+    * Liger 0.8.5: equal: k3.
+    * AgileRL 2.58.0: equal: k3.
+
     Args:
         logprobs: [N, T] log-probs of the sampled tokens under the policy (differentiable).
         ref_logprobs: [N, T] log-probs under the reference policy.
@@ -104,11 +114,47 @@ def kl_penalty(
     aggregation: Aggregation = "token_mean",
     normalizer: float | torch.Tensor | None = None,
     max_length: int | None = None,
+    old_logprobs: torch.Tensor | None = None,
+    importance_weight: Literal["none", "ratio", "gradient"] = "none",
+    weight_cap: float | None = None,
+    clamp_mode: Literal["value", "drop"] = "value",
+    is_weights: torch.Tensor | None = None,
 ) -> KLOutput:
     r"""KL to the reference as a loss term: :math:`\beta \cdot \operatorname{agg}(\hat{KL}_t)`.
 
     GRPO adds it to the policy loss (arXiv 2402.03300, eq. 3, with k3); TRL ``beta``, verl
     ``use_kl_loss`` / ``kl_loss_coef``, OpenRLHF ``--algo.kl.use_loss``.
+
+    Off-policy (tokens sampled from :math:`\pi_{old}`, not :math:`\pi`), the plain estimator's
+    gradient is biased. With :math:`r_t = \pi(y_t)/\pi_{old}(y_t)` from ``old_logprobs``:
+
+    * ``importance_weight="ratio"``: :math:`\hat{KL}_t \cdot r_t`, the ratio differentiable
+      (DeepSeek-V3.2, arXiv 2512.02556, Sec. 3.1, "unbiased KL estimate"; TRL
+      ``use_bias_correction_kl`` at token level, AgileRL 2.58 ``use_bias_correction_kl``).
+    * ``importance_weight="gradient"``: the value of ``kind``, the gradient of
+      :math:`\operatorname{sg}(\min(r_t, c))\,\tfrac12\ell_t^2`, i.e.
+      :math:`\operatorname{sg}(w)\,\ell_t \nabla\log\pi` (OpenRLHF
+      ``compute_approx_kl(unbiased_gradient=True)``, ``weight_cap=10``; with ``clamp=10``).
+    * ``clamp_mode="drop"``: tokens with :math:`\ell_t < 0` whose estimate exceeds ``clamp``
+      contribute 0 and no gradient (AgileRL 2.58 ``kl_clamp``) instead of the clamped value.
+    * ``is_weights``: detached per-token factors, e.g. the keep mask of
+      :func:`rl_losses.off_policy_mask` (AgileRL drops masked tokens' KL as well).
+
+    TRL, Liger and AgileRL divide by every row for ``seq_mean_token_mean``; ours divides by
+    rows with a valid token (``normalizer=N`` reproduces theirs).
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with as ``kl_estimate``, ``aggregation`` per ``loss_agg_mode``.
+    * OpenRLHF 0.11.2: equal with ``unbiased_gradient=True``: ``old_logprobs=...,
+      importance_weight="gradient", weight_cap=10, clamp=10``.
+    * TRL 1.16.0: equal with ``use_bias_correction_kl`` (token level): ``old_logprobs=...,
+      importance_weight="ratio"``; with ``importance_sampling_level="sequence"`` TRL weights by the
+      sequence ratio (no argument: TRL notes it is not unbiased there).
+    * Liger 0.8.5: equal with as TRL.
+    * AgileRL 2.58.0: equal with ``clamp=10, clamp_mode="drop"`` (``kl_clamp``);
+      ``use_bias_correction_kl``: ``importance_weight="ratio"``; masked tokens: ``is_weights=keep``.
 
     Args:
         logprobs: [N, T] policy log-probs (differentiable).
@@ -121,6 +167,11 @@ def kl_penalty(
         aggregation: See :func:`rl_losses.aggregate`.
         normalizer: Global denominator.
         max_length: For ``seq_mean_token_sum_norm``.
+        old_logprobs: [N, T] behaviour log-probs, for ``importance_weight``.
+        importance_weight: ``"none"``, ``"ratio"`` or ``"gradient"`` (see above).
+        weight_cap: Upper bound (> 0) on :math:`r_t` in the weight, or None.
+        clamp_mode: ``"value"`` (clamp the estimate) or ``"drop"`` (needs ``clamp``).
+        is_weights: [N, T] detached per-token factors, or None.
 
     Returns:
         :class:`KLOutput`.
@@ -133,9 +184,41 @@ def kl_penalty(
     check_finite("ref_logprobs", ref_logprobs, m)
     if not coef >= 0:
         raise ValueError(f"`coef` must be >= 0, got {coef}")
-    est = kl_estimate(
-        zero_fill(logprobs, m), zero_fill(ref_logprobs, m), kind, clamp=clamp, grad_kind=grad_kind
-    )
+    check_choice("importance_weight", importance_weight, ("none", "ratio", "gradient"))
+    check_choice("clamp_mode", clamp_mode, ("value", "drop"))
+    if clamp_mode == "drop" and clamp is None:
+        raise ValueError("`clamp_mode='drop'` needs a `clamp` bound (AgileRL uses 10.0)")
+    if weight_cap is not None and not weight_cap > 0:
+        raise ValueError(f"`weight_cap` must be > 0, got {weight_cap}")
+    lp = zero_fill(logprobs, m)
+    ref = zero_fill(ref_logprobs, m)
+    value_clamp = clamp if clamp_mode == "value" else None
+    est = kl_estimate(lp, ref, kind, clamp=value_clamp, grad_kind=grad_kind)
+    if clamp_mode == "drop":
+        assert clamp is not None
+        ell = (lp - ref.detach()).detach()
+        est = torch.where((ell < 0) & (est.detach() > clamp), torch.zeros_like(est), est)
+    if importance_weight != "none":
+        if old_logprobs is None:
+            raise ValueError(
+                f"`importance_weight={importance_weight!r}` needs `old_logprobs` [N, T] (the "
+                "behaviour policy's log-probs); pass logprobs.detach() when on-policy"
+            )
+        check_same_shape("old_logprobs", old_logprobs, "logprobs", logprobs)
+        check_finite("old_logprobs", old_logprobs, m)
+        ratio = torch.exp(lp - zero_fill(old_logprobs, m).detach())
+        if weight_cap is not None:
+            ratio = ratio.clamp(max=weight_cap)
+        if importance_weight == "ratio":
+            est = est * ratio
+        else:
+            ell = lp - ref.detach()
+            surrogate = ratio.detach() * 0.5 * ell * ell
+            est = est.detach() + surrogate - surrogate.detach()
+    if is_weights is not None:
+        check_same_shape("is_weights", is_weights, "logprobs", logprobs)
+        check_finite("is_weights", is_weights, m)
+        est = est * zero_fill(is_weights.detach().to(est.dtype), m)
     loss = coef * aggregate(est, m, aggregation, normalizer, max_length)
     with torch.no_grad():
         e = zero_fill(est.detach(), m)

@@ -8,8 +8,9 @@ Optional ``is_weights`` [N, T] (from :func:`rl_losses.rollout_correction`) multi
 per-unit loss, detached. Losses are to be minimised.
 
 The PPO clip family, REINFORCE, GSPO and CISPO are defined here; SAPO, GMPO, Clip-Cov and
-KL-Cov live in :mod:`rl_losses.policy_variants` and are re-exported, so every objective can be
-imported from this module. The shared helpers are in ``rl_losses._policy_common``.
+KL-Cov live in :mod:`rl_losses.policy_variants`, LUSPO and VESPO in
+:mod:`rl_losses.policy_sequence`, and are re-exported, so every objective can be imported from
+this module. The shared helpers are in ``rl_losses._policy_common``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 
 from rl_losses._checks import check_choice, zero_fill
 from rl_losses._policy_common import (
+    UnitWeight,
     _bounds,
     _check_clip_extras,
     _clip_objective,
@@ -28,6 +30,7 @@ from rl_losses._policy_common import (
 )
 from rl_losses.aggregate import Aggregation
 from rl_losses.outputs import PolicyLossOutput
+from rl_losses.policy_sequence import luspo_loss, vespo_loss
 from rl_losses.policy_variants import clip_cov_loss, gmpo_loss, kl_cov_loss, sapo_loss
 from rl_losses.units import Level, Pooling, to_units
 
@@ -38,8 +41,10 @@ __all__ = [
     "gmpo_loss",
     "gspo_loss",
     "kl_cov_loss",
+    "luspo_loss",
     "reinforce_loss",
     "sapo_loss",
+    "vespo_loss",
 ]
 
 
@@ -56,6 +61,7 @@ def clipped_surrogate(
     normalizer: float | torch.Tensor | None = None,
     max_length: int | None = None,
     is_weights: torch.Tensor | None = None,
+    unit_weight: UnitWeight = "unit",
     clip_low: float = 0.2,
     clip_high: float | None = None,
     dual_clip: float | None = None,
@@ -77,6 +83,23 @@ def clipped_surrogate(
     * two-sided cap ``delta``: the unclipped ratio is capped at :math:`\delta`
       (INTELLECT-2, arXiv 2505.07291, Sec. 3.3; TRL ``delta``).
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``clip_low``, ``clip_high``, ``dual_clip=3.0`` (``clip_ratio_c``);
+      ``aggregation`` per ``loss_agg_mode``.
+    * OpenRLHF 0.11.2: equal with token mean; ``token_level_loss=False``:
+      ``aggregation="seq_mean_token_mean"``; ``dual_clip``; rollout correction through
+      ``is_weights``.
+    * TRL 1.16.0: equal with ``dapo``/``bnpo``: token mean; ``grpo``: ``seq_mean_token_mean,
+      normalizer=N``; ``dr_grpo``: ``seq_mean_token_sum_norm, normalizer=N,
+      max_length=max_completion_length``; ``delta``; off-policy mask and vLLM ratio as
+      ``is_weights``.
+    * Liger 0.8.5: equal with as TRL (``grpo`` with ``normalizer=N``).
+    * AgileRL 2.58.0: equal with ``clip_low=c``; window token mean; ``micro_batch``:
+      ``seq_mean_token_mean, normalizer=N``; turn / trajectory levels: ``pooling="mean",
+      unit_weight="tokens"``; masks and TIS as ``is_weights``.
+
     Args:
         logprobs: [N, T] log-probs of the taken tokens under the current policy.
         old_logprobs: [N, T] log-probs under the behaviour policy (no gradient).
@@ -89,6 +112,10 @@ def clipped_surrogate(
         normalizer: Global denominator for gradient accumulation, see ``aggregate``.
         max_length: :math:`L` of ``seq_mean_token_sum_norm``.
         is_weights: [N, T] detached per-token weights (rollout correction), mean-pooled.
+        unit_weight: ``"unit"``: each turn / trajectory counts once in the aggregation (and
+            ``is_weights`` are mean-pooled to it); ``"tokens"``: each unit's loss counts once per
+            valid token, times that token's ``is_weights``, as AgileRL 2.58 does at its turn and
+            trajectory levels (the unit's loss broadcast over its tokens). Same at token level.
         clip_low: :math:`\epsilon_{low}` in [0, 1).
         clip_high: :math:`\epsilon_{high}` (default ``clip_low``).
         dual_clip: c > 1 for the dual clip, or None.
@@ -103,7 +130,9 @@ def clipped_surrogate(
     u = _prepare(logprobs, old_logprobs, advantages, mask, level, pooling, turn_ids, is_weights)
     ratio = torch.exp(u.logratio)
     loss_u, low, high = _clip_objective(ratio, u.advantages, lo, hi, dual_clip, delta)
-    return _finish(loss_u, u, ratio, u.logratio, low, high, aggregation, normalizer, max_length)
+    return _finish(
+        loss_u, u, ratio, u.logratio, low, high, aggregation, normalizer, max_length, unit_weight
+    )
 
 
 def reinforce_loss(
@@ -119,6 +148,7 @@ def reinforce_loss(
     normalizer: float | torch.Tensor | None = None,
     max_length: int | None = None,
     is_weights: torch.Tensor | None = None,
+    unit_weight: UnitWeight = "unit",
     form: Literal["logprob", "ratio"] = "logprob",
 ) -> PolicyLossOutput:
     r"""Plain REINFORCE, no ratio and no clipping (Williams 1992; GPG, arXiv 2504.02546, eq. 5).
@@ -129,6 +159,13 @@ def reinforce_loss(
     Both have the gradient :math:`-A_u \nabla \log\pi(u)`; the ``"ratio"`` form has the value
     :math:`-A_u`, which is what the clipped surrogate evaluates to at ratio 1 (on-policy). verl's
     ``gpg`` loss is the ``"logprob"`` form. ``old_logprobs`` feed only the diagnostics.
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal: ``gpg`` policy loss (``form="logprob"``).
+    * AgileRL 2.58.0: equal: REINFORCE's policy-gradient term.
+    * No counterpart: OpenRLHF, TRL, Liger.
 
     Args:
         logprobs: [N, T] current log-probs.
@@ -142,6 +179,7 @@ def reinforce_loss(
         normalizer: Global denominator.
         max_length: For ``seq_mean_token_sum_norm``.
         is_weights: [N, T] detached weights.
+        unit_weight: See :func:`clipped_surrogate`.
         form: ``"logprob"`` or ``"ratio"``.
 
     Returns:
@@ -154,7 +192,9 @@ def reinforce_loss(
     loss_u = -u.advantages * score
     ratio = torch.exp(u.logratio)
     none = torch.zeros_like(u.mask)
-    return _finish(loss_u, u, ratio, u.logratio, none, none, aggregation, normalizer, max_length)
+    return _finish(
+        loss_u, u, ratio, u.logratio, none, none, aggregation, normalizer, max_length, unit_weight
+    )
 
 
 def gspo_loss(
@@ -179,15 +219,30 @@ def gspo_loss(
 
     Two gradient forms exist in the wild, chosen by ``gradient``:
 
-    * ``"sequence"`` (the paper's GSPO, TRL ``importance_sampling_level="sequence"``,
-      OpenRLHF, AgileRL ``trajectory`` level): one unit per sequence.
+    * ``"sequence"`` (the paper's GSPO; OpenRLHF ``policy_loss_type="gspo"``): one unit per
+      sequence, each counting once.
     * ``"token"`` (GSPO-token, eq. 10; verl's ``gspo``): per-token ratio
       :math:`s_{i,t} = \operatorname{sg}(s_i)\,\pi(y_{i,t}) / \operatorname{sg}(\pi(y_{i,t}))`,
       equal in value to :math:`s_i`, with per-token advantages allowed and a per-token
       reduction. With ``aggregation="seq_mean_token_mean"`` (verl forces it) and sequence
-      advantages it matches the sequence form exactly, value and gradient.
+      advantages it matches the sequence form exactly, value and gradient. With
+      ``"token_mean"`` each sequence weighs by its length, which is what TRL
+      (``importance_sampling_level="sequence"``, ``loss_type="dapo"``: the sequence loss
+      broadcast over its tokens) and AgileRL 2.58 (``importance_sampling_level="trajectory"``)
+      compute; TRL's ``luspo`` is ``"seq_mean_token_sum"`` with ``normalizer=N``.
 
     The paper's clip range is tiny (3e-4 / 4e-4) because :math:`s_i` is length-normalised.
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``gradient="token", aggregation="seq_mean_token_mean"``.
+    * OpenRLHF 0.11.2: equal with ``aggregation="seq_mean_token_mean"`` (sequence form).
+    * TRL 1.16.0: equal with ``importance_sampling_level="sequence"``: ``gradient="token"`` with
+      ``dapo``: token mean (each sequence weighs by its length); ``grpo``: ``seq_mean_token_mean,
+      normalizer=N``.
+    * Liger 0.8.5: equal with as TRL.
+    * AgileRL 2.58.0: equal with trajectory level = ``gradient="token", aggregation="token_mean"``.
 
     Args:
         logprobs: [N, T] current log-probs.
@@ -237,6 +292,7 @@ def cispo_loss(
     normalizer: float | torch.Tensor | None = None,
     max_length: int | None = None,
     is_weights: torch.Tensor | None = None,
+    unit_weight: UnitWeight = "unit",
     clamp: Literal["upper", "two_sided"] = "upper",
     eps_low: float = 0.2,
     eps_high: float = 4.0,
@@ -252,6 +308,15 @@ def cispo_loss(
     TRL, Liger and AgileRL 2.58; ``"two_sided"`` follows verl and AgileRL 2.9. TRL's
     ``epsilon_high`` is an absolute cap (5.0), i.e. our ``1 + eps_high`` with the default 4.0.
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``clamp="two_sided"``.
+    * TRL 1.16.0: equal with ``eps_high = epsilon_high - 1`` (TRL's cap is absolute).
+    * Liger 0.8.5: equal with as TRL.
+    * AgileRL 2.58.0: equal with ``eps_high = clip_coef_max - 1`` (upper clamp).
+    * No counterpart: OpenRLHF.
+
     Args:
         logprobs: [N, T] current log-probs.
         old_logprobs: [N, T] behaviour log-probs.
@@ -264,6 +329,7 @@ def cispo_loss(
         normalizer: Global denominator.
         max_length: For ``seq_mean_token_sum_norm``.
         is_weights: [N, T] detached weights.
+        unit_weight: See :func:`clipped_surrogate`.
         clamp: ``"upper"`` or ``"two_sided"``.
         eps_low: Lower offset (two-sided only), in [0, 1).
         eps_high: Upper offset, >= 0.
@@ -283,5 +349,14 @@ def cispo_loss(
         low = ratio < lo
     loss_u = -weight.detach() * u.advantages * u.logprobs
     return _finish(
-        loss_u, u, ratio, u.logratio, low, ratio > hi, aggregation, normalizer, max_length
+        loss_u,
+        u,
+        ratio,
+        u.logratio,
+        low,
+        ratio > hi,
+        aggregation,
+        normalizer,
+        max_length,
+        unit_weight,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from rl_losses._policy_common import (
+    UnitWeight,
     _bounds,
     _clip_objective,
     _finish,
@@ -38,6 +39,7 @@ def sapo_loss(
     normalizer: float | torch.Tensor | None = None,
     max_length: int | None = None,
     is_weights: torch.Tensor | None = None,
+    unit_weight: UnitWeight = "unit",
     tau_pos: float = 1.0,
     tau_neg: float = 1.05,
 ) -> PolicyLossOutput:
@@ -49,6 +51,14 @@ def sapo_loss(
     A smooth gate instead of a hard clip: at :math:`r = 1` the gradient equals the plain policy
     gradient, and it decays smoothly off-policy (faster for negative advantages with
     :math:`\tau_{neg} > \tau_{pos}`). Clip fractions are reported as 0.
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``aggregation="seq_mean_token_mean"`` (verl forces it).
+    * TRL 1.16.0: equal with ``aggregation="seq_mean_token_mean", normalizer=N``.
+    * Liger 0.8.5: equal with as TRL.
+    * No counterpart: OpenRLHF, AgileRL.
 
     Args:
         logprobs: [N, T] current log-probs.
@@ -62,6 +72,7 @@ def sapo_loss(
         normalizer: Global denominator.
         max_length: For ``seq_mean_token_sum_norm``.
         is_weights: [N, T] detached weights.
+        unit_weight: See :func:`clipped_surrogate`.
         tau_pos: Temperature for positive advantages (> 0).
         tau_neg: Temperature for non-positive advantages (> 0).
 
@@ -76,7 +87,9 @@ def sapo_loss(
     gate = torch.sigmoid(tau * (ratio - 1)) * 4 / tau
     loss_u = -gate * u.advantages
     none = torch.zeros_like(u.mask)
-    return _finish(loss_u, u, ratio, u.logratio, none, none, aggregation, normalizer, max_length)
+    return _finish(
+        loss_u, u, ratio, u.logratio, none, none, aggregation, normalizer, max_length, unit_weight
+    )
 
 
 def gmpo_loss(
@@ -103,6 +116,13 @@ def gmpo_loss(
     (the paper's range is :math:`(e^{-0.4}, e^{0.4})`), then the geometric mean of the token
     ratios, which is far less sensitive to outlier tokens than the arithmetic mean. One unit
     per sequence (verl's ``geo_mean``).
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``normalizer=N`` (``geo_mean`` divides by every row, empty ones
+      included; ours by rows with a valid token).
+    * No counterpart: OpenRLHF, TRL, Liger, AgileRL.
 
     Args:
         logprobs: [N, T] current log-probs.
@@ -171,6 +191,14 @@ def clip_cov_loss(
     :math:`lb < c_t < ub` and detaches their gradient; the rest get the clipped surrogate.
     Token level only.
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: differs by design: gradients equal (checked); the logged loss value differs:
+      verl multiplies the detached tokens' loss by 0, ours keeps their (gradient-free) value in.
+      verl also skips tokens its PPO clip already clipped, which have no gradient either way.
+    * No counterpart: OpenRLHF, TRL, Liger, AgileRL.
+
     Args:
         logprobs: [N, T] current log-probs.
         old_logprobs: [N, T] behaviour log-probs.
@@ -229,6 +257,12 @@ def kl_cov_loss(
 
     with :math:`c_t` the centred covariance of :func:`clip_cov_loss` and
     :math:`k = \max(1, \lfloor \rho\, n \rfloor)`. No ratio clipping. Token level only.
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``kl_cov_ratio``, ``kl_coef=ppo_kl_coef``.
+    * No counterpart: OpenRLHF, TRL, Liger, AgileRL.
 
     Args:
         logprobs: [N, T] current log-probs.

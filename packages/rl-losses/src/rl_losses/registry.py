@@ -12,8 +12,10 @@ from rl_losses.policy import (
     gmpo_loss,
     gspo_loss,
     kl_cov_loss,
+    luspo_loss,
     reinforce_loss,
     sapo_loss,
+    vespo_loss,
 )
 
 __all__ = ["available_policy_losses", "get_policy_loss", "register_policy_loss"]
@@ -71,6 +73,8 @@ _BUILTIN: dict[str, Callable[..., Any]] = {
     "gmpo": gmpo_loss,
     "clip_cov": clip_cov_loss,
     "kl_cov": kl_cov_loss,
+    "luspo": luspo_loss,
+    "vespo": vespo_loss,
 }
 for _name, _fn in _BUILTIN.items():
     register_policy_loss(_name)(_fn)

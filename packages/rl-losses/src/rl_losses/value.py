@@ -48,6 +48,14 @@ def value_loss(
     by the Huber function :math:`\tfrac12 x^2` for :math:`|x| \le d`, else
     :math:`d(|x| - \tfrac d2)`. Works per token [N, T] or per turn [N, K].
 
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * verl 0.9.1: equal with ``clip=cliprange_value``.
+    * OpenRLHF 0.11.2: equal with ``clip=clip_eps``.
+    * AgileRL 2.58.0: equal with ``clip=clip_coef``, times ``vf_coef`` outside.
+    * No counterpart: TRL (TRL's PPO is experimental; not compared), Liger.
+
     Args:
         values: [N, T] predicted values (differentiable).
         old_values: [N, T] values at rollout time (for the clip).

@@ -1,0 +1,116 @@
+"""verl 0.9.1: ``verl.trainer.ppo.core_algos`` on the shared batches (run in verl's venv).
+
+Installed with ``--no-deps`` plus what ``core_algos`` imports: packaging, ray, tensordict,
+omegaconf, transformers, codetiming, orjson (CPU wheels; nothing is stubbed).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import peerlib
+import torch
+from verl.trainer.ppo import core_algos as ca
+from verl.workers.config import ActorConfig, PolicyLossConfig
+
+
+def _cfg(**kw: object) -> ActorConfig:
+    base = {"strategy": "fsdp", "ppo_micro_batch_size_per_gpu": 1, "ppo_mini_batch_size": 1}
+    return ActorConfig(**base, rollout_n=1, **kw)
+
+
+class _Algo(dict):  # AlgoConfig stand-in: attribute and .get access to plain settings
+    __getattr__ = dict.get
+
+
+def run(b: dict[str, torch.Tensor], g: int) -> dict[str, peerlib.Out]:
+    m = b["mask"]
+    mf = m.to(torch.float64)
+    n = m.shape[0]
+    index = np.array([i // g for i in range(n)])
+    tr = b["token_rewards"]
+    lp, old, adv_t = b["logprobs"], b["old_logprobs"], b["advantages"][:, None] * mf
+    out: dict[str, peerlib.Out] = {}
+
+    def adv(name: str, fn: object, *args: object, **kw: object) -> None:
+        a, r = fn(*args, **kw)  # type: ignore[operator]
+        out[name] = {"advantages": a, "returns": r}
+
+    adv("grpo", ca.compute_grpo_outcome_advantage, tr, mf, index)
+    adv("grpo_vectorized", ca.compute_grpo_vectorized_outcome_advantage, tr, mf, index)
+    adv(
+        "grpo_nostd",
+        ca.compute_grpo_outcome_advantage,
+        tr,
+        mf,
+        index,
+        norm_adv_by_std_in_grpo=False,
+    )
+    adv("rloo", ca.compute_rloo_outcome_advantage, tr, mf, index)
+    adv("rloo_vectorized", ca.compute_rloo_vectorized_outcome_advantage, tr, mf, index)
+    adv("opo", ca.compute_opo_outcome_advantage, tr, mf, index)
+    adv("gpg", ca.compute_gpg_outcome_advantage, tr, mf, index)
+    adv(
+        "passk",
+        ca.compute_grpo_passk_outcome_advantage,
+        tr,
+        mf,
+        index,
+        config=_Algo(norm_adv_by_std_in_grpo=True),
+    )
+    adv("rpp", ca.compute_reinforce_plus_plus_outcome_advantage, tr, mf, config=_Algo(gamma=1.0))
+    adv(
+        "rpp_gamma",
+        ca.compute_reinforce_plus_plus_outcome_advantage,
+        tr,
+        mf,
+        config=_Algo(gamma=0.9),
+    )
+    adv("rpp_baseline", ca.compute_reinforce_plus_plus_baseline_outcome_advantage, tr, mf, index)
+    adv("remax", ca.compute_remax_outcome_advantage, tr, b["advantages"], mf)
+    adv("gae", ca.compute_gae_advantage_return, tr, b["values"], mf, 0.9, 0.8)
+
+    def loss(
+        name: str, mode: str, cfg: ActorConfig, adv: torch.Tensor = adv_t, **kw: object
+    ) -> None:
+        fn = ca.get_policy_loss_fn(mode)
+        out[name] = peerlib.with_grad(lambda x: fn(old, x, adv, mf, config=cfg, **kw)[0], lp)
+
+    ppo = _cfg(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28)
+    for agg in (
+        "token-mean",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum",
+        "seq-mean-token-sum-norm",
+    ):
+        loss(f"vanilla[{agg}]", "vanilla", ppo, loss_agg_mode=agg)
+    loss(
+        "gspo",
+        "gspo",
+        _cfg(clip_ratio=0.2, clip_ratio_low=3e-4, clip_ratio_high=4e-4),
+        loss_agg_mode="seq-mean-token-mean",
+    )
+    loss("sapo", "sapo", _cfg(clip_ratio=0.2))
+    loss("gpg", "gpg", ppo)
+    loss("geo_mean", "geo_mean", _cfg(clip_ratio=0.4, clip_ratio_low=0.4, clip_ratio_high=0.4))
+    loss("cispo", "cispo", _cfg(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28))
+    kl_cov = _cfg(clip_ratio=0.2, policy_loss=PolicyLossConfig(kl_cov_ratio=0.2, ppo_kl_coef=0.5))
+    loss("kl_cov", "kl_cov", kl_cov)
+    # every candidate detached (ratio 1), so verl's random choice is no choice
+    cov = PolicyLossConfig(clip_cov_ratio=1.0, clip_cov_lb=0.1, clip_cov_ub=5.0)
+    loss("clip_cov", "clip_cov", _cfg(clip_ratio=0.2, policy_loss=cov))
+    for kind, name in (("low_var_kl", "k3"), ("kl", "k1"), ("mse", "k2"), ("abs", "abs")):
+        ref = b["ref_logprobs"]
+        out[f"kl[{name}]"] = peerlib.with_grad(
+            lambda x, kind=kind, ref=ref: ca.agg_loss(
+                ca.kl_penalty(x, ref, kind), mf, "token-mean"
+            ),
+            lp,
+        )
+    out["value"] = peerlib.with_grad(
+        lambda v: ca.compute_value_loss(v, b["returns"], b["old_values"], mf, 0.2)[0], b["values"]
+    )
+    return out
+
+
+if __name__ == "__main__":
+    peerlib.main(run)
