@@ -132,7 +132,9 @@ def test_sigkill_leaves_no_orphan_and_resume_continues_the_run(tmp_path: Path) -
     cut = tmp_path / "cut"
     env = dict(os.environ)  # the reference ran with the same thread count
     command = [_rl_train(), "run", str(cfg), *ARGS, f"train.run_dir={cut}"]
-    proc = subprocess.Popen([*command, "--quiet"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*command, "--quiet"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
     pointer = cut / "checkpoints" / "latest.json"
     deadline = time.monotonic() + 300
     while not pointer.is_file() and proc.poll() is None and time.monotonic() < deadline:
@@ -140,7 +142,9 @@ def test_sigkill_leaves_no_orphan_and_resume_continues_the_run(tmp_path: Path) -
     workers = _worker_pids(proc.pid)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+    assert proc.returncode == -signal.SIGKILL, (
+        proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+    )
     assert len(workers) == 1, workers
     deadline = time.monotonic() + 10
     while not _gone(workers[0]) and time.monotonic() < deadline:
@@ -158,3 +162,39 @@ def test_sigkill_leaves_no_orphan_and_resume_continues_the_run(tmp_path: Path) -
     assert [r["step"] for r in rows] == list(range(1, 31))
     # staleness 0 is the synchronous run: the resumed history is the uninterrupted one
     assert _sync_part(rows) == _rows(tmp_path / "sync")
+
+
+def _lora_agent(seed: int) -> object:
+    from peft import LoraConfig
+    from rl_algos import make_agent
+    from rl_train.tiny import TINY_AGENT, tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0)
+    return make_agent(
+        "grpo", actor_network=tiny_model(len(tok), seed=0), tokenizer=tok, lora_config=lora,
+        pad_token_id=tok.pad_token_id, pad_token=tok.pad_token, seed=seed, group_size=4,
+        **TINY_AGENT,
+    )  # fmt: skip
+
+
+def test_a_lora_weight_sync_moves_only_the_adapter() -> None:
+    import torch
+    from rl_train.rollout_worker import apply_weights, weight_update
+
+    trainer, worker = _lora_agent(0), _lora_agent(1)
+    with torch.no_grad():
+        for p in trainer.actor_parameters():  # type: ignore[attr-defined]
+            p.add_(torch.randn_like(p))  # a trained adapter (B is 0 at initialisation)
+    update = weight_update(trainer, version=3)
+    actor = trainer.actor_parameters()  # type: ignore[attr-defined]
+    adapter_bytes = sum(p.numel() * p.element_size() for p in actor)
+    model = trainer.policy.causal_lm  # type: ignore[attr-defined]
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert update.tensor_bytes == adapter_bytes < model_bytes / 2
+    assert len(update.payload) < adapter_bytes + 64 * 1024  # the payload is the adapter
+    apply_weights(worker, update)
+    mine = dict(worker.policy.causal_lm.named_parameters())  # type: ignore[attr-defined]
+    for name, p in model.named_parameters():
+        if "lora_" not in name or ".actor." in name:  # the worker samples with base + actor
+            assert torch.equal(mine[name], p), name
