@@ -79,7 +79,7 @@ def test_the_python_api_refuses_what_async_cannot_train() -> None:
     grpo = _agent()
     with pytest.raises(ValueError, match="async training takes one agent, got a population of 2"):
         source.start([grpo, grpo], None)
-    with pytest.raises(ValueError, match="algo ppo cannot train asynchronously.*use grpo"):
+    with pytest.raises(ValueError, match=r"algo ppo cannot train asynchronously.*use grpo"):
         source.start([_agent("ppo")], None)
     check_async_agent([grpo])
     assert source.process is None  # nothing started before the first step
