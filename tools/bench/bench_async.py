@@ -81,7 +81,9 @@ def _run(algo: str, variant: str) -> dict[str, Any]:
             AsyncConfig(max_staleness=staleness, worker_threads=1),
         )
     start = time.perf_counter()
-    train_loop([built.agent], source, steps=BUDGET, hooks=[Evaluation(EVERY, extra=accuracy), clock])
+    train_loop(
+        [built.agent], source, steps=BUDGET, hooks=[Evaluation(EVERY, extra=accuracy), clock]
+    )
     per_step = int(built.agent.batch_size)  # samples per step (64 in both demos)
     steps = len(clock.ends)
     wall = clock.ends[-1] - clock.ends[0]
@@ -116,8 +118,15 @@ def run(quick: bool) -> list[Row]:
             }
             ratio = base["seconds_per_step"] and r["seconds_per_step"] / base["seconds_per_step"]
             rows.append(
-                Row("async", f"demo {algo}", variant, Timing([r["seconds_per_step"]]),
-                    baseline="sync", ratio_to_baseline=ratio, extra=extra)  # fmt: skip
+                Row(
+                    "async",
+                    f"demo {algo}",
+                    variant,
+                    Timing([r["seconds_per_step"]]),
+                    baseline="sync",
+                    ratio_to_baseline=ratio,
+                    extra=extra,
+                )
             )
             print(algo, variant, extra, flush=True)
     return rows
