@@ -127,7 +127,7 @@ class AsyncConfig:
     (counted in ``async_dropped``)."""
     weight_sync_steps: int = 1
     """Updates between weight pushes to the worker (needs ``max_staleness >=
-    weight_sync_steps - 1`` with ``wait``)."""
+    weight_sync_steps - 1``: fresher batches could never exist)."""
     queue_size: int = 2
     """Batches the worker may have ready ahead of the trainer."""
     timeout_s: float = 120.0
@@ -148,7 +148,7 @@ class AsyncConfig:
             raise ConfigError(f"async.strategy must be 'drop' or 'wait', got {self.strategy!r}")
         if self.weight_sync_steps < 1:
             raise ConfigError(f"async.weight_sync_steps must be >= 1, got {self.weight_sync_steps}")
-        if self.strategy == "wait" and self.max_staleness < self.weight_sync_steps - 1:
+        if self.max_staleness < self.weight_sync_steps - 1:
             raise ConfigError(
                 f"async.max_staleness={self.max_staleness} cannot be met with "
                 f"weight_sync_steps={self.weight_sync_steps}: weights arrive only every "
