@@ -198,3 +198,24 @@ def test_a_lora_weight_sync_moves_only_the_adapter() -> None:
     for name, p in model.named_parameters():
         if "lora_" not in name or ".actor." in name:  # the worker samples with base + actor
             assert torch.equal(mine[name], p), name
+
+
+def test_a_worker_that_raises_stops_the_trainer_with_its_traceback(tmp_path: Path) -> None:
+    import functools
+
+    from rl_train.builder import build, rollout_pieces
+    from rl_train.loops import finetune_llm_reasoning
+
+    good = DemoConfig(steps=4, **SMALL).run_config(tmp_path / "r")
+    bad = DemoConfig(steps=4, task="no_such_task", **SMALL).run_config(tmp_path / "r")
+    built = build(good, distributed=False)
+    with pytest.raises(RolloutWorkerError) as info:
+        finetune_llm_reasoning(
+            [built.agent], built.env, max_steps=4, run_dir=tmp_path / "r", verbose=False,
+            plot=False, tensorboard=False, async_config=AsyncConfig(max_staleness=1),
+            rollout_factory=functools.partial(rollout_pieces, bad),
+        )  # fmt: skip
+    message = str(info.value)
+    assert "rollout worker" in message and "failed; its traceback" in message
+    assert "unknown task 'no_such_task'" in message
+    assert not _worker_pids(os.getpid())
