@@ -8,8 +8,9 @@ spawned process. The worker builds its own agent and environment with a picklabl
 pending prompts, ``env.step`` for the rewards and the next prompts, and put a
 :class:`RolloutBatch` tagged with the policy version into the bounded queue.
 
-Everything crossing the process boundary is a frozen dataclass; tensors travel as
-``torch.save`` bytes (no shared-memory handles that die with their sender). The sampling seed
+Everything crossing the process boundary is a frozen dataclass; tensors travel as pickled
+bytes, each list of tensors packed into one flat buffer (:class:`Packed`): no shared-memory
+handles that die with their sender, and one storage to copy per kind. The sampling seed
 of each batch comes from the worker agent's RNG, which starts as the trainer agent's, so with
 ``max_staleness=0`` the worker draws exactly the seeds the synchronous loop would. The worker
 exits when the trainer sends :class:`StopWorker`, when its parent dies (``PR_SET_PDEATHSIG``
@@ -20,14 +21,15 @@ on Linux, and a parent-pid check while it waits) and after any error, which it r
 from __future__ import annotations
 
 import ctypes
-import io
+import math
 import os
+import pickle
 import queue
 import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,7 +92,7 @@ class WeightUpdate:
     version: int
     """Updates applied to these weights (the trainer's loop step)."""
     payload: bytes
-    """``torch.save`` of ``{name in policy.causal_lm: tensor}``."""
+    """``{dtype: (names in policy.causal_lm, Packed)}``, pickled."""
     tensor_bytes: int
     """Bytes of tensor data in ``payload`` (LoRA: the adapter's only)."""
 
@@ -123,7 +125,7 @@ class RolloutBatch:
     version: int
     """The policy version (updates applied) the batch was sampled with."""
     payload: bytes
-    """``torch.save`` of the :class:`Rollout` fields."""
+    """The :class:`Rollout` fields, pickled (each list as one :class:`Packed` buffer)."""
     env_state: dict[str, Any] | None
     """The environment's iteration state after ``env.step`` (what a checkpoint saves)."""
     num_epochs: int
@@ -137,8 +139,10 @@ class RolloutBatch:
 
     def rollout(self) -> Rollout:
         """The tensors (decoded from :attr:`payload`)."""
-        data = torch.load(io.BytesIO(self.payload), weights_only=True)
-        return Rollout(**data)
+        ids, masks, logps, rewards = _decode(self.payload)
+        return Rollout(
+            ids.unpack(), masks.unpack(), None if logps is None else logps.unpack(), rewards
+        )
 
 
 @dataclass(frozen=True)
@@ -149,10 +153,37 @@ class WorkerFailed:
     """``traceback.format_exc()`` of the worker."""
 
 
+@dataclass(frozen=True)
+class Packed:
+    """Tensors of one dtype as one flat CPU buffer plus their shapes: one storage to pickle."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    """Each tensor's shape, in order."""
+    flat: torch.Tensor
+    """The tensors' values, concatenated (a copy: later in-place updates do not reach it)."""
+
+    @staticmethod
+    def of(tensors: Sequence[torch.Tensor]) -> Packed:
+        """Pack ``tensors`` (all of one dtype)."""
+        shapes = tuple(tuple(t.shape) for t in tensors)
+        if not tensors:
+            return Packed(shapes, torch.empty(0))
+        return Packed(shapes, torch.cat([t.detach().cpu().reshape(-1) for t in tensors]))
+
+    def unpack(self) -> list[torch.Tensor]:
+        """The tensors (views of :attr:`flat`)."""
+        sizes = [math.prod(s) for s in self.shapes]
+        chunks = self.flat.split(sizes) if sizes else ()
+        return [c.view(s) for c, s in zip(chunks, self.shapes, strict=True)]
+
+
 def _encode(obj: Any) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    return buffer.getvalue()
+    """Plain pickle (not the shared-memory reductions of torch.multiprocessing queues)."""
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _decode(payload: bytes) -> Any:
+    return pickle.loads(payload)  # our own worker's or trainer's bytes
 
 
 def actor_tensors(agent: Any) -> dict[str, torch.Tensor]:
@@ -177,13 +208,20 @@ def weight_update(agent: Any, version: int) -> WeightUpdate:
     """The :class:`WeightUpdate` of ``agent``'s actor at ``version``."""
     tensors = actor_tensors(agent)
     size = sum(t.numel() * t.element_size() for t in tensors.values())
-    return WeightUpdate(version, _encode(tensors), size)
+    groups: dict[str, tuple[list[str], list[torch.Tensor]]] = {}
+    for name, t in tensors.items():
+        names, values = groups.setdefault(str(t.dtype), ([], []))
+        names.append(name)
+        values.append(t)
+    packed = {k: (names, Packed.of(values)) for k, (names, values) in groups.items()}
+    return WeightUpdate(version, _encode(packed), size)
 
 
 def apply_weights(agent: Any, update: WeightUpdate) -> None:
     """Load ``update`` into ``agent``'s generation engine (``Engine.update_weights``)."""
-    tensors = torch.load(io.BytesIO(update.payload), weights_only=True)
-    agent.engine.update_weights(tensors.items())
+    packed: dict[str, tuple[list[str], Packed]] = _decode(update.payload)
+    for names, values in packed.values():
+        agent.engine.update_weights(zip(names, values.unpack(), strict=True))
 
 
 class _StopRequestedError(Exception):
@@ -281,12 +319,12 @@ def worker_main(start: WorkerStart, inbox: Any, outbox: Any) -> None:
             prompts, rewards = env.step(result.completion_ids)
             logps = result.sampling_logprobs
             payload = _encode(
-                {
-                    "completion_ids": list(result.completion_ids),
-                    "action_masks": list(result.action_masks),
-                    "sampling_logprobs": None if logps is None else list(logps),
-                    "rewards": rewards,
-                }
+                (
+                    Packed.of(result.completion_ids),
+                    Packed.of(result.action_masks),
+                    None if logps is None else Packed.of(logps),
+                    rewards,
+                )
             )
             state = env.state_dict() if hasattr(env, "state_dict") else None
             t1 = time.perf_counter()
