@@ -81,7 +81,8 @@ def test_max_staleness_0_is_the_synchronous_run_bit_for_bit(tmp_path: Path) -> N
 def test_a_killed_rollout_worker_stops_the_trainer_within_the_timeout(tmp_path: Path) -> None:
     config = DemoConfig(steps=400, evaluation_interval=50, **SMALL).run_config(tmp_path / "r")
     config.train.checkpoint_steps = None
-    config.async_ = AsyncConfig(max_staleness=1, timeout_s=20)
+    # strategy drop: the worker never waits, the trainer drops what is older than 0 versions
+    config.async_ = AsyncConfig(max_staleness=0, strategy="drop", timeout_s=20)
     killed: list[float] = []
 
     def kill_worker() -> None:
@@ -107,6 +108,8 @@ def test_a_killed_rollout_worker_stops_the_trainer_within_the_timeout(tmp_path: 
     assert "rollout worker" in message and "exited with code -9" in message
     assert "resume" in message
     assert not _worker_pids(os.getpid())
+    rows = MetricsLogger.read(tmp_path / "r" / "metrics.jsonl")
+    assert len(rows) >= 2 and all(r["async_staleness_max"] == 0 for r in rows)
 
 
 def _rl_train() -> str:
