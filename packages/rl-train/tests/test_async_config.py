@@ -30,6 +30,9 @@ def test_the_async_section_is_read_from_yaml_and_overrides(tmp_path: Path) -> No
     cfg.write_text("algo: grpo\nasync: null\n")
     assert load_config(cfg).async_ is None
     assert load_config(None, ["async.max_staleness=0"]).async_ == AsyncConfig(max_staleness=0)
+    cfg.write_text("algo: grpo\nmodel: null\n")  # a required section cannot be null
+    with pytest.raises(ConfigError, match="model must be a mapping, got NoneType"):
+        load_config(cfg)
 
 
 @pytest.mark.parametrize(

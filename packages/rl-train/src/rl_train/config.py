@@ -222,8 +222,10 @@ def _build(cls: type, data: Any, where: str) -> Any:
             valid = [prefix + n for n in shown]
             raise ConfigError(f"unknown key {path!r}{_suggest(path, valid)}")
         hint = _section(hints[attr])
+        optional = hint is not hints[attr]  # ``X | None``: null turns the section off
         if dataclasses.is_dataclass(hint):
-            kwargs[attr] = None if value is None else _build(hint, value, path)  # type: ignore[arg-type]
+            section = None if optional and value is None else _build(hint, value, path)  # type: ignore[arg-type]
+            kwargs[attr] = section
         else:
             kwargs[attr] = _check_type(value, hint, path)
     return cls(**kwargs)
