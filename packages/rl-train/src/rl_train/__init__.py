@@ -8,8 +8,8 @@ JSONL and TensorBoard; :func:`plot_reward_curve` the PNG.
 
 Modules, bottom to top (each imports only those before it): ``tiny``, ``collective``,
 ``config``, ``metrics``, ``checkpoint``, ``offline``, ``evaluation``, ``sources``, ``hooks``,
-``loop``, ``loops``, ``builder``, ``hpo``, ``run``, ``trainer``, ``ilql``, ``demo``,
-``ilql_demo``, ``cli``.
+``loop``, ``rollout_worker``, ``async_loop``, ``loops``, ``builder``, ``hpo``, ``run``,
+``trainer``, ``ilql``, ``demo``, ``ilql_demo``, ``cli``.
 """
 
 from importlib import import_module
@@ -17,9 +17,10 @@ from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rl_train.async_loop import AsyncReasoningSource, RolloutWorkerError
     from rl_train.builder import Built, build
     from rl_train.checkpoint import latest_checkpoint
-    from rl_train.config import RunConfig, load_config
+    from rl_train.config import AsyncConfig, RunConfig, load_config
     from rl_train.hooks import Hook, LoopState
     from rl_train.hpo import Mutations, TournamentSelection
     from rl_train.ilql import ILQLTrainer, train_offline
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from rl_train.loops import finetune_llm_multiturn, finetune_llm_reasoning, offline_learning_loop
     from rl_train.metrics import MetricsLogger, plot_reward_curve
     from rl_train.offline import OfflineDataset, make_experience
+    from rl_train.rollout_worker import RolloutPieces
     from rl_train.sources import MultiTurnSource, OfflineSource, ReasoningSource
     from rl_train.trainer import (
         AgentTrainer,
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
 # package (or a light submodule of it) does not import torch or the model libraries.
 _LAZY: dict[str, tuple[str, str]] = {
     "AgentTrainer": ("rl_train.trainer", "AgentTrainer"),
+    "AsyncConfig": ("rl_train.config", "AsyncConfig"),
+    "AsyncReasoningSource": ("rl_train.async_loop", "AsyncReasoningSource"),
     "BaseRLTrainer": ("rl_train.trainer", "BaseRLTrainer"),
     "Built": ("rl_train.builder", "Built"),
     "Hook": ("rl_train.hooks", "Hook"),
@@ -52,6 +56,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "OfflineDataset": ("rl_train.offline", "OfflineDataset"),
     "OfflineSource": ("rl_train.sources", "OfflineSource"),
     "ReasoningSource": ("rl_train.sources", "ReasoningSource"),
+    "RolloutPieces": ("rl_train.rollout_worker", "RolloutPieces"),
+    "RolloutWorkerError": ("rl_train.async_loop", "RolloutWorkerError"),
     "RunConfig": ("rl_train.config", "RunConfig"),
     "TournamentSelection": ("rl_train.hpo", "TournamentSelection"),
     "available_trainers": ("rl_train.trainer", "available_trainers"),
@@ -79,6 +85,8 @@ _LOAD_WITH: dict[str, tuple[str, ...]] = {"rl_train.trainer": ("rl_train.ilql",)
 
 __all__ = [
     "AgentTrainer",
+    "AsyncConfig",
+    "AsyncReasoningSource",
     "BaseRLTrainer",
     "Built",
     "Hook",
@@ -90,6 +98,8 @@ __all__ = [
     "OfflineDataset",
     "OfflineSource",
     "ReasoningSource",
+    "RolloutPieces",
+    "RolloutWorkerError",
     "RunConfig",
     "TournamentSelection",
     "__version__",

@@ -28,6 +28,7 @@ from rl_envs.tasks import available_tasks, train_test_split_task
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rl_train.config import ConfigError, RunConfig
+from rl_train.rollout_worker import RolloutPieces
 from rl_train.tiny import TINY_AGENT, demo_reward, tiny_model, tiny_tokenizer
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "build_model",
     "build_reward",
     "import_user_code",
+    "rollout_pieces",
 ]
 
 RewardFn = Callable[[str, str, str], float]
@@ -391,3 +393,19 @@ def build(config: RunConfig, *, distributed: bool = True) -> Built:
     env = build_env(config, tokenizer, accelerator)
     agent = build_agent(config, model, tokenizer, accelerator)
     return Built(config, accelerator, model, tokenizer, env, agent)
+
+
+def rollout_pieces(config: RunConfig) -> RolloutPieces:
+    """The asynchronous rollout worker's agent and environment: :func:`build` without a launcher.
+
+    Picklable as ``functools.partial(rollout_pieces, config)``, the factory the trainer hands
+    to the worker process (``async:`` runs).
+
+    Args:
+        config: The run configuration (the trainer's).
+
+    Returns:
+        A fresh agent and ``ReasoningGym`` configured like the trainer's.
+    """
+    built = build(config, distributed=False)
+    return RolloutPieces(built.agent, built.env)

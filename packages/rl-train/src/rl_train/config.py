@@ -13,7 +13,15 @@ from typing import Any
 import yaml
 from rl_algos.names import ALGORITHMS  # torch-free: the config is checked before torch loads
 
-__all__ = ["ConfigError", "DataConfig", "ModelConfig", "RunConfig", "TrainConfig", "load_config"]
+__all__ = [
+    "AsyncConfig",
+    "ConfigError",
+    "DataConfig",
+    "ModelConfig",
+    "RunConfig",
+    "TrainConfig",
+    "load_config",
+]
 
 
 class ConfigError(ValueError):
@@ -100,6 +108,65 @@ class TrainConfig:
 
 
 @dataclass
+class AsyncConfig:
+    """Asynchronous rollout (YAML ``async:``): a worker process generates while the trainer learns.
+
+    The worker samples and scores batches with its own copy of the model, tagged with the
+    policy version (updates applied) they were sampled from; the trainer learns from them and
+    sends the actor's weights back every ``weight_sync_steps`` updates. The sampling
+    log-probs reach ``learn``, so the agent's rollout-mismatch correction
+    (``vllm_importance_sampling_correction``) weights off-policy tokens.
+    """
+
+    max_staleness: int = 1
+    """Most policy versions a consumed batch may lag behind the trainer (0: synchronous, the
+    same run bit for bit)."""
+    strategy: str = "wait"
+    """``wait``: the worker waits for weights recent enough before sampling (no batch is
+    wasted); ``drop``: the worker never waits and the trainer drops batches that are too old
+    (counted in ``async_dropped``)."""
+    weight_sync_steps: int = 1
+    """Updates between weight pushes to the worker (needs ``max_staleness >=
+    weight_sync_steps - 1``: fresher batches could never exist)."""
+    queue_size: int = 2
+    """Batches the worker may have ready ahead of the trainer."""
+    timeout_s: float = 120.0
+    """Seconds the trainer waits for a batch (and the weight round trip) before it stops with
+    an error naming the worker."""
+    startup_timeout_s: float = 600.0
+    """Seconds the worker may take to start (import, build the model) before its first batch."""
+    worker_threads: int | None = None
+    """Torch threads of the worker process (None: the trainer's count, which keeps
+    ``max_staleness: 0`` bit-exact)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_staleness, bool) or self.max_staleness < 0:
+            raise ConfigError(
+                f"async.max_staleness must be an integer >= 0, got {self.max_staleness!r}"
+            )
+        if self.strategy not in ("drop", "wait"):
+            raise ConfigError(f"async.strategy must be 'drop' or 'wait', got {self.strategy!r}")
+        if self.weight_sync_steps < 1:
+            raise ConfigError(f"async.weight_sync_steps must be >= 1, got {self.weight_sync_steps}")
+        if self.max_staleness < self.weight_sync_steps - 1:
+            raise ConfigError(
+                f"async.max_staleness={self.max_staleness} cannot be met with "
+                f"weight_sync_steps={self.weight_sync_steps}: weights arrive only every "
+                f"{self.weight_sync_steps} updates; set max_staleness >= "
+                f"{self.weight_sync_steps - 1} or lower weight_sync_steps"
+            )
+        if self.queue_size < 1:
+            raise ConfigError(f"async.queue_size must be >= 1, got {self.queue_size}")
+        for name in ("timeout_s", "startup_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"async.{name} must be > 0 seconds, got {getattr(self, name)}")
+        if self.worker_threads is not None and self.worker_threads < 1:
+            raise ConfigError(
+                f"async.worker_threads must be >= 1 or null, got {self.worker_threads}"
+            )
+
+
+@dataclass
 class RunConfig:
     """A whole ``rl-train run`` configuration."""
 
@@ -126,6 +193,13 @@ class RunConfig:
     deepspeed_config: str | None = None
     """A DeepSpeed JSON config (ZeRO-2/3; needs a launcher: ``torchrun`` or ``accelerate
     launch``). Under a launcher without it the run is DDP."""
+    async_: AsyncConfig | None = None
+    """YAML ``async:``: generate in a worker process while training (:class:`AsyncConfig`);
+    null: the synchronous loop."""
+
+
+#: YAML keys that are Python keywords -> the dataclass field that holds them.
+_KEY_ALIASES = {"async": "async_"}
 
 
 def _suggest(key: str, valid: list[str]) -> str:
@@ -139,18 +213,31 @@ def _build(cls: type, data: Any, where: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs: dict[str, Any] = {}
+    shown = [next((k for k, v in _KEY_ALIASES.items() if v == n), n) for n in names]
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)
-        if key not in names:
+        attr = _KEY_ALIASES.get(key, key)
+        if attr not in names or key in _KEY_ALIASES.values():
             prefix = f"{where}." if where else ""
-            valid = [prefix + n for n in names]
+            valid = [prefix + n for n in shown]
             raise ConfigError(f"unknown key {path!r}{_suggest(path, valid)}")
-        hint = hints[key]
+        hint = _section(hints[attr])
+        optional = hint is not hints[attr]  # ``X | None``: null turns the section off
         if dataclasses.is_dataclass(hint):
-            kwargs[key] = _build(hint, value, path)  # type: ignore[arg-type]
+            section = None if optional and value is None else _build(hint, value, path)  # type: ignore[arg-type]
+            kwargs[attr] = section
         else:
-            kwargs[key] = _check_type(value, hint, path)
+            kwargs[attr] = _check_type(value, hint, path)
     return cls(**kwargs)
+
+
+def _section(hint: Any) -> Any:
+    """``X | None`` of a dataclass ``X`` -> ``X`` (an optional section); else ``hint``."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        options = [o for o in typing.get_args(hint) if o is not type(None)]
+        if len(options) == 1 and dataclasses.is_dataclass(options[0]):
+            return options[0]
+    return hint
 
 
 def _check_type(value: Any, hint: Any, path: str) -> Any:
@@ -248,6 +335,24 @@ def _check(config: RunConfig) -> None:
         )
     if config.engine not in ("hf", "vllm"):
         raise ConfigError(f"engine must be 'hf' or 'vllm', got {config.engine!r}")
+    if config.async_ is not None:
+        if config.algo in ASYNC_REFUSED:
+            raise ConfigError(f"async: {ASYNC_REFUSED[config.algo]}")
+        if config.engine != "hf" or config.deepspeed_config is not None:
+            raise ConfigError(
+                "async: the rollout worker runs the hf engine without DeepSpeed; set "
+                "engine: hf and remove deepspeed_config, or remove the async section"
+            )
+
+
+#: Algorithms the asynchronous loop refuses, and why (with the fix).
+ASYNC_REFUSED = {
+    "ppo": "algo ppo cannot train asynchronously: its critic's values and GAE would be "
+    "computed for samples of an older policy than the critic's; use grpo or reinforce "
+    "(or another GRPO preset), or remove the async section",
+    "ilql": "algo ilql learns offline from logged data: there is nothing to generate "
+    "asynchronously; remove the async section",
+}
 
 
 def _resolve_paths(config: RunConfig, base: Path) -> None:
@@ -276,6 +381,9 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
         config: The configuration.
 
     Returns:
-        Nested dicts and lists.
+        Nested dicts and lists (the ``async_`` field under its YAML key ``async``).
     """
-    return dataclasses.asdict(config)
+    out = dataclasses.asdict(config)
+    for key, attr in _KEY_ALIASES.items():
+        out[key] = out.pop(attr)
+    return out

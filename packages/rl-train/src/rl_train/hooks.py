@@ -175,6 +175,9 @@ class MetricsLog(Hook):
 class ProgressBar(Hook):
     """A tqdm bar on process 0 with the reward, the KL (``kl=True``) and the step time.
 
+    Asynchronous runs also show the consumed samples' staleness and the trainer's idle
+    fraction.
+
     Args:
         enabled: Show it.
         kl: Also show the KL.
@@ -201,6 +204,9 @@ class ProgressBar(Hook):
         shown = {"reward": f"{row.get('mean_reward', 0.0):.3f}"}
         if self.kl:
             shown["kl"] = f"{row.get('kl', 0.0):.4f}"
+        if "async_staleness_mean" in row:  # the asynchronous loop: staleness, trainer idle
+            shown["stale"] = f"{row['async_staleness_mean']:.1f}"
+            shown["idle"] = f"{row['async_trainer_idle']:.2f}"
         shown["s"] = f"{row['step_time']:.2f}"
         self.bar.update(1)
         self.bar.set_postfix(**shown)

@@ -96,6 +96,9 @@ def train_loop(
                 hook.after_step(state, row)
             state.history.append(row)
     finally:
+        close = getattr(source, "close", None)  # a source with a process (async) stops it
+        if callable(close):
+            close()
         for hook in hooks:
             hook.close(state)
     for hook in hooks:

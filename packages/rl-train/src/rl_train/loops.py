@@ -15,8 +15,10 @@ from typing import Any
 
 from rl_algos import LLMAlgorithm
 
+from rl_train.async_loop import AsyncReasoningSource
 from rl_train.checkpoint import latest_checkpoint
 from rl_train.checkpoint import resume as resume_from
+from rl_train.config import AsyncConfig
 from rl_train.evaluation import greedy_return, population_fitness
 from rl_train.hooks import (
     Checkpoint,
@@ -32,7 +34,8 @@ from rl_train.hooks import (
 from rl_train.loop import train_loop
 from rl_train.metrics import open_logger
 from rl_train.offline import OfflineDataset
-from rl_train.sources import MultiTurnSource, OfflineSource, ReasoningSource
+from rl_train.rollout_worker import RolloutPieces
+from rl_train.sources import MultiTurnSource, OfflineSource, ReasoningSource, Source
 
 __all__ = [
     "finetune_llm_multiturn",
@@ -70,6 +73,8 @@ def finetune_llm_reasoning(
     plot: bool = True,
     log_fn: Callable[[dict[str, float]], None] | None = None,
     save_fn: Callable[[Path], None] | None = None,
+    async_config: AsyncConfig | None = None,
+    rollout_factory: Callable[[], RolloutPieces] | None = None,
 ) -> list[LLMAlgorithm]:
     """Train ``pop`` on a :class:`rl_envs.ReasoningGym` (AgileRL's loop, same arguments).
 
@@ -116,11 +121,24 @@ def finetune_llm_reasoning(
         plot: Write ``reward_curve.png`` at the end.
         log_fn: Called with each step's metrics row (trlX's hook).
         save_fn: Called with each checkpoint directory after it is written.
+        async_config: Generate in a rollout worker process while training
+            (:class:`~rl_train.config.AsyncConfig`; one agent, not PPO/ILQL); ``env`` then
+            serves only the evaluations. None: the synchronous loop.
+        rollout_factory: With ``async_config``: a picklable function building the worker's
+            agent and environment like ``pop[0]`` and ``env``
+            (:class:`~rl_train.rollout_worker.RolloutPieces`), e.g.
+            ``functools.partial(rl_train.builder.rollout_pieces, run_config)``.
 
     Returns:
         The trained population.
     """
     del init_hp, wandb_api_key, accelerator
+    if async_config is not None and rollout_factory is None:
+        raise ValueError(
+            "`async_config` needs `rollout_factory`: a picklable function that builds the "
+            "rollout worker's agent and environment (RolloutPieces), e.g. "
+            "functools.partial(rl_train.builder.rollout_pieces, run_config)"
+        )
     if not pop:
         raise ValueError("`pop` is empty: pass at least one agent")
     if evaluation_interval < 1:
@@ -131,7 +149,11 @@ def finetune_llm_reasoning(
         raise ValueError(f"`max_steps` must be >= 1, got {total}")
     run = Path(run_dir or checkpoint_path or "runs/reasoning")
     agents = list(pop)
-    source = ReasoningSource(env)
+    source: Source = (
+        ReasoningSource(env)
+        if async_config is None or rollout_factory is None
+        else AsyncReasoningSource(rollout_factory, async_config)
+    )
     logger = open_logger(
         run, tensorboard=tensorboard, wandb_project="rl-train" if wb else None, resume=resume
     )

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from rl_algos import get_preset
 
-from rl_train.builder import Built, build
+from rl_train.builder import Built, build, rollout_pieces
 from rl_train.collective import is_main_process
 from rl_train.config import ConfigError, RunConfig, to_dict
 from rl_train.evaluation import greedy_accuracy
@@ -123,6 +124,8 @@ def fit(built: Built, *, verbose: bool = True, say: Callable[[str], None] = _sil
             resume=t.resume,
             verbose=verbose,
             eval_fn=accuracy,
+            async_config=config.async_,
+            rollout_factory=functools.partial(rollout_pieces, config),
         )
     else:
         offline_learning_loop(

@@ -1,0 +1,346 @@
+"""The rollout worker of the asynchronous loop: its own process, model copy and environment.
+
+The trainer (:class:`rl_train.async_loop.AsyncReasoningSource`) starts :func:`worker_main` in a
+spawned process. The worker builds its own agent and environment with a picklable factory
+(:class:`RolloutPieces`), then repeats: take the newest weights the trainer sent
+(:class:`WeightUpdate`; with ``strategy="wait"`` it first waits until they are at most
+``max_staleness`` versions behind the batch it is about to sample), ``get_action`` on the
+pending prompts, ``env.step`` for the rewards and the next prompts, and put a
+:class:`RolloutBatch` tagged with the policy version into the bounded queue.
+
+Everything crossing the process boundary is a frozen dataclass; tensors travel as pickled
+bytes, each list of tensors packed into one flat buffer (:class:`Packed`): no shared-memory
+handles that die with their sender, and one storage to copy per kind. The sampling seed
+of each batch comes from the worker agent's RNG, which starts as the trainer agent's, so with
+``max_staleness=0`` the worker draws exactly the seeds the synchronous loop would. The worker
+exits when the trainer sends :class:`StopWorker`, when its parent dies (``PR_SET_PDEATHSIG``
+on Linux, and a parent-pid check while it waits) and after any error, which it reports as
+:class:`WorkerFailed` first.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+import pickle
+import queue
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "Rollout",
+    "RolloutBatch",
+    "RolloutPieces",
+    "StopWorker",
+    "WeightUpdate",
+    "WorkerFailed",
+    "WorkerStart",
+    "actor_tensors",
+    "apply_weights",
+    "weight_update",
+    "worker_main",
+]
+
+#: Seconds between checks of the parent and the inbox while the worker waits.
+POLL_S = 0.2
+
+
+@dataclass(frozen=True)
+class RolloutPieces:
+    """What the worker samples with: an agent (its engine and sampling settings) and the data."""
+
+    agent: Any
+    """An rl-algos agent on the worker's own copy of the model."""
+    env: Any
+    """A ``ReasoningGym`` (prompts and rewards), built like the trainer's."""
+
+
+@dataclass(frozen=True)
+class WorkerStart:
+    """Everything the worker needs to begin where the trainer is."""
+
+    factory: Callable[[], RolloutPieces]
+    """Builds the worker's pieces (picklable: a module-level function or a partial of one)."""
+    env_state: dict[str, Any] | None
+    """The environment's iteration state to continue from (None: a fresh start)."""
+    rng_state: Any
+    """The trainer agent's ``random.Random`` state: the seeds of the next batches."""
+    start_index: int
+    """The loop step of the first batch (a resumed run's step)."""
+    max_staleness: int
+    """See :class:`rl_train.config.AsyncConfig`."""
+    strategy: str
+    """``wait`` or ``drop``."""
+    threads: int
+    """Torch threads of the worker."""
+    parent_pid: int
+    """The trainer's pid (the worker exits when it is gone)."""
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """Trainer -> worker: the actor's trainable tensors after ``version`` updates."""
+
+    version: int
+    """Updates applied to these weights (the trainer's loop step)."""
+    payload: bytes
+    """``{dtype: (names in policy.causal_lm, Packed)}``, pickled."""
+    tensor_bytes: int
+    """Bytes of tensor data in ``payload`` (LoRA: the adapter's only)."""
+
+
+@dataclass(frozen=True)
+class StopWorker:
+    """Trainer -> worker: finish now."""
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One batch as ``learn`` takes it: ``get_action``'s blocks and ``env.step``'s rewards."""
+
+    completion_ids: list[torch.Tensor]
+    """B x [G, L_b] prompt + completion."""
+    action_masks: list[torch.Tensor]
+    """B x [G, L_b - 1] bool."""
+    sampling_logprobs: list[torch.Tensor] | None
+    """B x [G, L_b - 1] the sampler's log-probs, or None."""
+    rewards: torch.Tensor
+    """[B, G]."""
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    """Worker -> trainer: one sampled and scored batch, tagged with its policy version."""
+
+    index: int
+    """Batches sampled before this one (from the run's start, a resumed run's step included)."""
+    version: int
+    """The policy version (updates applied) the batch was sampled with."""
+    payload: bytes
+    """The :class:`Rollout` fields, pickled (each list as one :class:`Packed` buffer)."""
+    env_state: dict[str, Any] | None
+    """The environment's iteration state after ``env.step`` (what a checkpoint saves)."""
+    num_epochs: int
+    """Completed passes over the data after this batch (the reference policy follows it)."""
+    rng_state: Any
+    """The worker agent's RNG state after drawing this batch's seed."""
+    seconds: float
+    """Worker wall time since its previous batch was queued."""
+    idle: float
+    """Of ``seconds``, the time spent waiting (for weights or queue space)."""
+
+    def rollout(self) -> Rollout:
+        """The tensors (decoded from :attr:`payload`)."""
+        ids, masks, logps, rewards = _decode(self.payload)
+        return Rollout(
+            ids.unpack(), masks.unpack(), None if logps is None else logps.unpack(), rewards
+        )
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    """Worker -> trainer: the worker raised; the traceback."""
+
+    error: str
+    """``traceback.format_exc()`` of the worker."""
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Tensors of one dtype as one flat CPU buffer plus their shapes: one storage to pickle."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    """Each tensor's shape, in order."""
+    flat: torch.Tensor
+    """The tensors' values, concatenated (a copy: later in-place updates do not reach it)."""
+
+    @staticmethod
+    def of(tensors: Sequence[torch.Tensor]) -> Packed:
+        """Pack ``tensors`` (all of one dtype)."""
+        shapes = tuple(tuple(t.shape) for t in tensors)
+        if not tensors:
+            return Packed(shapes, torch.empty(0))
+        return Packed(shapes, torch.cat([t.detach().cpu().reshape(-1) for t in tensors]))
+
+    def unpack(self) -> list[torch.Tensor]:
+        """The tensors (views of :attr:`flat`)."""
+        sizes = [math.prod(s) for s in self.shapes]
+        chunks = self.flat.split(sizes) if sizes else ()
+        return [c.view(s) for c, s in zip(chunks, self.shapes, strict=True)]
+
+
+def _encode(obj: Any) -> bytes:
+    """Plain pickle (not the shared-memory reductions of torch.multiprocessing queues)."""
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _decode(payload: bytes) -> Any:
+    return pickle.loads(payload)  # our own worker's or trainer's bytes
+
+
+def actor_tensors(agent: Any) -> dict[str, torch.Tensor]:
+    """The actor's trainable tensors by name in ``agent.policy.causal_lm`` (LoRA: adapters only).
+
+    Args:
+        agent: An rl-algos agent.
+
+    Returns:
+        ``{name: detached CPU tensor}``: every weight when fully fine-tuned, else the actor
+        adapter's LoRA weights.
+    """
+    trainable = {id(p) for p in agent.actor_parameters()}
+    return {
+        name: p.detach().cpu()
+        for name, p in agent.policy.causal_lm.named_parameters()
+        if id(p) in trainable
+    }
+
+
+def weight_update(agent: Any, version: int) -> WeightUpdate:
+    """The :class:`WeightUpdate` of ``agent``'s actor at ``version``."""
+    tensors = actor_tensors(agent)
+    size = sum(t.numel() * t.element_size() for t in tensors.values())
+    groups: dict[str, tuple[list[str], list[torch.Tensor]]] = {}
+    for name, t in tensors.items():
+        names, values = groups.setdefault(str(t.dtype), ([], []))
+        names.append(name)
+        values.append(t)
+    packed = {k: (names, Packed.of(values)) for k, (names, values) in groups.items()}
+    return WeightUpdate(version, _encode(packed), size)
+
+
+def apply_weights(agent: Any, update: WeightUpdate) -> None:
+    """Load ``update`` into ``agent``'s generation engine (``Engine.update_weights``)."""
+    packed: dict[str, tuple[list[str], Packed]] = _decode(update.payload)
+    for names, values in packed.values():
+        agent.engine.update_weights(zip(names, values.unpack(), strict=True))
+
+
+class _StopRequestedError(Exception):
+    """The trainer asked the worker to stop (or is gone)."""
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Be killed when the trainer dies (Linux), and leave at once if it is already gone."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:  # pragma: no cover - no glibc: the pid check below still applies
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(0)
+
+
+class _Inbox:
+    """The worker's side of the trainer -> worker queue: the newest weights, or a stop."""
+
+    def __init__(self, inbox: Any, agent: Any, parent_pid: int) -> None:
+        self.inbox = inbox
+        self.agent = agent
+        self.parent_pid = parent_pid
+        self.version = -1
+
+    def poll(self, need: int | None) -> None:
+        """Apply the newest weights waiting; block until ``version >= need`` (None: no wait).
+
+        Raises:
+            _StopRequestedError: a :class:`StopWorker` arrived or the trainer is gone.
+        """
+        newest: WeightUpdate | None = None
+        while True:
+            waiting = (
+                need is not None
+                and max(self.version, -1 if newest is None else newest.version) < need
+            )
+            try:
+                message = self.inbox.get(timeout=POLL_S) if waiting else self.inbox.get_nowait()
+            except queue.Empty:
+                if os.getppid() != self.parent_pid:
+                    raise _StopRequestedError from None
+                if waiting:
+                    continue
+                break
+            if isinstance(message, StopWorker):
+                raise _StopRequestedError
+            newest = message
+        if newest is not None and newest.version > self.version:
+            apply_weights(self.agent, newest)
+            self.version = newest.version
+
+
+def _put(outbox: Any, batch: RolloutBatch, inbox: _Inbox) -> None:
+    """Queue ``batch``, waiting for space; newer weights are applied meanwhile."""
+    while True:
+        try:
+            outbox.put(batch, timeout=POLL_S)
+            return
+        except queue.Full:
+            inbox.poll(None)
+
+
+def worker_main(start: WorkerStart, inbox: Any, outbox: Any) -> None:
+    """The worker process: sample, score and queue batches until stopped (see the module doc).
+
+    Args:
+        start: Where to begin.
+        inbox: Trainer -> worker queue (:class:`WeightUpdate`, :class:`StopWorker`).
+        outbox: Worker -> trainer queue (:class:`RolloutBatch`, :class:`WorkerFailed`), bounded.
+    """
+    _die_with_parent(start.parent_pid)
+    try:
+        torch.set_num_threads(start.threads)
+        pieces = start.factory()
+        agent, env = pieces.agent, pieces.env
+        agent._rng.setstate(start.rng_state)
+        prompts = None
+        if start.env_state is not None:
+            env.load_state_dict(start.env_state)
+            prompts = env.current_batch
+        if prompts is None:
+            prompts = env.reset(reset_dataloaders=True)
+        weights = _Inbox(inbox, agent, start.parent_pid)
+        index = start.start_index
+        weights.poll(start.start_index)  # the trainer's weights, before the first batch
+        last, put_wait = time.perf_counter(), 0.0
+        while True:
+            t0 = time.perf_counter()
+            weights.poll(index - start.max_staleness if start.strategy == "wait" else None)
+            idle = time.perf_counter() - t0 + put_wait
+            result = agent.get_action(prompts)
+            prompts, rewards = env.step(result.completion_ids)
+            logps = result.sampling_logprobs
+            payload = _encode(
+                (
+                    Packed.of(result.completion_ids),
+                    Packed.of(result.action_masks),
+                    None if logps is None else Packed.of(logps),
+                    rewards,
+                )
+            )
+            state = env.state_dict() if hasattr(env, "state_dict") else None
+            t1 = time.perf_counter()
+            batch = RolloutBatch(
+                index, weights.version, payload, state, int(env.num_epochs),
+                agent._rng.getstate(), t1 - last, idle,
+            )  # fmt: skip
+            _put(outbox, batch, weights)
+            put_wait, last = time.perf_counter() - t1, t1
+            index += 1
+    except _StopRequestedError:
+        outbox.cancel_join_thread()  # unread batches do not hold the exit
+    except BaseException:
+        try:
+            outbox.put(WorkerFailed(traceback.format_exc()), timeout=30)
+        finally:
+            outbox.close()
+            outbox.join_thread()
+            sys.exit(1)

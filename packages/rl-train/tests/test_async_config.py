@@ -1,0 +1,88 @@
+"""The ``async:`` section and the asynchronous loop's argument checks (no worker started here).
+
+The runs with a real rollout worker process are in ``tests_integration/test_async.py``.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+from rl_train.async_loop import AsyncReasoningSource, check_async_agent
+from rl_train.builder import rollout_pieces
+from rl_train.cli import EXIT_USAGE, main
+from rl_train.config import AsyncConfig, ConfigError, load_config, to_dict
+from rl_train.demo import DemoConfig, build_agent
+from rl_train.loops import finetune_llm_reasoning
+from rl_train.tiny import tiny_model, tiny_tokenizer
+
+
+def test_the_async_section_is_read_from_yaml_and_overrides(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("algo: grpo\nasync:\n  max_staleness: 2\n  strategy: drop\n")
+    config = load_config(cfg, ["async.queue_size=3", "async.timeout_s=30"])
+    assert config.async_ == AsyncConfig(
+        max_staleness=2, strategy="drop", queue_size=3, timeout_s=30.0
+    )
+    assert to_dict(config)["async"]["max_staleness"] == 2 and "async_" not in to_dict(config)
+    assert load_config(None).async_ is None
+    cfg.write_text("algo: grpo\nasync: null\n")
+    assert load_config(cfg).async_ is None
+    assert load_config(None, ["async.max_staleness=0"]).async_ == AsyncConfig(max_staleness=0)
+    cfg.write_text("algo: grpo\nmodel: null\n")  # a required section cannot be null
+    with pytest.raises(ConfigError, match="model must be a mapping, got NoneType"):
+        load_config(cfg)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["async.max_staleness=-1"], "async.max_staleness must be an integer >= 0, got -1"),
+        (["async.strategy=later"], "async.strategy must be 'drop' or 'wait', got 'later'"),
+        (
+            ["async.max_staleness=0", "async.weight_sync_steps=3"],
+            "set max_staleness >= 2 or lower weight_sync_steps",
+        ),
+        (["async.queue_size=0"], "async.queue_size must be >= 1, got 0"),
+        (["async.timeout_s=0"], "async.timeout_s must be > 0 seconds"),
+        (["async.max_stalenes=1"], "did you mean 'async.max_staleness'?"),
+        (["algo=ppo", "async.max_staleness=1"], "async: algo ppo cannot train asynchronously"),
+        (["algo=ilql", "async.max_staleness=1"], "async: algo ilql learns offline"),
+        (["engine=vllm", "async.max_staleness=1"], "async: the rollout worker runs the hf engine"),
+        (["async_.max_staleness=1"], "unknown key 'async_'"),
+    ],
+)
+def test_bad_async_settings_are_one_line_exit_2(
+    overrides: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides)
+    assert message in str(info.value)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model:\n  name: tiny\n")
+    assert main(["run", str(cfg), *overrides, "--quiet"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def _agent(algo: str = "grpo") -> object:
+    tok = tiny_tokenizer()
+    return build_agent(DemoConfig(algo=algo), tiny_model(len(tok)), tok)
+
+
+def test_the_python_api_refuses_what_async_cannot_train() -> None:
+    with pytest.raises(ValueError, match="`async_config` needs `rollout_factory`"):
+        finetune_llm_reasoning([], None, async_config=AsyncConfig())
+    with pytest.raises(ValueError, match="must be picklable"):
+        AsyncReasoningSource(lambda: None, AsyncConfig())  # type: ignore[arg-type,return-value]
+    source = AsyncReasoningSource(
+        functools.partial(rollout_pieces, DemoConfig().run_config()), AsyncConfig()
+    )
+    grpo = _agent()
+    with pytest.raises(ValueError, match="async training takes one agent, got a population of 2"):
+        source.start([grpo, grpo], None)
+    with pytest.raises(ValueError, match=r"algo ppo cannot train asynchronously.*use grpo"):
+        source.start([_agent("ppo")], None)
+    check_async_agent([grpo])
+    assert source.process is None  # nothing started before the first step

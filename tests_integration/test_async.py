@@ -1,0 +1,224 @@
+"""The asynchronous loop with real processes: exactness at staleness 0, faults, resume.
+
+Each test starts a real rollout worker (a spawned interpreter importing torch and
+transformers, ~10-30 s on a busy 2-core machine), so they are few and short.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from rl_train import MetricsLogger
+from rl_train.async_loop import RolloutWorkerError
+from rl_train.config import AsyncConfig, load_config
+from rl_train.demo import DemoConfig
+from rl_train.run import train
+
+SMALL = {"n_train": 80, "n_test": 8, "prompts_per_step": 4, "group_size": 4}
+
+
+def _rows(run_dir: Path) -> list[dict[str, float]]:
+    rows = MetricsLogger.read(run_dir / "metrics.jsonl")
+    for row in rows:
+        row.pop("step_time")
+    return rows
+
+
+def _sync_part(rows: list[dict[str, float]]) -> list[dict[str, float]]:
+    return [{k: v for k, v in r.items() if not k.startswith("async_")} for r in rows]
+
+
+def _worker_pids(parent: int) -> list[int]:
+    """The rollout worker processes whose parent is ``parent`` (spawned ``spawn_main``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and b"spawn_main" in cmd:
+            found.append(int(entry.name))
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+def test_max_staleness_0_is_the_synchronous_run_bit_for_bit(tmp_path: Path) -> None:
+    demo = DemoConfig(steps=8, evaluation_interval=4, **SMALL)
+    train(demo.run_config(tmp_path / "sync"), verbose=False)
+    config = demo.run_config(tmp_path / "async")
+    config.async_ = AsyncConfig(max_staleness=0)
+    train(config, verbose=False)
+    sync, asyn = _rows(tmp_path / "sync"), _rows(tmp_path / "async")
+    assert [r["step"] for r in asyn] == list(range(1, 9))
+    assert _sync_part(asyn) == sync  # every learn metric, reward and evaluation, exactly
+    assert all(r["async_staleness_max"] == 0 and r["async_dropped"] == 0 for r in asyn)
+    assert all(r["async_weight_sync_bytes"] > 0 for r in asyn)  # full fine-tuning: all weights
+    ckpt = json.loads((tmp_path / "async/checkpoints/step_00000008/loop.json").read_text())
+    assert ckpt["step"] == 8 and ckpt["env"]["policy_version"] == 8
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_killed_rollout_worker_stops_the_trainer_within_the_timeout(tmp_path: Path) -> None:
+    config = DemoConfig(steps=400, evaluation_interval=50, **SMALL).run_config(tmp_path / "r")
+    config.train.checkpoint_steps = None
+    # strategy drop: the worker never waits, the trainer drops what is older than 0 versions
+    config.async_ = AsyncConfig(max_staleness=0, strategy="drop", timeout_s=20)
+    killed: list[float] = []
+
+    def kill_worker() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            rows = tmp_path / "r" / "metrics.jsonl"
+            pids = _worker_pids(os.getpid())
+            if pids and rows.is_file() and len(rows.read_text().splitlines()) >= 2:
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(time.monotonic())
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_worker, daemon=True)
+    killer.start()
+    with pytest.raises(RolloutWorkerError) as info:
+        train(config, verbose=False)
+    stopped = time.monotonic()
+    killer.join()
+    assert killed, "the worker never started"
+    assert stopped - killed[0] < config.async_.timeout_s
+    message = str(info.value)
+    assert "rollout worker" in message and "exited with code -9" in message
+    assert "resume" in message
+    assert not _worker_pids(os.getpid())
+    rows = MetricsLogger.read(tmp_path / "r" / "metrics.jsonl")
+    assert len(rows) >= 2 and all(r["async_staleness_max"] == 0 for r in rows)
+
+
+def _rl_train() -> str:
+    exe = shutil.which("rl-train", path=str(Path(sys.executable).parent))
+    assert exe is not None
+    return exe
+
+
+ARGS = ["train.steps=30", "train.evaluation_interval=10", "train.checkpoint_steps=10",
+        "data.n_train=80", "data.n_test=8", "data.prompts_per_step=4", "agent.group_size=4",
+        "async.max_staleness=0"]  # fmt: skip
+
+
+@pytest.mark.slow  # two trainer processes and two workers, about 2 minutes: `nox -s slow`
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigkill_leaves_no_orphan_and_resume_continues_the_run(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("algo: grpo\nmodel:\n  name: tiny\nasync:\n  timeout_s: 60\n")
+    config = load_config(cfg, [*ARGS, f"train.run_dir={tmp_path / 'sync'}"])
+    config.async_ = None
+    train(config, verbose=False)  # the reference: the synchronous run, uninterrupted
+
+    cut = tmp_path / "cut"
+    env = dict(os.environ)  # the reference ran with the same thread count
+    command = [_rl_train(), "run", str(cfg), *ARGS, f"train.run_dir={cut}"]
+    proc = subprocess.Popen(
+        [*command, "--quiet"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    pointer = cut / "checkpoints" / "latest.json"
+    deadline = time.monotonic() + 300
+    while not pointer.is_file() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    workers = _worker_pids(proc.pid)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, (
+        proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+    )
+    assert len(workers) == 1, workers
+    deadline = time.monotonic() + 10
+    while not _gone(workers[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _gone(workers[0]), "the rollout worker outlived its trainer"
+    saved = json.loads(pointer.read_text())["step"]
+    assert saved in (10, 20), saved
+    loop = json.loads((cut / "checkpoints" / f"step_{saved:08d}" / "loop.json").read_text())
+    assert loop["env"]["policy_version"] == saved
+
+    resumed = subprocess.run([*command, "train.resume=true", "--quiet"], env=env, capture_output=True,
+                             text=True, check=False)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    rows = _rows(cut)
+    assert [r["step"] for r in rows] == list(range(1, 31))
+    # staleness 0 is the synchronous run: the resumed history is the uninterrupted one
+    assert _sync_part(rows) == _rows(tmp_path / "sync")
+
+
+def _lora_agent(seed: int) -> object:
+    from peft import LoraConfig
+    from rl_algos import make_agent
+    from rl_train.tiny import TINY_AGENT, tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0)
+    return make_agent(
+        "grpo", actor_network=tiny_model(len(tok), seed=0), tokenizer=tok, lora_config=lora,
+        pad_token_id=tok.pad_token_id, pad_token=tok.pad_token, seed=seed, group_size=4,
+        **TINY_AGENT,
+    )  # fmt: skip
+
+
+def test_a_lora_weight_sync_moves_only_the_adapter() -> None:
+    import torch
+    from rl_train.rollout_worker import apply_weights, weight_update
+
+    trainer, worker = _lora_agent(0), _lora_agent(1)
+    with torch.no_grad():
+        for p in trainer.actor_parameters():  # type: ignore[attr-defined]
+            p.add_(torch.randn_like(p))  # a trained adapter (B is 0 at initialisation)
+    update = weight_update(trainer, version=3)
+    actor = trainer.actor_parameters()  # type: ignore[attr-defined]
+    adapter_bytes = sum(p.numel() * p.element_size() for p in actor)
+    model = trainer.policy.causal_lm  # type: ignore[attr-defined]
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert update.tensor_bytes == adapter_bytes < model_bytes / 2
+    assert len(update.payload) < adapter_bytes + 64 * 1024  # the payload is the adapter
+    apply_weights(worker, update)
+    mine = dict(worker.policy.causal_lm.named_parameters())  # type: ignore[attr-defined]
+    for name, p in model.named_parameters():
+        if "lora_" not in name or ".actor." in name:  # the worker samples with base + actor
+            assert torch.equal(mine[name], p), name
+
+
+def test_a_worker_that_raises_stops_the_trainer_with_its_traceback(tmp_path: Path) -> None:
+    import functools
+
+    from rl_train.builder import build, rollout_pieces
+    from rl_train.loops import finetune_llm_reasoning
+
+    good = DemoConfig(steps=4, **SMALL).run_config(tmp_path / "r")
+    bad = DemoConfig(steps=4, task="no_such_task", **SMALL).run_config(tmp_path / "r")
+    built = build(good, distributed=False)
+    with pytest.raises(RolloutWorkerError) as info:
+        finetune_llm_reasoning(
+            [built.agent], built.env, max_steps=4, run_dir=tmp_path / "r", verbose=False,
+            plot=False, tensorboard=False, async_config=AsyncConfig(max_staleness=1),
+            rollout_factory=functools.partial(rollout_pieces, bad),
+        )  # fmt: skip
+    message = str(info.value)
+    assert "rollout worker" in message and "failed; its traceback" in message
+    assert "unknown task 'no_such_task'" in message
+    assert not _worker_pids(os.getpid())
