@@ -1,0 +1,284 @@
+"""Padding-free forwards: packed sequences and token-budget micro-batches.
+
+Shapes: ``M`` rows of a micro-batch, ``L`` tokens per right-padded row, ``T = L - 1``
+predictions (shifted by one against ``input_ids``), ``S`` packed tokens (the sum of the rows'
+real lengths), ``H`` hidden size. Masks are True (or 1) where a token counts.
+
+**Packing.** :func:`pack_rows` concatenates the real tokens of ``M`` right-padded rows into one
+sequence ``[1, S]`` whose ``position_ids`` restart at 0 on every row. The model is called with
+``attention_mask=None`` and those ``position_ids``; transformers (5.x, ``masking_utils``) then
+detects the packed layout from the restarting positions (``find_packed_sequence_indices``) and
+confines attention to each row:
+
+* ``sdpa``, ``eager`` and ``flex_attention`` (CPU and CUDA): a block-diagonal causal mask
+  ``[1, 1, S, S]`` (boolean for SDPA, 0/-inf for eager). Attention then costs ``S^2`` instead
+  of the padded ``M * L^2``, so keep ``S`` bounded with ``micro_batch_tokens``.
+* ``flash_attention_2`` / ``_3`` (CUDA only, not exercised by the CPU tests): no mask at all;
+  the cumulative lengths ``cu_seq_lens_q/k`` and ``max_length_q/k`` are passed explicitly, and
+  transformers calls ``flash_attn_varlen_func``, whose cost is the sum of ``L_i^2``.
+
+:func:`unpack` scatters the packed hidden states back onto the padded ``[M, L, H]`` layout
+(zeros on padding), so every consumer (the fused log-prob head, the value heads, the losses)
+reads exactly the tensors of the padded forward at the positions its mask selects.
+
+**Token budgets.** :func:`token_budget_groups` splits rows into micro-batches of at most
+``micro_batch_tokens`` real tokens, balanced by the sum of squared lengths (attention grows with
+``L^2``): rows longest first, each into the micro-batch of least cost it still fits in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "FLASH_IMPLEMENTATIONS",
+    "PACKABLE_IMPLEMENTATIONS",
+    "PackedRows",
+    "RowSplit",
+    "pack_rows",
+    "packed_hidden_states",
+    "row_lengths",
+    "split_rows",
+    "token_budget_groups",
+    "unpack",
+]
+
+#: Attention implementations whose varlen kernel reads ``cu_seq_lens`` (no mask is built).
+FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3")
+#: Attention implementations for which transformers builds the packed (block-diagonal) mask.
+PACKABLE_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", *FLASH_IMPLEMENTATIONS)
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """``M`` right-padded rows as one packed sequence, and the way back."""
+
+    input_ids: torch.Tensor
+    """[1, S] long: the rows' real tokens, one row after the other."""
+    position_ids: torch.Tensor
+    """[1, S] long: 0..len_i - 1 for each row ``i``."""
+    lengths: torch.Tensor
+    """[M] long: real tokens per row (0 for a row without any)."""
+    cu_seqlens: torch.Tensor
+    """[M' + 1] int32: cumulative lengths of the non-empty rows (flash-attention varlen)."""
+    max_length: int
+    """The longest row."""
+    index: torch.Tensor
+    """[S] long: flat position ``row * L + t`` in the padded ``[M, L]`` layout of each token."""
+    width: int
+    """``L``, the padded row width."""
+
+    @property
+    def num_rows(self) -> int:
+        """``M``."""
+        return int(self.lengths.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        """``S``."""
+        return int(self.input_ids.shape[1])
+
+
+def row_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[M] long: tokens per row of a right-padded ``attention_mask`` [M, L].
+
+    Raises:
+        ValueError: A row whose mask is not a prefix of ones (left padding or holes): packing
+            keeps exactly the first ``len`` tokens of each row.
+    """
+    if attention_mask.dim() != 2:
+        raise ValueError(
+            f"`attention_mask` must be [M, L] to pack, got {tuple(attention_mask.shape)}"
+        )
+    real = attention_mask.bool()
+    lengths = real.sum(1)
+    positions = torch.arange(real.shape[1], device=real.device)
+    if not bool((real == (positions[None] < lengths[:, None])).all()):
+        raise ValueError(
+            "packing needs right-padded rows (`attention_mask` 1 on a prefix of each row, then "
+            "0): left-padded rows or masks with holes cannot be packed; right-pad the batch or "
+            "pass use_sequence_packing=False"
+        )
+    return lengths.long()
+
+
+def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedRows:
+    """The :class:`PackedRows` of right-padded ``input_ids`` [M, L] and ``attention_mask``."""
+    if input_ids.shape != attention_mask.shape:
+        raise ValueError(
+            f"`input_ids` {tuple(input_ids.shape)} and `attention_mask` "
+            f"{tuple(attention_mask.shape)} must have the same [M, L] shape"
+        )
+    M, L = input_ids.shape
+    lengths = row_lengths(attention_mask)
+    real = torch.arange(L, device=input_ids.device)[None] < lengths[:, None]  # [M, L]
+    index = real.reshape(-1).nonzero().squeeze(1)  # [S], row-major: row by row
+    positions = torch.arange(L, device=input_ids.device).expand(M, L)
+    nonempty = lengths[lengths > 0]
+    cu = torch.zeros(nonempty.shape[0] + 1, dtype=torch.int32, device=input_ids.device)
+    cu[1:] = nonempty.cumsum(0)
+    return PackedRows(
+        input_ids=input_ids.reshape(-1)[index][None],
+        position_ids=positions.reshape(-1)[index][None],
+        lengths=lengths,
+        cu_seqlens=cu,
+        max_length=int(lengths.max()) if M else 0,
+        index=index,
+        width=L,
+    )
+
+
+def unpack(packed: torch.Tensor, rows: PackedRows) -> torch.Tensor:
+    """[M, L, ...] from packed values [S, ...] or [1, S, ...]: zeros on the padding.
+
+    Differentiable in ``packed`` (the padding gets no gradient).
+    """
+    flat = packed[0] if packed.dim() >= 2 and packed.shape[0] == 1 else packed
+    if flat.shape[0] != rows.num_tokens:
+        raise ValueError(
+            f"`packed` holds {flat.shape[0]} tokens, the packed rows {rows.num_tokens}"
+        )
+    out = flat.new_zeros((rows.num_rows * rows.width, *flat.shape[1:]))
+    out = out.index_copy(0, rows.index, flat)
+    return out.view(rows.num_rows, rows.width, *flat.shape[1:])
+
+
+def attention_implementation(model: Any) -> str:
+    """The attention implementation a transformers model runs (``config._attn_implementation``)."""
+    config = getattr(model, "config", None)
+    return str(getattr(config, "_attn_implementation", None) or "eager")
+
+
+def packed_hidden_states(
+    policy: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, role: str = "actor"
+) -> torch.Tensor:
+    """[M, L, H] last hidden states of right-padded rows, computed as one packed sequence.
+
+    Equal (to float rounding) to ``policy.hidden_states(input_ids, attention_mask, role)`` at
+    every real token; zeros on the padding.
+
+    Args:
+        policy: An :class:`rl_adapters.PolicyModel`.
+        input_ids: [M, L] right-padded.
+        attention_mask: [M, L], 1 on a prefix of each row.
+        role: ``"actor"``, ``"reference"`` or ``"critic"``.
+
+    Raises:
+        ValueError: An attention implementation transformers cannot pack (the message names it).
+    """
+    impl = attention_implementation(policy.causal_lm)
+    if impl not in PACKABLE_IMPLEMENTATIONS:
+        raise ValueError(
+            f"use_sequence_packing=True needs one of the attention implementations "
+            f"{PACKABLE_IMPLEMENTATIONS}, the model runs {impl!r}: load it with "
+            "attn_implementation='sdpa' (or a flash-attention one), or pass "
+            "use_sequence_packing=False"
+        )
+    rows = pack_rows(input_ids, attention_mask)
+    if rows.num_tokens == 0:
+        raise ValueError("every row of the micro-batch is empty (attention_mask all 0)")
+    extra: dict[str, Any] = {}
+    if impl in FLASH_IMPLEMENTATIONS:  # pragma: no cover - CUDA and flash-attn only
+        extra = {
+            "cu_seq_lens_q": rows.cu_seqlens,
+            "cu_seq_lens_k": rows.cu_seqlens,
+            "max_length_q": rows.max_length,
+            "max_length_k": rows.max_length,
+        }
+    hidden: torch.Tensor = policy.hidden_states(
+        rows.input_ids, None, role=role, position_ids=rows.position_ids, **extra
+    )
+    return unpack(hidden, rows)
+
+
+def token_budget_groups(
+    lengths: Sequence[int], budget: int, max_rows: int | None = None, groups: int = 0
+) -> list[list[int]]:
+    """Indices of ``lengths`` in micro-batches of at most ``budget`` tokens, balanced.
+
+    Rows go longest first, each into the open micro-batch of least cost (sum of squared
+    lengths) that still has room (``budget`` tokens and ``max_rows`` rows); a new one is opened
+    when none has. ``groups`` opens at least that many (e.g. the most any process needs, so
+    every process runs the same number of forwards; never more than there are rows). Each
+    micro-batch lists its rows in ascending order; the micro-batches are ordered by their
+    first row.
+
+    Raises:
+        ValueError: A row longer than ``budget`` (both numbers are named).
+    """
+    if budget < 1:
+        raise ValueError(f"`micro_batch_tokens` must be >= 1, got {budget}")
+    longest = max(lengths, default=0)
+    if longest > budget:
+        raise ValueError(
+            f"a row has {longest} tokens, more than micro_batch_tokens={budget}: raise "
+            "micro_batch_tokens to at least the longest row (prompt + completion), or shorten "
+            "max_output_tokens"
+        )
+    bins: list[list[int]] = [[] for _ in range(min(groups, len(lengths)))]
+    tokens = [0] * len(bins)
+    cost = [0] * len(bins)
+    for i in sorted(range(len(lengths)), key=lambda k: (-lengths[k], k)):
+        n = lengths[i]
+        fits = [
+            b
+            for b in range(len(bins))
+            if tokens[b] + n <= budget and (max_rows is None or len(bins[b]) < max_rows)
+        ]
+        if fits:
+            b = min(fits, key=lambda k: (cost[k], tokens[k], k))
+        else:
+            bins.append([])
+            tokens.append(0)
+            cost.append(0)
+            b = len(bins) - 1
+        bins[b].append(i)
+        tokens[b] += n
+        cost[b] += n * n
+    out = [sorted(b) for b in bins if b]
+    return sorted(out, key=lambda b: b[0])
+
+
+@dataclass(frozen=True)
+class RowSplit:
+    """How a set of rows is cut into forwards (micro-batches)."""
+
+    micro_batch_rows: int | None = None
+    """At most this many rows per micro-batch (None: no row limit)."""
+    micro_batch_tokens: int | None = None
+    """At most this many real tokens per micro-batch (None: no token budget)."""
+
+
+def split_rows(
+    rows: torch.Tensor, attention_mask: torch.Tensor, split: RowSplit
+) -> list[torch.Tensor]:
+    """``rows`` [R] (indices into ``attention_mask`` [N, L]) cut into micro-batches.
+
+    Without a token budget: consecutive slices of ``split.micro_batch_rows`` rows (all rows
+    when None). With one: :func:`token_budget_groups` over the rows' real lengths (the row
+    limit still applies); under data parallelism every process gets as many micro-batches as
+    the process that needs the most, so collective forwards (ZeRO-3) stay in step.
+    """
+    if split.micro_batch_tokens is None:
+        size = split.micro_batch_rows or max(1, len(rows))
+        return [rows[s : s + size] for s in range(0, len(rows), size)]
+    lengths = attention_mask[rows].sum(1).tolist()
+    groups = token_budget_groups(lengths, split.micro_batch_tokens, split.micro_batch_rows)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        count = torch.tensor([len(groups)], device=attention_mask.device)
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+        if int(count) > len(groups):
+            groups = token_budget_groups(
+                lengths, split.micro_batch_tokens, split.micro_batch_rows, groups=int(count)
+            )
+        if int(count) > len(groups):
+            raise ValueError(
+                f"another process needs {int(count)} micro-batches of micro_batch_tokens="
+                f"{split.micro_batch_tokens}, this one has only {len(groups)} rows: give every "
+                "process the same number of rows, or raise micro_batch_tokens"
+            )
+    return [rows[torch.tensor(g, dtype=torch.long, device=rows.device)] for g in groups]
