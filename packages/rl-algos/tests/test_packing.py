@@ -132,12 +132,19 @@ def test_packed_hidden_states_equal_padded(arch: str, attn: str) -> None:
     b = ragged_batch()
     att = tl.attention_from(b.ids, b.masks)
     real = att.bool()
+    rows = pack_rows(b.ids, att)
     for role in ("actor", "reference", "critic"):
         with torch.no_grad():
             padded = policy.hidden_states(b.ids, att, role)
-            packed = packing.packed_hidden_states(policy, b.ids, att, role)
+            packed = packing.packed_hidden_states(policy, b.ids, att, role)  # varlen SDPA
+            # transformers' own packed path: restarting position_ids, a block-diagonal mask
+            masked = policy.hidden_states(
+                rows.input_ids, None, role, position_ids=rows.position_ids
+            )
         torch.testing.assert_close(packed[real], padded[real], **HIDDEN_TOL)
+        torch.testing.assert_close(unpack(masked, rows)[real], padded[real], **HIDDEN_TOL)
         assert bool((packed[~real] == 0).all())
+    assert packing.attention_implementation(model) == attn  # restored after the forward
 
 
 def test_unsupported_attention_implementation_is_refused() -> None:

@@ -6,16 +6,22 @@ real lengths), ``H`` hidden size. Masks are True (or 1) where a token counts.
 
 **Packing.** :func:`pack_rows` concatenates the real tokens of ``M`` right-padded rows into one
 sequence ``[1, S]`` whose ``position_ids`` restart at 0 on every row. The model is called with
-``attention_mask=None`` and those ``position_ids``; transformers (5.x, ``masking_utils``) then
-detects the packed layout from the restarting positions (``find_packed_sequence_indices``) and
-confines attention to each row:
+``attention_mask=None``, those ``position_ids`` (RoPE restarts per row) and the rows' cumulative
+lengths ``cu_seq_lens_q/k`` (transformers' ``FlashAttentionKwargs``, passed down to every
+attention call). Attention stays inside each row, by implementation:
 
-* ``sdpa``, ``eager`` and ``flex_attention`` (CPU and CUDA): a block-diagonal causal mask
-  ``[1, 1, S, S]`` (boolean for SDPA, 0/-inf for eager). Attention then costs ``S^2`` instead
-  of the padded ``M * L^2``, so keep ``S`` bounded with ``micro_batch_tokens``.
-* ``flash_attention_2`` / ``_3`` (CUDA only, not exercised by the CPU tests): no mask at all;
-  the cumulative lengths ``cu_seq_lens_q/k`` and ``max_length_q/k`` are passed explicitly, and
-  transformers calls ``flash_attn_varlen_func``, whose cost is the sum of ``L_i^2``.
+* ``flash_attention_2`` / ``_3`` (CUDA only, not exercised by the CPU tests): transformers calls
+  ``flash_attn_varlen_func`` with the cumulative lengths; cost ``sum_i L_i^2``.
+* ``sdpa`` and ``eager`` (CPU and CUDA): for the packed forward the model runs
+  :func:`varlen_sdpa_attention` (registered in transformers' ``AttentionInterface`` as
+  ``"rl_varlen_sdpa"``; the config's implementation is switched for the forward and restored
+  after): causal SDPA on each row's slice, so the cost is ``sum_i L_i^2`` and no ``[S, S]``
+  mask is built. Equal to the padded forward to float rounding.
+* ``flex_attention``: transformers' own packed path. With ``attention_mask=None`` and
+  restarting ``position_ids`` (no cache), ``masking_utils.create_causal_mask`` detects the
+  packed layout (``find_packed_sequence_indices``) and builds a block-diagonal causal mask.
+  The same detection makes SDPA/eager models correct when called with packed
+  ``position_ids`` directly, at ``S^2`` cost (a dense ``[1, 1, S, S]`` mask).
 
 :func:`unpack` scatters the packed hidden states back onto the padded ``[M, L, H]`` layout
 (zeros on padding), so every consumer (the fused log-prob head, the value heads, the losses)
@@ -45,6 +51,7 @@ __all__ = [
     "split_rows",
     "token_budget_groups",
     "unpack",
+    "varlen_sdpa_attention",
 ]
 
 #: Attention implementations whose varlen kernel reads ``cu_seq_lens`` (no mask is built).
@@ -181,18 +188,100 @@ def packed_hidden_states(
     rows = pack_rows(input_ids, attention_mask)
     if rows.num_tokens == 0:
         raise ValueError("every row of the micro-batch is empty (attention_mask all 0)")
-    extra: dict[str, Any] = {}
-    if impl in FLASH_IMPLEMENTATIONS:  # pragma: no cover - CUDA and flash-attn only
-        extra = {
-            "cu_seq_lens_q": rows.cu_seqlens,
-            "cu_seq_lens_k": rows.cu_seqlens,
-            "max_length_q": rows.max_length,
-            "max_length_k": rows.max_length,
-        }
-    hidden: torch.Tensor = policy.hidden_states(
-        rows.input_ids, None, role=role, position_ids=rows.position_ids, **extra
-    )
+    extra: dict[str, Any] = {
+        "cu_seq_lens_q": rows.cu_seqlens,
+        "cu_seq_lens_k": rows.cu_seqlens,
+        "max_length_q": rows.max_length,
+        "max_length_k": rows.max_length,
+    }
+    model = policy.reference_model if role == "reference" else None
+    configs = _configs(policy.causal_lm if model is None else model)
+    switch = impl in ("sdpa", "eager")
+    if switch:
+        _register_varlen()
+    saved = [c._attn_implementation_internal for c in configs]
+    try:
+        if switch:
+            for c in configs:
+                c._attn_implementation_internal = VARLEN_SDPA
+        hidden: torch.Tensor = policy.hidden_states(
+            rows.input_ids, None, role=role, position_ids=rows.position_ids, **extra
+        )
+    finally:
+        for c, value in zip(configs, saved, strict=True):
+            c._attn_implementation_internal = value
     return unpack(hidden, rows)
+
+
+#: The name :func:`varlen_sdpa_attention` is registered under in transformers.
+VARLEN_SDPA = "rl_varlen_sdpa"
+
+
+def _configs(model: Any) -> list[Any]:
+    """The distinct configs (with an attention implementation) of a model's modules."""
+    seen: dict[int, Any] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation_internal"):
+            seen.setdefault(id(config), config)
+    return list(seen.values())
+
+
+def _register_varlen() -> None:
+    from transformers import AttentionInterface
+
+    if VARLEN_SDPA not in AttentionInterface._global_mapping:
+        AttentionInterface.register(VARLEN_SDPA, varlen_sdpa_attention)
+
+
+def varlen_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    cu_seq_lens_q: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Causal attention within each packed row: SDPA on every row's slice.
+
+    A transformers attention function (``AttentionInterface``): ``query`` [1, heads, S, d],
+    ``key``/``value`` [1, kv_heads, S, d] (grouped-query heads are repeated), the rows'
+    boundaries ``cu_seq_lens_q`` [M + 1]. Returns ``([1, S, heads, d], None)``.
+
+    Raises:
+        ValueError: Without ``cu_seq_lens_q``, with a mask, or with sliding-window attention.
+    """
+    del module, kwargs
+    if cu_seq_lens_q is None or attention_mask is not None or query.shape[0] != 1:
+        raise ValueError(
+            f"{VARLEN_SDPA} runs packed rows only: one sequence [1, S] with cu_seq_lens_q and "
+            "no attention mask (rl_algos.packing.packed_hidden_states sets them)"
+        )
+    if sliding_window is not None:
+        raise ValueError(
+            "sliding-window attention cannot be packed with SDPA here: pass "
+            "use_sequence_packing=False (or use flash-attention on CUDA)"
+        )
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    bounds = cu_seq_lens_q.tolist()
+    parts = [
+        torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, a:b],
+            key[:, :, a:b],
+            value[:, :, a:b],
+            dropout_p=dropout,
+            is_causal=True,
+            scale=scaling,
+        )
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+    ]
+    return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None
 
 
 def token_budget_groups(
