@@ -34,6 +34,7 @@ reads exactly the tensors of the padded forward at the positions its mask select
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -279,7 +280,7 @@ def varlen_sdpa_attention(
             is_causal=True,
             scale=scaling,
         )
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True)
+        for a, b in itertools.pairwise(bounds)
     ]
     return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None
 
@@ -289,12 +290,13 @@ def token_budget_groups(
 ) -> list[list[int]]:
     """Indices of ``lengths`` in micro-batches of at most ``budget`` tokens, balanced.
 
-    Rows go longest first, each into the open micro-batch of least cost (sum of squared
-    lengths) that still has room (``budget`` tokens and ``max_rows`` rows); a new one is opened
-    when none has. ``groups`` opens at least that many (e.g. the most any process needs, so
-    every process runs the same number of forwards; never more than there are rows). Each
-    micro-batch lists its rows in ascending order; the micro-batches are ordered by their
-    first row.
+    Two passes. The first counts the micro-batches a first-fit pass needs (rows longest first,
+    each into the first micro-batch with room: ``budget`` tokens and ``max_rows`` rows). The
+    second opens that many (or ``groups``, if more: e.g. the most any process needs, so every
+    process runs the same number of forwards; never more than there are rows) and puts the rows,
+    longest first, each into the micro-batch of least cost (sum of squared lengths, as attention
+    grows with ``L^2``) that has room, opening another when none has. Each micro-batch lists
+    its rows in ascending order; the micro-batches are ordered by their first row.
 
     Raises:
         ValueError: A row longer than ``budget`` (both numbers are named).
@@ -308,28 +310,46 @@ def token_budget_groups(
             "micro_batch_tokens to at least the longest row (prompt + completion), or shorten "
             "max_output_tokens"
         )
-    bins: list[list[int]] = [[] for _ in range(min(groups, len(lengths)))]
+    order = sorted(range(len(lengths)), key=lambda k: (-lengths[k], k))
+    first_fit = _fill(order, lengths, budget, max_rows, 0, balanced=False)
+    bins = _fill(order, lengths, budget, max_rows, max(groups, len(first_fit)), balanced=True)
+    out = [sorted(b) for b in bins if b]
+    return sorted(out, key=lambda b: b[0])
+
+
+def _fill(
+    order: list[int],
+    lengths: Sequence[int],
+    budget: int,
+    max_rows: int | None,
+    opened: int,
+    balanced: bool,
+) -> list[list[int]]:
+    """Rows ``order`` into ``opened`` micro-batches, more when needed.
+
+    Each row goes into the first micro-batch with room or (``balanced``) the one of least sum
+    of squared lengths with room.
+    """
+    bins: list[list[int]] = [[] for _ in range(min(opened, len(order)))]
     tokens = [0] * len(bins)
     cost = [0] * len(bins)
-    for i in sorted(range(len(lengths)), key=lambda k: (-lengths[k], k)):
+    for i in order:
         n = lengths[i]
         fits = [
             b
             for b in range(len(bins))
             if tokens[b] + n <= budget and (max_rows is None or len(bins[b]) < max_rows)
         ]
-        if fits:
-            b = min(fits, key=lambda k: (cost[k], tokens[k], k))
-        else:
+        if not fits:
             bins.append([])
             tokens.append(0)
             cost.append(0)
-            b = len(bins) - 1
+            fits = [len(bins) - 1]
+        b = min(fits, key=lambda k: (cost[k], tokens[k], k)) if balanced else fits[0]
         bins[b].append(i)
         tokens[b] += n
         cost[b] += n * n
-    out = [sorted(b) for b in bins if b]
-    return sorted(out, key=lambda b: b[0])
+    return bins
 
 
 @dataclass(frozen=True)
