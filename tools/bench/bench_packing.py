@@ -12,15 +12,21 @@ one optimizer step per call (on-policy: no old-log-prob forward).
   per forward, filled with real tokens only.
 
 Both agents start from identical weights and receive the same updates. ``tokens/s`` counts
-real tokens (prompt + completion) per second of ``learn()``. ``peak_extra_MiB``: on CUDA the
-peak allocated memory of a call above what was allocated before it; on CPU the peak resident
-memory of a call above the resident memory before it (Linux: ``/proc/self/clear_refs`` resets
-the peak), which includes the allocator's slack. Runs with one CPU thread.
+real tokens (prompt + completion) per second of ``learn()``; medians of 3 timed calls after one
+warm-up. ``peak_extra_MiB``: on CUDA the peak allocated memory of the warm-up call above what
+was allocated before it; on CPU (full runs only) the peak resident memory of one call in a
+fresh process per (case, variant) above the resident memory before it (Linux:
+``/proc/self/clear_refs`` resets the peak; a call on short rows first pays the one-time
+costs), which includes the allocator's slack. Runs with one CPU thread.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -71,23 +77,53 @@ def _status_kib(field: str) -> int:
     return 0
 
 
-def _peak_extra_mib(fn: Any, device: torch.device) -> float | None:
+def _options(variant: str, budget: int) -> dict[str, Any]:
+    if variant == "padded":
+        return {"micro_batch_size_per_gpu": ROWS_PER_MB}
+    return {"use_sequence_packing": True, "micro_batch_tokens": budget}
+
+
+def _worker(max_len: int, ragged: bool, variant: str) -> dict[str, int]:
+    """In a fresh process: peak RSS of one full call minus the RSS before it.
+
+    A call on a batch of short rows first pays the one-time costs (lazy imports, thread
+    pools, optimizer state) without raising the peak much.
+    """
+    torch.set_num_threads(1)
+    device = torch.device("cpu")
+    agent = _agent(device, **_options(variant, ROWS_PER_MB * (PROMPT_LEN + max_len)))
+    agent.learn(_experience(8, False, device)[0])
+    experiences = _experience(max_len, ragged, device)[0]
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")  # reset the peak resident set size (Linux)
+    before = _status_kib("VmRSS")
+    agent.learn(experiences)
+    return {"peak_extra_bytes": (_status_kib("VmHWM") - before) * 1024}
+
+
+def _peak_extra_mib(max_len: int, ragged: bool, variant: str, device: torch.device) -> Any:
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        fn()
-        torch.cuda.synchronize(device)
-        return round((torch.cuda.max_memory_allocated(device) - before) / 2**20, 1)
-    try:
-        with open("/proc/self/clear_refs", "w") as refs:
-            refs.write("5")  # reset the peak resident set size
-    except OSError:
+        return None  # measured in-process by _cuda_peak_extra_mib
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    args = [sys.executable, __file__, "--worker", str(max_len), str(int(ragged)), variant]
+    proc = subprocess.run(args, capture_output=True, text=True, check=False, env=env)
+    if proc.returncode != 0:
+        print(f"{variant}: memory worker failed\n{proc.stderr[-2000:]}", file=sys.stderr)
+        return None
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return round(int(result["peak_extra_bytes"]) / 2**20, 1)
+
+
+def _cuda_peak_extra_mib(fn: Any, device: torch.device) -> float | None:
+    if device.type != "cuda":
         fn()
         return None
-    before = _status_kib("VmRSS")
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
     fn()
-    return round((_status_kib("VmHWM") - before) / 1024, 1)
+    torch.cuda.synchronize(device)
+    return round((torch.cuda.max_memory_allocated(device) - before) / 2**20, 1)
 
 
 def run(quick: bool) -> list[Row]:
@@ -100,30 +136,29 @@ def run(quick: bool) -> list[Row]:
     for ragged in (True, False):
         experiences, tokens = _experience(max_len, ragged, device)
         case = f"{'ragged 8' if ragged else 'uniform ' + str(max_len)}..{max_len} N={N}"
-        variants = {
-            "padded": _agent(device, micro_batch_size_per_gpu=ROWS_PER_MB),
-            "packed": _agent(device, use_sequence_packing=True, micro_batch_tokens=budget),
-        }
         losses: dict[str, float] = {}
-        for name, agent in variants.items():
+        for variant in ("padded", "packed"):
+            agent = _agent(device, **_options(variant, budget))
 
             def call(
-                agent: GRPO = agent, name: str = name, exp: Any = experiences, out: Any = losses
+                agent: GRPO = agent, name: str = variant, exp: Any = experiences, out: Any = losses
             ) -> None:
                 out[name] = agent.learn(exp)["loss"]
 
-            peak = _peak_extra_mib(call, device)  # also the warm-up
+            peak = _cuda_peak_extra_mib(call, device)  # also the warm-up
             timing = measure(call, repeats=repeats, warmup=0, device=device)
+            del agent
+            if peak is None and not quick:
+                peak = _peak_extra_mib(max_len, ragged, variant, device)
             extra: dict[str, Any] = {
                 "tokens": tokens,
                 "padded_tokens": N * (PROMPT_LEN + max_len),
                 "tokens_per_s": round(tokens / timing.median),
-                "loss": f"{losses[name]:.5g}",
+                "loss": f"{losses[variant]:.5g}",
             }
             if peak is not None:
                 extra["peak_extra_MiB"] = peak
-            rows.append(Row("packing", case, name, timing, extra=extra))
-        del variants
+            rows.append(Row("packing", case, variant, timing, extra=extra))
     rows = with_ratios(rows, baseline="padded")
     for r in rows:
         base = next(x for x in rows if x.case == r.case and x.variant == "padded")
@@ -132,3 +167,7 @@ def run(quick: bool) -> list[Row]:
                 r.extra["peak_extra_MiB"] / base.extra["peak_extra_MiB"], 3
             )
     return rows
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--worker":
+    print(json.dumps(_worker(int(sys.argv[2]), bool(int(sys.argv[3])), sys.argv[4])))

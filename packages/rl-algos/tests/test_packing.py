@@ -129,22 +129,30 @@ def test_packed_hidden_states_equal_padded(arch: str, attn: str) -> None:
     policy = PolicyModel(model, lora_config=tl.lora_config(), critic=True, seed=3)
     tl.perturb_adapter(policy, "actor", seed=1)
     tl.perturb_adapter(policy, "critic", seed=2)
-    b = ragged_batch()
+    # ragged, and runs of equal lengths (batched in one SDPA call each)
+    runs = tuple(((tl.BOS_ID, 9 + n), (30 + n,) * (2 if n < 3 else 4)) for n in range(6))
+    for b, role in [
+        (ragged_batch(), "actor"),
+        (ragged_batch(runs), "actor"),
+        (ragged_batch(), "reference"),
+        (ragged_batch(), "critic"),
+    ]:
+        _check_packed_hidden(policy, b, role)
+    assert packing.attention_implementation(model) == attn  # restored after the forward
+
+
+def _check_packed_hidden(policy: Any, b: tl.Batch, role: str) -> None:
     att = tl.attention_from(b.ids, b.masks)
     real = att.bool()
     rows = pack_rows(b.ids, att)
-    for role in ("actor", "reference", "critic"):
-        with torch.no_grad():
-            padded = policy.hidden_states(b.ids, att, role)
-            packed = packing.packed_hidden_states(policy, b.ids, att, role)  # varlen SDPA
-            # transformers' own packed path: restarting position_ids, a block-diagonal mask
-            masked = policy.hidden_states(
-                rows.input_ids, None, role, position_ids=rows.position_ids
-            )
-        torch.testing.assert_close(packed[real], padded[real], **HIDDEN_TOL)
-        torch.testing.assert_close(unpack(masked, rows)[real], padded[real], **HIDDEN_TOL)
-        assert bool((packed[~real] == 0).all())
-    assert packing.attention_implementation(model) == attn  # restored after the forward
+    with torch.no_grad():
+        padded = policy.hidden_states(b.ids, att, role)
+        packed = packing.packed_hidden_states(policy, b.ids, att, role)  # varlen SDPA
+        # transformers' own packed path: restarting position_ids, a block-diagonal mask
+        masked = policy.hidden_states(rows.input_ids, None, role, position_ids=rows.position_ids)
+    torch.testing.assert_close(packed[real], padded[real], **HIDDEN_TOL)
+    torch.testing.assert_close(unpack(masked, rows)[real], padded[real], **HIDDEN_TOL)
+    assert bool((packed[~real] == 0).all())
 
 
 def test_unsupported_attention_implementation_is_refused() -> None:

@@ -249,6 +249,9 @@ def varlen_sdpa_attention(
 ) -> tuple[torch.Tensor, None]:
     """Causal attention within each packed row: SDPA on every row's slice.
 
+    Consecutive rows of equal length share one batched call (uniform lengths cost what the
+    padded batch does).
+
     A transformers attention function (``AttentionInterface``): ``query`` [1, heads, S, d],
     ``key``/``value`` [1, kv_heads, S, d] (grouped-query heads are repeated), the rows'
     boundaries ``cu_seq_lens_q`` [M + 1]. Returns ``([1, S, heads, d], None)``.
@@ -270,19 +273,30 @@ def varlen_sdpa_attention(
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
         key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    bounds = cu_seq_lens_q.tolist()
-    parts = [
-        torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, a:b],
-            key[:, :, a:b],
-            value[:, :, a:b],
-            dropout_p=dropout,
-            is_causal=True,
-            scale=scaling,
+    parts = []
+    for start, n, length in _runs(cu_seq_lens_q.tolist()):
+        # n consecutive rows of one length: one batched call on [n, heads, length, d]
+        q, k, v = (
+            t[0, :, start : start + n * length].unflatten(1, (n, length)).transpose(0, 1)
+            for t in (query, key, value)
         )
-        for a, b in itertools.pairwise(bounds)
-    ]
-    return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, dropout_p=dropout, is_causal=True, scale=scaling
+        )  # [n, heads, length, d]
+        parts.append(out.transpose(0, 1).flatten(1, 2))  # [heads, n * length, d]
+    return torch.cat(parts, dim=1).transpose(0, 1)[None].contiguous(), None
+
+
+def _runs(bounds: list[int]) -> list[tuple[int, int, int]]:
+    """``(start, rows, length)`` of each run of consecutive equal-length rows of ``bounds``."""
+    runs: list[tuple[int, int, int]] = []
+    for a, b in itertools.pairwise(bounds):
+        if runs and runs[-1][2] == b - a:
+            start, n, length = runs[-1]
+            runs[-1] = (start, n + 1, length)
+        else:
+            runs.append((a, 1, b - a))
+    return runs
 
 
 def token_budget_groups(
