@@ -253,7 +253,7 @@ def varlen_sdpa_attention(
     padded batch does).
 
     A transformers attention function (``AttentionInterface``): ``query`` [1, heads, S, d],
-    ``key``/``value`` [1, kv_heads, S, d] (grouped-query heads are repeated), the rows'
+    ``key``/``value`` [1, kv_heads, S, d] (grouped-query attention), the rows'
     boundaries ``cu_seq_lens_q`` [M + 1]. Returns ``([1, S, heads, d], None)``.
 
     Raises:
@@ -270,8 +270,11 @@ def varlen_sdpa_attention(
             "sliding-window attention cannot be packed with SDPA here: pass "
             "use_sequence_packing=False (or use flash-attention on CUDA)"
         )
+    # grouped-query heads: SDPA's enable_gqa (no copies), as transformers' SDPA path does
+    # without a mask; larger head dims repeat the key/value heads
+    gqa = query.shape[1] != key.shape[1] and key.shape[-1] == value.shape[-1] <= 256
     groups = query.shape[1] // key.shape[1]
-    if groups > 1:
+    if groups > 1 and not gqa:
         key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
     parts = []
     for start, n, length in _runs(cu_seq_lens_q.tolist()):
@@ -281,7 +284,7 @@ def varlen_sdpa_attention(
             for t in (query, key, value)
         )
         out = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout, is_causal=True, scale=scaling
+            q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa
         )  # [n, heads, length, d]
         parts.append(out.transpose(0, 1).flatten(1, 2))  # [heads, n * length, d]
     return torch.cat(parts, dim=1).transpose(0, 1)[None].contiguous(), None
