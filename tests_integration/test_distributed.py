@@ -33,10 +33,24 @@ def launch(
     )
 
 
-def test_two_process_grpo_equals_one_process_on_the_global_batch(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"use_sequence_packing": True, "micro_batch_tokens": 16}],
+    ids=["padded", "packed-tokens16"],
+)
+def test_two_process_grpo_equals_one_process_on_the_global_batch(
+    tmp_path: Path, options: dict[str, object]
+) -> None:
+    """Also packed, in token-budget micro-batches (issue 20): the ranks' rows need different
+    numbers of micro-batches, every rank runs as many as the one that needs the most, and the
+    weights still match one padded process on the global batch."""
     from ddp_common import STEPS, global_batches, make_agent
 
-    proc = launch(tmp_path)
+    os.environ["DDP_AGENT_OPTIONS"] = json.dumps(options)
+    try:
+        proc = launch(tmp_path)
+    finally:
+        del os.environ["DDP_AGENT_OPTIONS"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     torch.set_num_threads(1)

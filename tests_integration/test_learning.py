@@ -25,10 +25,23 @@ BUDGET = {"ppo": 450, "dapo": 400}
 
 @pytest.mark.parametrize("algo", ALGOS)
 def test_algorithm_learns_successor_digit(algo: str, tmp_path: Path) -> None:
+    _learns_successor_digit(algo, tmp_path)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "reinforce", "ppo"])
+def test_algorithm_learns_with_sequence_packing(algo: str, tmp_path: Path) -> None:
+    """The table holds with padding-free training: packed rows in micro-batches of at most
+    48 tokens (issue 20); one case per agent class."""
+    _learns_successor_digit(algo, tmp_path, use_sequence_packing=True, micro_batch_tokens=48)
+
+
+def _learns_successor_digit(algo: str, tmp_path: Path, **options: object) -> None:
     config = DemoConfig(algo=algo, seed=0)
     tok = tiny_tokenizer()
     env = build_env(config, tok)
     agent = build_agent(config, tiny_model(len(tok), seed=0), tok)
+    for name, value in options.items():
+        setattr(agent, name, value)  # config fields: reach the next learn()
     assert greedy_accuracy(agent, env) <= 0.1
     finetune_llm_reasoning(
         [agent],

@@ -2,11 +2,14 @@
 
 Each rank takes its share of the prompts of a fixed global batch; after every step it writes
 its actor weights to ``OUT/rank<r>_step<k>.safetensors``. Usage: ``ddp_learn.py OUT [FAIL_RANK]``
-(with FAIL_RANK, that rank raises at step 1, while the other waits in a collective).
+(with FAIL_RANK, that rank raises at step 1, while the other waits in a collective). The
+environment variable ``DDP_AGENT_OPTIONS`` (JSON) adds agent arguments.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -23,7 +26,8 @@ def main() -> None:
     accelerator = Accelerator(cpu=True)
     rank, world = accelerator.process_index, accelerator.num_processes
     assert world == 2, f"expected 2 processes, got {world} (not really distributed)"
-    agent = make_agent(accelerator=accelerator)
+    options = json.loads(os.environ.get("DDP_AGENT_OPTIONS", "{}"))
+    agent = make_agent(accelerator=accelerator, **options)
     fail_rank = int(sys.argv[2]) if len(sys.argv) > 2 else -1
     for step, (ids, masks, rewards, prompts_per_rank) in enumerate(global_batches()):
         rows = slice(rank * prompts_per_rank, (rank + 1) * prompts_per_rank)

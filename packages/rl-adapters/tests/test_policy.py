@@ -343,6 +343,23 @@ def test_unknown_role_is_a_value_error_listing_roles() -> None:
 
 
 @pytest.mark.parametrize("arch", tl.ARCHS)
+def test_hidden_states_of_packed_rows(arch: str) -> None:
+    """Two rows packed into one [1, S] sequence with restarting position_ids and no mask
+    (transformers' packed layout) give each row's own hidden states."""
+    policy = _policy(arch)
+    tl.perturb(policy.trainable_parameters("actor"), seed=1)
+    ids = torch.tensor([[1, 5, 6, 7, 8], [1, 9, 10, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    packed = torch.tensor([[1, 5, 6, 7, 8, 1, 9, 10]])
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2]])
+    with torch.no_grad():
+        padded = policy.hidden_states(ids, mask)
+        out = policy.hidden_states(packed, None, position_ids=positions)
+    torch.testing.assert_close(out[0, :5], padded[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[0, 5:], padded[1, :3], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", tl.ARCHS)
 def test_hidden_states_times_lm_head_is_logits(arch: str) -> None:
     policy = _policy(arch, critic=True)
     ids, mask = _inputs(policy)

@@ -183,3 +183,21 @@ def test_bad_imports_are_one_line_exit_2(
     assert code == EXIT_USAGE
     assert message in err, err
     assert len(err.strip().splitlines()) == 1, err
+
+
+def test_packing_options_reach_the_agent_from_yaml(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``agent:`` keys pass through: ``use_sequence_packing`` and ``micro_batch_tokens``
+    (issue 20) reach the agent and train."""
+    config = load_config(
+        EXAMPLES / "grpo_tiny.yaml",
+        ["agent.use_sequence_packing=true", "agent.micro_batch_tokens=64"],
+    )
+    assert config.agent["use_sequence_packing"] is True
+    assert config.agent["micro_batch_tokens"] == 64
+    code = main(["run", str(EXAMPLES / "grpo_tiny.yaml"), "train.steps=2",
+                 "train.evaluation_interval=2", "train.checkpoint_steps=2",
+                 f"train.run_dir={tmp_path}", "agent.use_sequence_packing=true",
+                 "agent.micro_batch_tokens=64", "--quiet"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err

@@ -379,16 +379,26 @@ class PolicyModel(nn.Module):
         return bias if isinstance(bias, torch.Tensor) else None
 
     def hidden_states(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, role: str = "actor"
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        role: str = "actor",
+        position_ids: torch.Tensor | None = None,
+        **attention_kwargs: Any,
     ) -> torch.Tensor:
-        """[N, T, H] last hidden states (final norm applied), without the lm_head.
+        """[N, L, H] last hidden states (final norm applied), without the lm_head.
 
         ``hidden @ lm_head_weight.T (+ lm_head_bias)`` are the model's logits.
 
         Args:
-            input_ids: [N, T] token ids.
-            attention_mask: [N, T] 1 for real tokens, 0 for padding.
+            input_ids: [N, L] token ids.
+            attention_mask: [N, L] 1 for real tokens, 0 for padding; None with packed rows.
             role: Whose weights to run.
+            position_ids: [N, L] positions, or None (0..L-1). A packed sequence ``[1, S]``
+                passes ``attention_mask=None`` and positions restarting at 0 on every row:
+                transformers then confines attention to each row (``rl_algos.packing``).
+            **attention_kwargs: Passed to the attention layers (flash-attention's
+                ``cu_seq_lens_q`` ... of packed rows).
         """
         self._check_role(role)
         if role == "reference" and self.reference_model is not None:
@@ -402,7 +412,11 @@ class PolicyModel(nn.Module):
         )
         with self.use_role(role), offload, self._checkpointing(model):
             out = decoder_of(model)(
-                input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=False,
+                **attention_kwargs,
             )
         hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
         assert isinstance(hidden, torch.Tensor)

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from rl_algos.learner import Learner, StepResult
     from rl_algos.names import ALGORITHMS
     from rl_algos.objectives import LossTerms, PolicyObjective
+    from rl_algos.packing import PackedRows, RowSplit, pack_rows, token_budget_groups
     from rl_algos.ppo import LLMPPO, PPOConfig
     from rl_algos.presets import (
         PRESETS,
@@ -72,11 +73,13 @@ _LAZY: dict[str, tuple[str, str]] = {
     "MicroBatch": ("rl_algos.batch", "MicroBatch"),
     "Normalizers": ("rl_algos.batch", "Normalizers"),
     "PPOConfig": ("rl_algos.ppo", "PPOConfig"),
+    "PackedRows": ("rl_algos.packing", "PackedRows"),
     "PRESETS": ("rl_algos.presets", "PRESETS"),
     "PolicyObjective": ("rl_algos.objectives", "PolicyObjective"),
     "Preset": ("rl_algos.presets", "Preset"),
     "REINFORCEConfig": ("rl_algos.reinforce", "REINFORCEConfig"),
     "RLParameter": ("rl_algos.config", "RLParameter"),
+    "RowSplit": ("rl_algos.packing", "RowSplit"),
     "Scorer": ("rl_algos.scoring", "Scorer"),
     "Scores": ("rl_algos.batch", "Scores"),
     "StepResult": ("rl_algos.learner", "StepResult"),
@@ -85,11 +88,13 @@ _LAZY: dict[str, tuple[str, str]] = {
     "dr_grpo": ("rl_algos.presets", "dr_grpo"),
     "get_preset": ("rl_algos.presets", "get_preset"),
     "make_agent": ("rl_algos.presets", "make_agent"),
+    "pack_rows": ("rl_algos.packing", "pack_rows"),
     "parse_experiences": ("rl_algos.batch", "parse_experiences"),
     "reinforce_pp": ("rl_algos.presets", "reinforce_pp"),
     "rloo": ("rl_algos.presets", "rloo_agent"),
     "rloo_agent": ("rl_algos.presets", "rloo_agent"),
     "save_llm_checkpoint": ("rl_algos.checkpoint", "save_llm_checkpoint"),
+    "token_budget_groups": ("rl_algos.packing", "token_budget_groups"),
 }
 
 __version__: str = _version("rl-algos")
@@ -119,10 +124,12 @@ __all__ = [
     "MicroBatch",
     "Normalizers",
     "PPOConfig",
+    "PackedRows",
     "PolicyObjective",
     "Preset",
     "REINFORCEConfig",
     "RLParameter",
+    "RowSplit",
     "Scorer",
     "Scores",
     "StepResult",
@@ -132,11 +139,13 @@ __all__ = [
     "dr_grpo",
     "get_preset",
     "make_agent",
+    "pack_rows",
     "parse_experiences",
     "reinforce_pp",
     "rloo",
     "rloo_agent",
     "save_llm_checkpoint",
+    "token_budget_groups",
 ]
 
 

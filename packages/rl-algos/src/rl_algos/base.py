@@ -52,6 +52,7 @@ from rl_algos.generation import (
 )
 from rl_algos.learner import Learner, StepResult, broadcast_module, summarize
 from rl_algos.objectives import LossTerms, PolicyObjective, fused_objective_loss, policy_loss
+from rl_algos.packing import RowSplit, split_rows
 from rl_algos.scoring import Scorer, score_batch
 
 __all__ = ["AgentParts", "Batch", "LLMAlgorithm"]
@@ -64,7 +65,6 @@ _IGNORED = {
     "torch_compiler": "use rl-kernels' compile option",
     "reduce_memory_peak": "deprecated upstream",
     "use_memory_efficient_params": "only meaningful for colocated vLLM offload",
-    "use_sequence_packing": "not implemented",
     "cast_logprobs_to_fp32": "log-probs are always reduced in fp32",
     "action_granularity": "use advantage_granularity",
 }
@@ -284,12 +284,10 @@ class LLMAlgorithm:
     @property
     def scorer(self) -> Scorer:
         """How this agent scores tokens now (its policy, temperature and ZeRO stage)."""
-        return Scorer(
-            self.policy,
-            self.config.temperature,
-            self.config.fused_logprobs_chunk_rows,
-            self.learner.zero_stage,
-        )
+        cfg = self.config
+        split = RowSplit(micro_batch_tokens=cfg.micro_batch_tokens)
+        chunk, packing = cfg.fused_logprobs_chunk_rows, cfg.use_sequence_packing
+        return Scorer(self.policy, cfg.temperature, chunk, self.learner.zero_stage, packing, split)
 
     def _deepspeed(self) -> Any:
         """The DeepSpeed engine, built on first use (get_action, learn, checkpoints); or None."""
@@ -374,8 +372,9 @@ class LLMAlgorithm:
         parts; 3. score old (and reference) log-probs; 4. estimate advantages; 5. correct for
         a sampler/trainer mismatch (when ``sampling_logps`` are given); 6. update:
         ``update_epochs`` passes in shuffled minibatches of ``batch_size`` rows, each one
-        learner step accumulated over micro-batches of ``micro_batch_size_per_gpu`` rows
-        with global normalisers (the summed micro-batch losses equal the minibatch loss).
+        learner step accumulated over micro-batches (``micro_batch_size_per_gpu`` rows,
+        ``micro_batch_tokens`` tokens) with global normalisers (the summed micro-batch
+        losses equal the minibatch loss).
         Phase 3 skips the old log-probs when the update is :meth:`on_policy` (one epoch of
         one minibatch) and the parts do not read them: they are the loss's own, detached
         (ratio 1, as TRL's GRPO with ``num_iterations == 1``), and a mismatch correction
@@ -452,12 +451,10 @@ class LLMAlgorithm:
     def micro_batches(
         self, batch: Batch, scores: Scores | None, estimates: Estimates, rows: torch.Tensor
     ) -> list[MicroBatch]:
-        """``rows`` split into micro-batches of ``micro_batch_size_per_gpu``."""
-        size = self.config.micro_batch_size_per_gpu or len(rows)
-        return [
-            MicroBatch.select(batch, scores, estimates, rows[s : s + size])
-            for s in range(0, len(rows), size)
-        ]
+        """``rows`` in micro-batches (:func:`rl_algos.packing.split_rows`)."""
+        split = RowSplit(self.config.micro_batch_size_per_gpu, self.config.micro_batch_tokens)
+        groups = split_rows(rows, batch.attention_mask, split)
+        return [MicroBatch.select(batch, scores, estimates, g) for g in groups]
 
     def _update(
         self, batch: Batch, scores: Scores, estimates: Estimates, parts: AgentParts

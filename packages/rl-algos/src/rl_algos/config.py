@@ -195,6 +195,14 @@ class AgentConfig:
     """Min-p sampling (0: off)."""
     micro_batch_size_per_gpu: int | None = None
     """Rows per forward/backward (None: the whole minibatch)."""
+    micro_batch_tokens: int | None = None
+    """Real tokens (prompt + completion) per forward, rows packed into balanced micro-batches
+    (``rl_algos.packing.token_budget_groups``), also in the no-grad scoring passes; None: no
+    budget. A row longer than the budget raises. With ``micro_batch_size_per_gpu`` both limits
+    hold."""
+    use_sequence_packing: bool = False
+    """Run each forward's rows as one packed sequence (no padding; per-row positions and
+    attention, ``rl_algos.packing``). Same loss and gradients as padded, to float rounding."""
     max_output_tokens: int | None = None
     """Generated tokens per completion (None: half of ``max_model_len``)."""
     min_output_tokens: int = 0
@@ -246,6 +254,12 @@ class AgentConfig:
         mb = self.micro_batch_size_per_gpu
         if mb is not None and mb < 1:
             raise ValueError(f"`micro_batch_size_per_gpu` must be >= 1, got {mb}")
+        budget = self.micro_batch_tokens
+        if budget is not None and (isinstance(budget, bool) or budget < 1):
+            raise ValueError(
+                f"`micro_batch_tokens` must be None or an int >= 1 (tokens per micro-batch, at "
+                f"least the longest row), got {budget!r}"
+            )
         if self.lr < 0 or self.beta < 0:
             raise ValueError(f"`lr` and `beta` must be >= 0, got lr={self.lr}, beta={self.beta}")
         if self.temperature <= 0:

@@ -38,6 +38,7 @@ from rl_algos.distributed import deepspeed_plugin
 from rl_algos.generation import generate_actions, prompt_ids
 from rl_algos.learner import broadcast_module, summarize
 from rl_algos.objectives import LossTerms
+from rl_algos.packing import RowSplit
 from rl_algos.scoring import Scorer
 
 __all__ = ["ILQL", "ILQLConfig", "pack_actions", "shape_rewards"]
@@ -287,7 +288,10 @@ class ILQL(LLMAlgorithm):
     @property
     def scorer(self) -> Scorer:
         """The behaviour LM's log-probs at temperature 1 (the AWAC term's)."""
-        return Scorer(self.policy, 1.0, self.config.fused_logprobs_chunk_rows)
+        cfg = self.config
+        split = RowSplit(micro_batch_tokens=cfg.micro_batch_tokens)
+        chunk, packing = cfg.fused_logprobs_chunk_rows, cfg.use_sequence_packing
+        return Scorer(self.policy, 1.0, chunk, 0, packing, split)
 
     # -- data ------------------------------------------------------------------------------------
 

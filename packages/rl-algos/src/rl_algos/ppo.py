@@ -115,19 +115,22 @@ class LLMPPO(LLMAlgorithm):
     def _turn_values(
         self, ids: torch.Tensor, attn: torch.Tensor, turn_ids: torch.Tensor, K: int
     ) -> torch.Tensor:
-        if self.config.critic_mode == "shared":
-            head = self.policy.value_head
-            assert head is not None
-            values = head(self.policy.hidden_states(ids, attn))[:, :-1]
-        else:
-            values = self.policy.values(ids, attn)[:, :-1]
+        """[M, K] turn values of rows ``ids`` [M, L] (``turn_ids`` [M, T], shifted by one)."""
+        head = self.policy.value_head
+        if head is None:
+            raise ValueError("LLMPPO's policy has no value head")
+        role = "actor" if self.config.critic_mode == "shared" else "critic"
+        values = head(self.scorer.hidden_states(ids, attn, role))  # packed or padded
         return turn_values(values, turn_ids, K, self.config.turn_value_reduction)
 
     def _estimate(self, batch: Batch, scores: Scores) -> Estimates:
         del scores
         cfg = self.config
         turn_ids, turn_mask, r = turn_layout(batch)
-        v_old = self._turn_values(batch.input_ids, batch.attention_mask, turn_ids, r.shape[1])
+        v_old = r.new_zeros(r.shape)
+        for rows in self.scorer.row_groups(batch.attention_mask):  # the token budget
+            ids, attn = batch.input_ids[rows], batch.attention_mask[rows]
+            v_old[rows] = self._turn_values(ids, attn, turn_ids[rows], r.shape[1]).to(r.dtype)
         return gae_advantages(
             batch, v_old, turn_ids, turn_mask, r, cfg.gamma, cfg.gae_lambda, cfg.whiten_advantages
         )

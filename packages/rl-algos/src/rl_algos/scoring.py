@@ -9,7 +9,7 @@ are empty or not finite.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -17,6 +17,7 @@ from rl_kernels import fused_logprobs
 
 from rl_algos.batch import Batch, Scores
 from rl_algos.distributed import gathered
+from rl_algos.packing import RowSplit, packed_hidden_states, split_rows
 
 __all__ = ["Scorer", "score_batch"]
 
@@ -33,13 +34,28 @@ class Scorer:
     """Rows per chunk of the fused head (None: rl-kernels' memory-budget choice)."""
     zero_stage: int = 0
     """DeepSpeed ZeRO stage (3: the head is partitioned and gathered per call)."""
+    packing: bool = False
+    """Run the rows of each forward as one packed sequence (:mod:`rl_algos.packing`)."""
+    split: RowSplit = field(default_factory=RowSplit)
+    """How the no-grad passes (:func:`score_batch`, critic values) cut the batch."""
 
     def hidden_states(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, role: str = "actor"
     ) -> torch.Tensor:
-        """[N, T, H] hidden states of positions 0..L-2 (each predicts the next token)."""
+        """[N, T, H] hidden states of positions 0..L-2 (each predicts the next token).
+
+        Shifted by one: position ``t`` predicts token ``t + 1``. Packed (:attr:`packing`):
+        computed as one ``[1, S]`` sequence and scattered back (zeros on the padding).
+        """
+        if self.packing:
+            return packed_hidden_states(self.policy, input_ids, attention_mask, role)[:, :-1]
         hidden: torch.Tensor = self.policy.hidden_states(input_ids, attention_mask, role=role)
         return hidden[:, :-1]
+
+    def row_groups(self, attention_mask: torch.Tensor) -> list[torch.Tensor]:
+        """The rows of a batch (``attention_mask`` [N, L]) in no-grad forwards (:attr:`split`)."""
+        rows = torch.arange(attention_mask.shape[0], device=attention_mask.device)
+        return split_rows(rows, attention_mask, self.split)
 
     def head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``([V, H], [V] or None)``: the output projection for the fused kernels.
@@ -135,13 +151,21 @@ def score_batch(
     """The batch's :class:`Scores` (no grad).
 
     The actor's log-probs unless ``with_old`` is False (an on-policy update, see
-    :attr:`Scores.old_logprobs`), and the reference's when ``with_reference``.
+    :attr:`Scores.old_logprobs`), and the reference's when ``with_reference``. The rows run in
+    the forwards of :meth:`Scorer.row_groups` (all at once without a token budget).
     """
+    groups = scorer.row_groups(batch.attention_mask)
+
+    def score(role: str) -> torch.Tensor:
+        out = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
+        for rows in groups:
+            ids, attn, mask = batch.input_ids[rows], batch.attention_mask[rows], batch.mask[rows]
+            out[rows] = scorer.logprobs(ids, attn, mask, role)
+        return out
+
     with torch.no_grad():
-        old = None
-        if with_old:
-            old = scorer.logprobs(batch.input_ids, batch.attention_mask, batch.mask)
+        old = score("actor") if with_old else None
         ref = None
         if with_reference and "reference" in scorer.policy.roles:
-            ref = scorer.logprobs(batch.input_ids, batch.attention_mask, batch.mask, "reference")
+            ref = score("reference")
     return Scores(old, ref)
