@@ -49,12 +49,15 @@ def main() -> None:
         rows = slice(rank * prompts_per_rank, (rank + 1) * prompts_per_rank)
         hook = None
         if inject_nan and step == 1 and rank == 1:
-            # NaN from the 4th forward on: old and reference log-probs and the first
+            # NaN from the forward after the scoring passes and the first micro-batch: the
+            # reference (and, unless the update is on-policy, old) log-probs and the first
             # micro-batch are finite (its gradient is accumulated), the second is NaN
+            batch = agent.parse((ids[rows], masks[rows], rewards[rows]))
+            scores_old = agent.parts(batch).needs_old_logprobs or not agent.on_policy(batch)
             hook = (
                 agent.policy.causal_lm.get_decoder()
                 .layers[0]
-                .register_forward_hook(poison_after(3))
+                .register_forward_hook(poison_after(3 if scores_old else 2))
             )
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")

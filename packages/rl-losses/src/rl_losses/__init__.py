@@ -37,11 +37,10 @@ from rl_losses.policy import (
     gmpo_loss,
     gspo_loss,
     kl_cov_loss,
-    luspo_loss,
     reinforce_loss,
     sapo_loss,
-    vespo_loss,
 )
+from rl_losses.policy_sequence import luspo_loss, vespo_loss
 from rl_losses.registry import available_policy_losses, get_policy_loss, register_policy_loss
 from rl_losses.units import Level, Pooling, to_units
 from rl_losses.value import value_loss

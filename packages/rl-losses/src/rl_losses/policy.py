@@ -8,9 +8,9 @@ Optional ``is_weights`` [N, T] (from :func:`rl_losses.rollout_correction`) multi
 per-unit loss, detached. Losses are to be minimised.
 
 The PPO clip family, REINFORCE, GSPO and CISPO are defined here; SAPO, GMPO, Clip-Cov and
-KL-Cov live in :mod:`rl_losses.policy_variants`, LUSPO and VESPO in
-:mod:`rl_losses.policy_sequence`, and are re-exported, so every objective can be imported from
-this module. The shared helpers are in ``rl_losses._policy_common``.
+KL-Cov live in :mod:`rl_losses.policy_variants` (re-exported here); LUSPO and VESPO, which build
+on GSPO, in :mod:`rl_losses.policy_sequence`. Every objective can be imported from
+``rl_losses``. The shared helpers are in ``rl_losses._policy_common``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from rl_losses._policy_common import (
 )
 from rl_losses.aggregate import Aggregation
 from rl_losses.outputs import PolicyLossOutput
-from rl_losses.policy_sequence import luspo_loss, vespo_loss
 from rl_losses.policy_variants import clip_cov_loss, gmpo_loss, kl_cov_loss, sapo_loss
 from rl_losses.units import Level, Pooling, to_units
 
@@ -41,10 +40,8 @@ __all__ = [
     "gmpo_loss",
     "gspo_loss",
     "kl_cov_loss",
-    "luspo_loss",
     "reinforce_loss",
     "sapo_loss",
-    "vespo_loss",
 ]
 
 

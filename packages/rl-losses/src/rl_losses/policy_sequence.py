@@ -15,6 +15,7 @@ from rl_losses._checks import zero_fill
 from rl_losses._policy_common import _finish, _prepare
 from rl_losses.aggregate import Aggregation
 from rl_losses.outputs import PolicyLossOutput
+from rl_losses.policy import gspo_loss
 from rl_losses.units import to_units
 
 __all__ = ["luspo_loss", "vespo_loss"]
@@ -78,8 +79,6 @@ def luspo_loss(
     Returns:
         :class:`PolicyLossOutput` (diagnostics over tokens).
     """
-    from rl_losses.policy import gspo_loss  # policy imports this module
-
     return gspo_loss(
         logprobs,
         old_logprobs,

@@ -12,11 +12,10 @@ from rl_losses.policy import (
     gmpo_loss,
     gspo_loss,
     kl_cov_loss,
-    luspo_loss,
     reinforce_loss,
     sapo_loss,
-    vespo_loss,
 )
+from rl_losses.policy_sequence import luspo_loss, vespo_loss
 
 __all__ = ["available_policy_losses", "get_policy_loss", "register_policy_loss"]
 
