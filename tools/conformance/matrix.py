@@ -14,8 +14,6 @@ in ``DIFFERS``: compared where the documented cause is absent, to show it is the
 
 from __future__ import annotations
 
-from typing import Any
-
 PEERS = ("verl", "openrlhf", "trl", "liger", "agilerl")
 PEER_LABELS = {
     "verl": "verl 0.9.1",
@@ -581,31 +579,4 @@ def missing(module: str, public: list[str]) -> list[str]:
         row = MATRIX.get(f"{module}.{name}")
         if row is None or set(row) != set(PEERS):
             out.append(name)
-    return out
-
-
-STATUSES = frozenset({"equal", "args", "design", "none"})
-
-
-def problems(module: Any) -> list[str]:
-    """What is wrong with ``module``'s rows (an imported package such as ``rl_losses``).
-
-    Its public names missing from :data:`MATRIX` (neither exempt nor a complete row), rows of
-    names it does not export, and malformed cells (unknown status, empty text, cases on a
-    "none" cell). Empty when all is well; each package's tests assert that.
-    """
-    name = module.__name__
-    out = [
-        f"{n}: add a row per peer to tools/conformance/matrix.py (MATRIX), or list it in EXEMPT"
-        for n in missing(name, list(module.__all__))
-    ]
-    rows = {k: v for k, v in MATRIX.items() if k.startswith(f"{name}.")}
-    if not rows:
-        out.append(f"no rows for {name} in MATRIX")
-    for key, row in rows.items():
-        if not hasattr(module, key.split(".", 1)[1]):
-            out.append(f"{key} is in the matrix but not public")
-        for peer, (status, text, cases) in row.items():
-            if status not in STATUSES or not text.strip() or (status == "none" and cases):
-                out.append(f"{key} / {peer}: malformed cell ({status!r}, {text!r}, {cases!r})")
     return out
