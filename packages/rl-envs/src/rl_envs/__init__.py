@@ -2,7 +2,8 @@
 
 :class:`ReasoningGym` (question/answer datasets, single turn), :class:`TokenObservationWrapper`
 and :class:`SyncMultiTurnVecEnv` (multi-turn text environments), built-in tasks generated
-locally (:mod:`rl_envs.tasks`) and reward helpers (:mod:`rl_envs.rewards`).
+locally (:mod:`rl_envs.tasks`), reward helpers (:mod:`rl_envs.rewards`) and the AgileRL, TRL and
+verl reward-function conventions (:mod:`rl_envs.reward_functions`).
 """
 
 from importlib import import_module
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
         TrajectoryBatch,
     )
     from rl_envs.reasoning import PromptBatch, ReasoningGym, RewardFunctionError, render_prompt
+    from rl_envs.reward_functions import detect_reward_style, verl_reward
 
 # Public name -> (submodule, attribute): loaded on first access (PEP 562), so importing the
 # package (or a light submodule of it) does not import torch or the model libraries.
@@ -30,7 +32,9 @@ _LAZY: dict[str, tuple[str, str]] = {
     "TokenObservationWrapper": ("rl_envs.multiturn", "TokenObservationWrapper"),
     "Trajectory": ("rl_envs.multiturn", "Trajectory"),
     "TrajectoryBatch": ("rl_envs.multiturn", "TrajectoryBatch"),
+    "detect_reward_style": ("rl_envs.reward_functions", "detect_reward_style"),
     "render_prompt": ("rl_envs.reasoning", "render_prompt"),
+    "verl_reward": ("rl_envs.reward_functions", "verl_reward"),
 }
 
 __version__: str = _version("rl-envs")
@@ -45,7 +49,9 @@ __all__ = [
     "Trajectory",
     "TrajectoryBatch",
     "__version__",
+    "detect_reward_style",
     "render_prompt",
+    "verl_reward",
 ]
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import numbers
 import random
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -13,15 +11,24 @@ from typing import Any
 
 import torch
 
-from rl_envs.templates import Message, _template_parts, _unknown_placeholders, _where, render_prompt
+from rl_envs.reward_functions import (
+    RewardFunctionError,
+    RewardSamples,
+    resolve_reward_styles,
+    score_samples,
+)
+from rl_envs.templates import (
+    Message,
+    _template_parts,
+    _unknown_placeholders,
+    _where,
+    render_dataset_prompt,
+    render_prompt,
+)
 
 __all__ = ["PromptBatch", "ReasoningGym", "RewardFunctionError", "render_prompt"]
 
-RewardFn = Callable[[str, str, str], float]
-
-
-class RewardFunctionError(RuntimeError):
-    """A reward function raised; the message names the sample and shows its text."""
+RewardFn = Callable[..., Any]
 
 
 class PromptBatch(list[dict[str, Any]]):
@@ -87,24 +94,42 @@ class _Split:
 
 
 class ReasoningGym:
-    """A question/answer dataset as a batched single-turn environment (AgileRL's API).
+    """A prompt dataset as a batched single-turn environment (AgileRL's API, TRL's data).
 
     ``reset()`` returns a :class:`PromptBatch` of ``data_batch_size_per_gpu`` prompts;
-    ``step(completions)`` scores the completions of exactly that batch with
-    ``reward_fn(completion, answer, question)`` and returns ``(next_batch, rewards [B, G])``.
-    Inside ``with env.eval_mode():`` the same calls run over the test split, and the training
-    state (the pending batch, the cursor, the epoch) is untouched.
+    ``step(completions)`` scores the completions of exactly that batch with the reward
+    functions and returns ``(next_batch, rewards [B, G])``. Inside ``with env.eval_mode():``
+    the same calls run over the test split, and the training state (the pending batch, the
+    cursor, the epoch) is untouched.
+
+    Two kinds of data:
+
+    * **question/answer** (AgileRL; ``conversation_template`` given): each row's question is
+      rendered with the template;
+    * **prompt** (TRL; ``conversation_template=None``): the ``prompt_column`` holds the prompt,
+      plain text (used as is) or a list of ``{"role", "content"}`` messages (rendered with the
+      tokenizer's chat template, with the generation prompt). Every other column reaches the
+      reward functions; an answer column is optional.
+
+    Reward functions follow one of three conventions (:mod:`rl_envs.reward_functions`),
+    detected from the signature or named by ``reward_style``: AgileRL's
+    ``(completion, answer, question) -> float`` per sample; TRL's batched
+    ``(prompts, completions, completion_ids, **columns) -> list[float | None]`` (``None``:
+    left out of the weighted sum; ``async def`` functions run concurrently); verl's
+    ``compute_score(data_source, solution_str, ground_truth, extra_info)``.
 
     Args:
-        train_dataset: A ``datasets.Dataset`` with question and answer columns.
+        train_dataset: A ``datasets.Dataset`` with question and answer columns, or a prompt
+            column (with ``conversation_template=None``).
         test_dataset: The evaluation split (same columns).
         tokenizer: Renders the prompts (chat template if it has one) and decodes completions.
-        reward_fn: ``(completion, answer, question) -> float``, or a list of them.
+        reward_fn: A reward function, or a list of them.
         conversation_template: Messages ``[{"role", "content"}]``; ``{question}`` (the
             question column) or any other column name in braces, except the answer column, is
             replaced by the row's value. Every placeholder must name such a column of both
             datasets (checked here); ``{{`` and ``}}`` are literal braces, and brace groups that
-            are not names (JSON objects, LaTeX ``{1}``, ``{}``) stay as they are.
+            are not names (JSON objects, LaTeX ``{1}``, ``{}``) stay as they are. None: the
+            datasets hold ready prompts in ``prompt_column``.
         data_batch_size_per_gpu: Prompts per batch on each process.
         max_context_length: Drop prompts longer than this many tokens (with a warning).
         return_raw_completions: Also keep the decoded completions in
@@ -116,9 +141,13 @@ class ReasoningGym:
         question_column: Name of the question column.
         answer_column: Name of the answer column.
         reward_weights: One weight per reward function (default 1.0 each); the reward is
-            their weighted sum.
+            their weighted sum over the functions that did not return ``None`` (0 when all
+            did, with a warning).
         completions_include_prompt: Token completions passed to :meth:`step` start with the
             prompt's ids (AgileRL's ``get_action`` output), which are cut off before decoding.
+        reward_style: ``None``/``"auto"`` (read each function's signature), ``"agilerl"``,
+            ``"trl"`` or ``"verl"``, or a list with one per function.
+        prompt_column: The prompt column of prompt data (``conversation_template=None``).
 
     Raises:
         ValueError: An argument is invalid, e.g. a dataset lacks the question or answer
@@ -132,7 +161,7 @@ class ReasoningGym:
         test_dataset: Any,
         tokenizer: Any,
         reward_fn: RewardFn | Sequence[RewardFn],
-        conversation_template: Sequence[Message],
+        conversation_template: Sequence[Message] | None = None,
         data_batch_size_per_gpu: int = 8,
         max_context_length: int | None = None,
         return_raw_completions: bool = False,
@@ -144,6 +173,8 @@ class ReasoningGym:
         answer_column: str = "answer",
         reward_weights: Sequence[float] | None = None,
         completions_include_prompt: bool = True,
+        reward_style: str | Sequence[str] | None = None,
+        prompt_column: str = "prompt",
     ) -> None:
         if data_batch_size_per_gpu < 1:
             raise ValueError(
@@ -157,27 +188,17 @@ class ReasoningGym:
             raise ValueError(
                 f"`reward_weights` has {len(weights)} entries for {len(fns)} reward functions"
             )
-        if not conversation_template or not all(
-            isinstance(m, dict) and {"role", "content"} <= set(m) for m in conversation_template
-        ):
-            raise ValueError(
-                "`conversation_template` must be a non-empty list of {'role', 'content'} dicts, "
-                "e.g. [{'role': 'user', 'content': 'Q: {question}\\nA:'}]"
-            )
-        shown = [
-            name
-            for index, m in enumerate(conversation_template)
-            for _, name in _template_parts(str(m["content"]), {answer_column}, _where(index, m))
-        ]
-        if answer_column in shown:
-            raise ValueError(
-                f"`conversation_template` contains {{{answer_column}}}: the prompt would show "
-                "the answer"
-            )
+        self.reward_style = reward_style
+        self._styles = resolve_reward_styles(fns, reward_style)
+        if conversation_template is not None:
+            _check_template(conversation_template, answer_column)
         self.tokenizer = tokenizer
         self.reward_fns = fns
         self.reward_weights = weights
-        self.conversation_template = [dict(m) for m in conversation_template]
+        self.prompt_column = prompt_column
+        self.conversation_template = (
+            None if conversation_template is None else [dict(m) for m in conversation_template]
+        )
         self.data_batch_size_per_gpu = data_batch_size_per_gpu
         self.max_context_length = max_context_length
         self.return_raw_completions = return_raw_completions
@@ -203,38 +224,72 @@ class ReasoningGym:
 
     # -- data ----------------------------------------------------------------------------------
 
+    def _check_columns(self, name: str, columns: list[str]) -> None:
+        if self.conversation_template is not None:
+            missing = [c for c in (self.question_column, self.answer_column) if c not in columns]
+            if missing:
+                raise ValueError(
+                    f"the {name} dataset lacks the column(s) {missing}; its columns are "
+                    f"{columns}. Rename them (Dataset.rename_column) or pass "
+                    "question_column/answer_column; for TRL-style data with a prompt column, "
+                    "pass conversation_template=None"
+                )
+            self._check_placeholders(name, columns)
+            return
+        if self.prompt_column not in columns:
+            raise ValueError(
+                f"the {name} dataset has no {self.prompt_column!r} column; its columns are "
+                f"{columns}. Pass prompt_column= naming the prompt column, or "
+                "conversation_template=[...] for question/answer data"
+            )
+        if self.answer_column not in columns:
+            for fn, style in zip(self.reward_fns, self._styles, strict=True):
+                if style == "agilerl":
+                    raise ValueError(
+                        f"reward function {getattr(fn, '__name__', fn)!r} takes AgileRL's "
+                        f"(completion, answer, question) but the {name} dataset has no "
+                        f"{self.answer_column!r} column (columns: {columns}): write it "
+                        "TRL-style, reward(completions, **columns) -> list[float | None], or "
+                        "pass answer_column="
+                    )
+
+    def _row(self, name: str, index: int, row: dict[str, Any]) -> dict[str, Any]:
+        """One dataset row as the environment keeps it (prompt text and reward inputs)."""
+        if self.conversation_template is None:
+            prompt = row[self.prompt_column]
+            text = render_dataset_prompt(
+                self.tokenizer, prompt, f"row {index} of the {name} dataset"
+            )
+            if self.question_column in row:
+                question = str(row[self.question_column])
+            else:
+                question = prompt if isinstance(prompt, str) else str(prompt[-1]["content"])
+            answer = str(row[self.answer_column]) if self.answer_column in row else ""
+            columns = {k: v for k, v in row.items() if k != self.prompt_column}
+            return {"prompt": prompt, "text": text, "question": question, "answer": answer,
+                    "columns": columns}  # fmt: skip
+        context = {k: v for k, v in row.items() if k != self.answer_column}
+        context["question"] = row[self.question_column]
+        text = render_prompt(self.tokenizer, self.conversation_template, context)
+        return {"prompt": text, "text": text, "question": str(row[self.question_column]),
+                "answer": str(row[self.answer_column]), "columns": dict(row)}  # fmt: skip
+
     def _make_split(self, name: str, dataset: Any, *, shuffle: bool, drop_last: bool) -> _Split:
         columns = list(getattr(dataset, "column_names", None) or [])
-        missing = [c for c in (self.question_column, self.answer_column) if c not in columns]
-        if missing:
-            raise ValueError(
-                f"the {name} dataset lacks the column(s) {missing}; its columns are {columns}. "
-                "Rename them (Dataset.rename_column) or pass question_column/answer_column"
-            )
+        self._check_columns(name, columns)
         if len(dataset) == 0:
             raise ValueError(f"the {name} dataset is empty")
-        self._check_placeholders(name, columns)
         rows: list[dict[str, Any]] = []
         dropped = 0
         for index, row in enumerate(dataset):
             if index % self.num_processes != self.process_index:
                 continue
-            context = {k: v for k, v in row.items() if k != self.answer_column}
-            context["question"] = row[self.question_column]
-            text = render_prompt(self.tokenizer, self.conversation_template, context)
-            ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            kept = self._row(name, index, row)
+            ids = list(self.tokenizer(kept["text"], add_special_tokens=False)["input_ids"])
             if self.max_context_length is not None and len(ids) > self.max_context_length:
                 dropped += 1
                 continue
-            rows.append(
-                {
-                    "ids": ids,
-                    "text": text,
-                    "question": str(row[self.question_column]),
-                    "answer": str(row[self.answer_column]),
-                    "index": index,
-                }
-            )
+            rows.append({"ids": ids, "index": index, **kept})
         if dropped:
             warnings.warn(
                 f"{dropped} {name} prompt(s) longer than max_context_length="
@@ -255,6 +310,7 @@ class ReasoningGym:
 
     def _check_placeholders(self, name: str, columns: list[str]) -> None:
         """Every ``{placeholder}`` of the template must be filled from this split's rows."""
+        assert self.conversation_template is not None
         # what _make_split renders with: the columns but the answer, and the question as
         # ``question`` whatever its column is called
         available = sorted((set(columns) - {self.answer_column}) | {"question"})
@@ -358,17 +414,29 @@ class ReasoningGym:
                 f"{len(batch)} prompts: pass one entry (G completions) per prompt"
             )
         entries: Sequence[Any] = completions
-        texts = [self._decode(e, prompt) for e, prompt in zip(entries, batch, strict=True)]
+        decoded = [self._decode(e, prompt) for e, prompt in zip(entries, batch, strict=True)]
+        texts = [t for t, _ in decoded]
         sizes = {len(t) for t in texts}
         if len(sizes) != 1 or 0 in sizes:
             raise ValueError(
                 f"every prompt needs the same number G >= 1 of completions, got {sorted(sizes)}"
             )
-        rewards = self._score(texts, batch)
+        rewards = self._score(texts, [i for _, i in decoded], batch)
         self.last_completions = texts
         return self._next_batch(), rewards
 
-    def _decode(self, entry: torch.Tensor | Sequence[str], prompt: dict[str, Any]) -> list[str]:
+    def _completion_ids(self, ids: list[int]) -> list[int]:
+        """Generated ids up to and including the first EOS, without trailing padding."""
+        eos, pad = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        if eos is not None and eos in ids:
+            return ids[: ids.index(eos) + 1]
+        while ids and pad is not None and ids[-1] == pad:
+            ids = ids[:-1]
+        return ids
+
+    def _decode(
+        self, entry: torch.Tensor | Sequence[str], prompt: dict[str, Any]
+    ) -> tuple[list[str], list[list[int]]]:
         if isinstance(entry, torch.Tensor):
             rows = entry if entry.dim() == 2 else entry[None]
             start = prompt["input_ids"].shape[1] if self.completions_include_prompt else 0
@@ -382,43 +450,42 @@ class ReasoningGym:
                     "completion rows do not start with their prompt's ids; pass "
                     "completions_include_prompt=False if they hold the generated tokens only"
                 )
-            return [
+            texts = [
                 str(self.tokenizer.decode(r[start:].tolist(), skip_special_tokens=True))
                 for r in rows
             ]
+            return texts, [self._completion_ids(r[start:].tolist()) for r in rows]
         if isinstance(entry, str):
             raise ValueError("each `completions` entry must be a list of G strings, not a string")
-        return [str(t) for t in entry]
+        texts = [str(t) for t in entry]
+        return texts, [
+            list(self.tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts
+        ]
 
-    def _score(self, texts: list[list[str]], batch: PromptBatch) -> torch.Tensor:
+    def _score(
+        self, texts: list[list[str]], ids: list[list[list[int]]], batch: PromptBatch
+    ) -> torch.Tensor:
+        """``[B, G]`` rewards of the batch's completions (:func:`score_samples`)."""
         B, G = len(texts), len(texts[0])
-        total = torch.zeros(B, G, dtype=torch.float32)
-        components: dict[str, torch.Tensor] = {}
-        for fn, weight in zip(self.reward_fns, self.reward_weights, strict=True):
-            name = getattr(fn, "__name__", type(fn).__name__)
-            values = torch.zeros(B, G, dtype=torch.float32)
-            for b, (group, prompt) in enumerate(zip(texts, batch, strict=True)):
-                for g, text in enumerate(group):
-                    sample = b * G + g
-                    where = f"sample {sample} (prompt {b}, completion {g})"
-                    try:
-                        value = fn(text, prompt["answer"], prompt["question"])
-                    except Exception as exc:
-                        raise RewardFunctionError(
-                            f"reward_fn {name} raised {exc!r} on {where}; completion: {text!r}"
-                        ) from exc
-                    if isinstance(value, torch.Tensor) and value.numel() == 1:
-                        value = value.item()
-                    if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-                        raise ValueError(
-                            f"reward_fn {name} returned {value!r} for {where}; it must return "
-                            f"a finite number. Completion: {text!r}"
-                        )
-                    values[b, g] = float(value)
-            components[name] = values
-            total += weight * values
-        self.last_reward_components = components
-        return total
+        split = self._splits[self._mode]
+        rows = [split.rows[i] for i in self._pending_rows[self._mode]]
+
+        def each(values: list[Any]) -> list[Any]:  # [B] -> [N], prompt-major
+            return [v for v in values for _ in range(G)]
+
+        samples = RewardSamples(
+            group_size=G,
+            prompts=each([r["prompt"] for r in rows]),
+            completions=[t for group in texts for t in group],
+            completion_ids=[i for group in ids for i in group],
+            columns={k: each([r["columns"][k] for r in rows]) for k in rows[0]["columns"]},
+            answers=each([p["answer"] for p in batch]),
+            questions=each([p["question"] for p in batch]),
+        )
+        styles = resolve_reward_styles(self.reward_fns, self.reward_style)
+        scores = score_samples(self.reward_fns, self.reward_weights, styles, samples)
+        self.last_reward_components = {k: v.reshape(B, G) for k, v in scores.components.items()}
+        return scores.total.reshape(B, G)
 
     def state_dict(self) -> dict[str, Any]:
         """The iteration state (cursors, epochs, shuffled orders, the pending batch), as JSON types.
@@ -483,3 +550,25 @@ class ReasoningGym:
     def evaluating(self) -> bool:
         """Whether :meth:`eval_mode` is active."""
         return self._mode == "test"
+
+
+def _check_template(conversation_template: Sequence[Message], answer_column: str) -> None:
+    """A question/answer template: non-empty messages that do not show the answer."""
+    if not conversation_template or not all(
+        isinstance(m, dict) and {"role", "content"} <= set(m) for m in conversation_template
+    ):
+        raise ValueError(
+            "`conversation_template` must be a non-empty list of {'role', 'content'} dicts, "
+            "e.g. [{'role': 'user', 'content': 'Q: {question}\\nA:'}]; None for a dataset "
+            "with a prompt column"
+        )
+    shown = [
+        name
+        for index, m in enumerate(conversation_template)
+        for _, name in _template_parts(str(m["content"]), {answer_column}, _where(index, m))
+    ]
+    if answer_column in shown:
+        raise ValueError(
+            f"`conversation_template` contains {{{answer_column}}}: the prompt would show "
+            "the answer"
+        )

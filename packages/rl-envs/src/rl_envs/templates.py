@@ -13,7 +13,7 @@ import string
 from collections.abc import Collection, Sequence
 from typing import Any
 
-__all__ = ["render_prompt"]
+__all__ = ["is_conversation", "render_dataset_prompt", "render_prompt"]
 
 Message = dict[str, str]
 
@@ -131,3 +131,55 @@ def render_prompt(
             tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         )
     return "\n".join(m["content"] for m in messages)
+
+
+def is_conversation(prompt: Any) -> bool:
+    """Whether ``prompt`` is a list of ``{"role", "content"}`` messages (TRL's conversational)."""
+    return (
+        isinstance(prompt, list | tuple)
+        and len(prompt) > 0
+        and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt)
+    )
+
+
+def render_dataset_prompt(tokenizer: Any, prompt: Any, where: str) -> str:
+    """The text of a TRL-style ``prompt`` value: a string as is, a conversation templated.
+
+    A conversation goes through the tokenizer's chat template with the generation prompt, or,
+    when its last message is the assistant's, continuing that message (TRL's behaviour).
+
+    Args:
+        tokenizer: A Hugging Face tokenizer.
+        prompt: A string, or a list of ``{"role", "content"}`` messages.
+        where: The row, for error messages (e.g. ``"row 3 of the train dataset"``).
+
+    Returns:
+        The prompt text.
+
+    Raises:
+        ValueError: The value is neither, or a conversation meets a tokenizer without a chat
+            template (the message says how to set one).
+    """
+    if isinstance(prompt, str):
+        return prompt
+    if not is_conversation(prompt):
+        raise ValueError(
+            f"the prompt of {where} must be a string or a list of {{'role', 'content'}} "
+            f"messages, got {type(prompt).__name__}: {str(prompt)[:80]!r}"
+        )
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"the prompt of {where} is a conversation but the tokenizer has no chat template: "
+            "set tokenizer.chat_template to a Jinja template (e.g. the model's instruct "
+            "template), or give the prompts as plain strings"
+        )
+    messages = [dict(m) for m in prompt]
+    last_is_assistant = messages[-1]["role"] == "assistant"
+    return str(
+        tokenizer.apply_chat_template(
+            messages,
+            tokenize=False,
+            add_generation_prompt=not last_is_assistant,
+            continue_final_message=last_is_assistant,
+        )
+    )

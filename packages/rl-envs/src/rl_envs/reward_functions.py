@@ -1,0 +1,488 @@
+r"""Reward functions in the three conventions users bring: AgileRL, TRL and verl.
+
+* **AgileRL** (``"agilerl"``): ``reward_fn(completion, answer, question) -> float``, called once
+  per sample with the decoded completion.
+* **TRL** (``"trl"``): ``reward_func(prompts, completions, completion_ids, **columns) ->
+  list[float | None]``, called once per step with the ``N = B*G`` samples (prompt-major) as
+  keyword arguments: ``prompts`` (each prompt repeated ``G`` times; a string, or a list of
+  ``{"role", "content"}`` messages for a conversational dataset), ``completions`` (strings, or
+  ``[{"role": "assistant", "content": text}]`` when the prompt is conversational),
+  ``completion_ids`` (the generated token ids, up to the first EOS) and every other dataset
+  column as a list of ``N`` values. ``None`` means "not applicable to this sample": it is left
+  out of the weighted sum. ``async def`` functions are run concurrently.
+* **verl** (``"verl"``): ``compute_score(data_source, solution_str, ground_truth, extra_info)
+  -> float | dict``, per sample; :func:`verl_reward` adapts it to the TRL convention
+  (``ground_truth`` from a ``reward_model`` column's ``"ground_truth"``, else a
+  ``ground_truth`` column, else ``answer``; a returned dict gives its ``"score"``).
+
+:func:`detect_reward_style` reads the style from the signature; :func:`score_samples` calls
+every function once per step (the coroutines of all ``async`` functions gathered together on
+one event loop, kept in a daemon thread, so it works from synchronous code and from inside a
+running loop alike), checks each return (an error names the function and the sample) and
+combines them:
+
+.. math::
+
+    r_n = \sum_{k:\, v_{kn} \neq \text{None}} w_k v_{kn}
+
+A sample that every function leaves ``None`` gets reward 0, with a warning (TRL does the same).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import numbers
+import os
+import threading
+import warnings
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "REWARD_STYLES",
+    "RewardFunctionError",
+    "RewardSamples",
+    "RewardScores",
+    "detect_reward_style",
+    "resolve_reward_styles",
+    "score_samples",
+    "verl_reward",
+]
+
+#: The reward-function conventions :func:`score_samples` knows.
+REWARD_STYLES = ("agilerl", "trl", "verl")
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function raised; the message names the function and the sample."""
+
+
+@dataclass(frozen=True)
+class RewardSamples:
+    """The ``N = B*G`` samples of one step, prompt-major (sample ``n`` is prompt ``n // G``)."""
+
+    group_size: int
+    """``G``, completions per prompt."""
+    prompts: list[Any]
+    """``[N]`` the prompt of each sample: a string, or the conversation (a list of messages)."""
+    completions: list[str]
+    """``[N]`` the decoded completions."""
+    completion_ids: list[list[int]]
+    """``[N]`` the generated token ids (up to and including the first EOS, no padding)."""
+    columns: dict[str, list[Any]]
+    """Every other dataset column, ``N`` values each (a prompt's value repeated ``G`` times)."""
+    answers: list[str]
+    """``[N]`` reference answers (AgileRL's ``answer``)."""
+    questions: list[str]
+    """``[N]`` questions (AgileRL's ``question``)."""
+
+    def where(self, n: int) -> str:
+        """Sample ``n`` in words, for error messages."""
+        return f"sample {n} (prompt {n // self.group_size}, completion {n % self.group_size})"
+
+
+@dataclass(frozen=True)
+class RewardScores:
+    """What :func:`score_samples` returns."""
+
+    total: torch.Tensor
+    """``[N]`` float32, the weighted sum over the functions that did not return ``None``."""
+    components: dict[str, torch.Tensor]
+    """Function name -> ``[N]`` float32 values, NaN where it returned ``None``."""
+    not_applicable: list[int]
+    """Samples every function left ``None`` (their total is 0)."""
+
+
+def _name(fn: Any) -> str:
+    return str(getattr(fn, "__name__", type(fn).__name__))
+
+
+def _parameters(fn: Any) -> tuple[set[str], bool] | None:
+    """``(named parameters, takes **kwargs)`` of ``fn``, or None if it has no signature."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    kinds = inspect.Parameter
+    names = {
+        p.name
+        for p in signature.parameters.values()
+        if p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)
+    }
+    var_kw = any(p.kind is kinds.VAR_KEYWORD for p in signature.parameters.values())
+    return names, var_kw
+
+
+def detect_reward_style(fn: Callable[..., Any]) -> str:
+    """The convention of ``fn``, read from its signature.
+
+    ``"verl"`` if it takes ``solution_str``; ``"trl"`` if it takes ``completions``, ``prompts``
+    or ``completion_ids``, or only ``**kwargs``; else ``"agilerl"`` (three positional
+    parameters, or no readable signature).
+
+    Args:
+        fn: A reward function.
+
+    Returns:
+        One of :data:`REWARD_STYLES`.
+    """
+    found = _parameters(fn)
+    if found is None:
+        return "agilerl"
+    names, var_kw = found
+    if "solution_str" in names:
+        return "verl"
+    if names & {"completions", "prompts", "completion_ids"} or (var_kw and not names):
+        return "trl"
+    return "agilerl"
+
+
+def resolve_reward_styles(
+    fns: Sequence[Callable[..., Any]], style: str | Sequence[str] | None
+) -> list[str]:
+    """One style per function: ``style`` (one for all, or one each), ``None``/``"auto"`` detected.
+
+    Args:
+        fns: The reward functions.
+        style: ``None``/``"auto"``, one of :data:`REWARD_STYLES`, or a list of them.
+
+    Returns:
+        ``len(fns)`` styles.
+
+    Raises:
+        ValueError: An unknown style, or a list of the wrong length.
+    """
+    styles = [style] * len(fns) if style is None or isinstance(style, str) else list(style)
+    if len(styles) != len(fns):
+        raise ValueError(
+            f"`reward_style` has {len(styles)} entries for {len(fns)} reward functions: give "
+            "one per function, or one string for all"
+        )
+    out = []
+    for fn, s in zip(fns, styles, strict=True):
+        if s is None or s == "auto":
+            out.append(detect_reward_style(fn))
+        elif s in REWARD_STYLES:
+            out.append(str(s))
+        else:
+            raise ValueError(
+                f"`reward_style` {s!r} for {_name(fn)} is unknown: use 'auto' or one of "
+                f"{', '.join(REWARD_STYLES)}"
+            )
+    return out
+
+
+def _accepted(fn: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments ``fn`` takes (all of them with ``**kwargs``)."""
+    found = _parameters(fn)
+    if found is None or found[1]:
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in found[0]}
+
+
+def _text(completion: Any) -> str:
+    """A completion as text: the string, or the content of its last message."""
+    if isinstance(completion, str):
+        return completion
+    return str(completion[-1]["content"])
+
+
+def _ground_truth(columns: dict[str, list[Any]], n: int, key: str | None) -> Any:
+    if key is not None:
+        if key not in columns:
+            raise ValueError(
+                f"verl_reward: no column {key!r} (columns: {sorted(columns)}); pass "
+                "ground_truth_column= naming the column with the reference answer"
+            )
+        return columns[key][n]
+    model = columns.get("reward_model")
+    if model is not None and isinstance(model[n], dict) and "ground_truth" in model[n]:
+        return model[n]["ground_truth"]
+    for name in ("ground_truth", "answer"):
+        if name in columns:
+            return columns[name][n]
+    raise ValueError(
+        "verl_reward: the dataset has no reward_model.ground_truth, ground_truth or answer "
+        f"column (columns: {sorted(columns)}); pass ground_truth_column= naming the column "
+        "with the reference answer"
+    )
+
+
+def verl_reward(
+    compute_score: Callable[..., Any], *, ground_truth_column: str | None = None
+) -> Callable[..., Any]:
+    """Adapt verl's ``compute_score`` to a batched TRL-style reward function.
+
+    ``compute_score(data_source, solution_str, ground_truth, extra_info)`` is called per
+    sample with ``data_source`` (the ``data_source`` column, or None), ``solution_str`` (the
+    completion text), ``ground_truth`` (see the module docstring, or ``ground_truth_column``)
+    and ``extra_info`` (the ``extra_info`` column, or None); only the arguments
+    ``compute_score`` takes are passed. A returned dict gives its ``"score"``. An ``async def
+    compute_score`` gives an ``async`` function whose samples run concurrently.
+
+    Args:
+        compute_score: The verl scoring function.
+        ground_truth_column: The column holding the reference answer, if not the default.
+
+    Returns:
+        ``reward(prompts, completions, completion_ids, **columns) -> list[float | None]``.
+    """
+
+    def arguments(completions: list[Any], columns: dict[str, list[Any]]) -> list[dict[str, Any]]:
+        out = []
+        for n, completion in enumerate(completions):
+            extra = columns.get("extra_info")
+            source = columns.get("data_source")
+            out.append(
+                _accepted(
+                    compute_score,
+                    {
+                        "data_source": None if source is None else source[n],
+                        "solution_str": _text(completion),
+                        "ground_truth": _ground_truth(columns, n, ground_truth_column),
+                        "extra_info": None if extra is None else extra[n],
+                    },
+                )
+            )
+        return out
+
+    def unpack(value: Any) -> Any:
+        return value["score"] if isinstance(value, dict) and "score" in value else value
+
+    if inspect.iscoroutinefunction(compute_score):
+
+        async def reward_async(completions: list[Any], **columns: Any) -> list[Any]:
+            columns.pop("prompts", None)
+            columns.pop("completion_ids", None)
+            calls = [compute_score(**a) for a in arguments(completions, columns)]
+            return [unpack(v) for v in await asyncio.gather(*calls)]
+
+        reward_async.__name__ = _name(compute_score)
+        return reward_async
+
+    def reward(completions: list[Any], **columns: Any) -> list[Any]:
+        columns.pop("prompts", None)
+        columns.pop("completion_ids", None)
+        return [unpack(compute_score(**a)) for a in arguments(completions, columns)]
+
+    reward.__name__ = _name(compute_score)
+    return reward
+
+
+# -- one event loop for every async reward function --------------------------------------------
+
+_LOOP_LOCK = threading.Lock()
+_LOOPS: dict[int, asyncio.AbstractEventLoop] = {}  # process id -> its loop
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """The shared loop, running in a daemon thread (started on first use, again after a fork)."""
+    with _LOOP_LOCK:
+        pid = os.getpid()
+        if pid not in _LOOPS:
+            _LOOPS.clear()  # a forked child: the parent's loop thread did not come along
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="rl-envs-rewards", daemon=True).start()
+            _LOOPS[pid] = loop
+        return _LOOPS[pid]
+
+
+def _gather(awaitables: list[Awaitable[Any]]) -> list[Any]:
+    """Run ``awaitables`` concurrently on the shared loop; results or exceptions, in order."""
+
+    async def run() -> list[Any]:
+        return list(await asyncio.gather(*awaitables, return_exceptions=True))
+
+    return asyncio.run_coroutine_threadsafe(run(), _event_loop()).result()
+
+
+# -- calling and checking -------------------------------------------------------------------------
+
+
+def _number(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    return value
+
+
+def _check_agilerl(name: str, value: Any, samples: RewardSamples, n: int) -> float:
+    value = _number(value)
+    if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise ValueError(
+            f"reward_fn {name} returned {value!r} for {samples.where(n)}; it must return a "
+            f"finite number. Completion: {samples.completions[n]!r}"
+        )
+    return float(value)
+
+
+def _check_batch(name: str, out: Any, samples: RewardSamples) -> list[float | None]:
+    total = len(samples.completions)
+    if hasattr(out, "tolist") and not isinstance(out, list):  # a tensor or a numpy array
+        out = out.tolist()
+    if isinstance(out, str | bytes | dict) or not isinstance(out, Sequence):
+        raise ValueError(
+            f"reward function {name} returned a {type(out).__name__}; it must return a list "
+            f"of {total} floats (None where it does not apply), one per completion"
+        )
+    if len(out) != total:
+        groups = total // samples.group_size
+        raise ValueError(
+            f"reward function {name} returned {len(out)} values for {total} samples ({groups} "
+            f"prompts x {samples.group_size} completions); return one per completion"
+        )
+    values: list[float | None] = []
+    for n, raw in enumerate(out):
+        value = _number(raw)
+        if value is None:
+            values.append(None)
+            continue
+        if not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+            raise ValueError(
+                f"reward function {name} returned {value!r} for {samples.where(n)}; each "
+                f"value must be a finite number or None. Completion: {samples.completions[n]!r}"
+            )
+        values.append(float(value))
+    return values
+
+
+def _batch_kwargs(samples: RewardSamples) -> dict[str, Any]:
+    conversational = [not isinstance(p, str) for p in samples.prompts]
+    completions = [
+        [{"role": "assistant", "content": text}] if conv else text
+        for text, conv in zip(samples.completions, conversational, strict=True)
+    ]
+    kwargs: dict[str, Any] = dict(samples.columns)
+    kwargs.update(
+        prompts=list(samples.prompts),
+        completions=completions,
+        completion_ids=[list(ids) for ids in samples.completion_ids],
+    )
+    return kwargs
+
+
+def _raised(name: str, exc: BaseException, samples: RewardSamples, n: int | None) -> Exception:
+    if n is None:
+        return RewardFunctionError(
+            f"reward function {name} raised {exc!r} on the batch of "
+            f"{len(samples.completions)} samples"
+        )
+    return RewardFunctionError(
+        f"reward_fn {name} raised {exc!r} on {samples.where(n)}; completion: "
+        f"{samples.completions[n]!r}"
+    )
+
+
+def score_samples(
+    fns: Sequence[Callable[..., Any]],
+    weights: Sequence[float],
+    styles: Sequence[str],
+    samples: RewardSamples,
+) -> RewardScores:
+    """Score one step's samples with every reward function and combine them.
+
+    Synchronous functions run first, in order; then the coroutines of every ``async``
+    function (all samples of a per-sample one) run concurrently on one event loop.
+
+    Args:
+        fns: The reward functions.
+        weights: One weight each.
+        styles: One of :data:`REWARD_STYLES` each (:func:`resolve_reward_styles`).
+        samples: The ``N`` samples.
+
+    Returns:
+        The :class:`RewardScores` (``total`` ``[N]``).
+
+    Raises:
+        RewardFunctionError: A function raised (the message names it, and the sample for a
+            per-sample function).
+        ValueError: A function returned a wrong value: not a list of ``N`` entries, a
+            non-number, NaN or infinity, or ``None`` from an AgileRL-style function (the
+            message names the function and the sample).
+    """
+    total = len(samples.completions)
+    values: list[list[float | None]] = [[None] * total for _ in fns]
+    pending: list[tuple[int, int | None, Awaitable[Any]]] = []  # (function, sample, awaitable)
+    names = [_name(fn) for fn in fns]
+    try:
+        _call_all(fns, styles, samples, names, values, pending)
+    except BaseException:
+        for *_, awaitable in pending:  # not awaited: close them quietly
+            if inspect.iscoroutine(awaitable):
+                awaitable.close()
+        raise
+    if pending:
+        results = _gather([a for *_, a in pending])
+        failure = next((r for r in results if isinstance(r, BaseException)), None)
+        for (k, n, _), result in zip(pending, results, strict=True):
+            if isinstance(result, BaseException):
+                if result is failure:
+                    raise _raised(names[k], result, samples, n) from result
+            elif n is None:
+                values[k] = _check_batch(names[k], result, samples)
+            else:
+                values[k][n] = _check_agilerl(names[k], result, samples, n)
+    return _combine(names, weights, values, samples)
+
+
+def _call_all(
+    fns: Sequence[Callable[..., Any]],
+    styles: Sequence[str],
+    samples: RewardSamples,
+    names: list[str],
+    values: list[list[float | None]],
+    pending: list[tuple[int, int | None, Awaitable[Any]]],
+) -> None:
+    """Call every function: ``values`` gets the synchronous results, ``pending`` awaitables."""
+    for k, (fn, style) in enumerate(zip(fns, styles, strict=True)):
+        name = names[k]
+        if style == "agilerl":
+            for n, text in enumerate(samples.completions):
+                try:
+                    out = fn(text, samples.answers[n], samples.questions[n])
+                except Exception as exc:
+                    raise _raised(name, exc, samples, n) from exc
+                if inspect.isawaitable(out):
+                    pending.append((k, n, out))
+                else:
+                    values[k][n] = _check_agilerl(name, out, samples, n)
+            continue
+        call = verl_reward(fn) if style == "verl" else fn
+        try:
+            out = call(**_accepted(call, _batch_kwargs(samples)))
+        except Exception as exc:
+            raise _raised(name, exc, samples, None) from exc
+        if inspect.isawaitable(out):
+            pending.append((k, None, out))
+        else:
+            values[k] = _check_batch(name, out, samples)
+
+
+def _combine(
+    names: list[str],
+    weights: Sequence[float],
+    values: list[list[float | None]],
+    samples: RewardSamples,
+) -> RewardScores:
+    table = torch.tensor(
+        [[math.nan if v is None else v for v in row] for row in values], dtype=torch.float32
+    ).reshape(len(values), len(samples.completions))
+    weight = torch.tensor([float(w) for w in weights], dtype=torch.float32)[:, None]
+    present = ~torch.isnan(table)
+    total = torch.where(present, table * weight, torch.zeros_like(table)).sum(0)
+    missing = [int(n) for n in torch.nonzero(~present.any(0)).flatten()]
+    if missing:
+        warnings.warn(
+            f"every reward function returned None for {len(missing)} of {total.numel()} samples "
+            f"({samples.where(missing[0])} first): their reward is 0",
+            stacklevel=3,
+        )
+    components: dict[str, torch.Tensor] = {}
+    for k, name in enumerate(names):
+        key = name if name not in components else f"{name}_{k}"
+        components[key] = table[k]
+    return RewardScores(total, components, missing)
