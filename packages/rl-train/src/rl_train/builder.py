@@ -27,7 +27,7 @@ from rl_envs.rewards import exact_match_reward, tagged_format_reward
 from rl_envs.tasks import available_tasks, train_test_split_task
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rl_train.config import ConfigError, RunConfig
+from rl_train.config import DATA_FILE_KINDS, ConfigError, RunConfig, _template_path
 from rl_train.rollout_worker import RolloutPieces
 from rl_train.tiny import TINY_AGENT, demo_reward, tiny_model, tiny_tokenizer
 
@@ -40,11 +40,12 @@ __all__ = [
     "build_env",
     "build_model",
     "build_reward",
+    "build_rewards",
     "import_user_code",
     "rollout_pieces",
 ]
 
-RewardFn = Callable[[str, str, str], float]
+RewardFn = Callable[..., Any]
 
 
 @dataclass
@@ -174,6 +175,7 @@ def build_model(config: RunConfig) -> tuple[Any, Any]:
     """
     if config.model.name == "tiny":
         tiny_tok = tiny_tokenizer()
+        _set_chat_template(tiny_tok, config.model.chat_template)
         return tiny_model(len(tiny_tok), seed=config.train.seed), tiny_tok
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if config.model.dtype not in dtypes:
@@ -191,7 +193,15 @@ def build_model(config: RunConfig) -> tuple[Any, Any]:
         ) from exc
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    _set_chat_template(tok, config.model.chat_template)
     return model, tok
+
+
+def _set_chat_template(tokenizer: Any, template: str | None) -> None:
+    """``model.chat_template`` (the Jinja text, or a file holding it) onto ``tokenizer``."""
+    if template is not None:
+        text = Path(template).read_text() if _template_path(template) else template
+        tokenizer.chat_template = text
 
 
 def _tagged(completion: str, answer: str, question: str) -> float:
@@ -236,30 +246,70 @@ def build_reward(name: str) -> RewardFn:
     )
 
 
+def build_rewards(config: RunConfig) -> list[RewardFn]:
+    """The reward functions ``data.reward`` names (one name or a list), in order.
+
+    Args:
+        config: The run configuration.
+
+    Returns:
+        The functions (AgileRL, TRL or verl style; :mod:`rl_envs.reward_functions`).
+
+    Raises:
+        ConfigError: A name that does not resolve.
+    """
+    names = config.data.reward
+    return [build_reward(n) for n in ([names] if isinstance(names, str) else names)]
+
+
+def _last_tenth(train: Any) -> tuple[Any, Any]:
+    """``(first 90%, last 10%)`` of ``train`` (at least one test row)."""
+    cut = max(1, len(train) // 10)
+    return train.select(range(len(train) - cut)), train.select(range(len(train) - cut, len(train)))
+
+
+def _hub_datasets(config: RunConfig) -> tuple[Any, Any]:
+    """``(train, test)`` of ``data.hub``; a failed download is a one-line ConfigError."""
+    from datasets import load_dataset
+
+    d = config.data
+    assert d.hub is not None
+    try:
+        ds = load_dataset(d.hub, d.hub_config)
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise ConfigError(
+            f"data.hub {d.hub!r} could not be loaded ({type(exc).__name__}: {first[:200]}). "
+            "Without network access, load it once where there is one (it is then cached; "
+            "HF_DATASETS_OFFLINE=1 reads the cache), or save it to a .jsonl/.parquet file and "
+            "set data.train_path instead"
+        ) from exc
+    if "train" not in ds:
+        raise ConfigError(f"data.hub {d.hub!r} has no train split; its splits: {list(ds)}")
+    if d.hub_test_split in ds:
+        return ds["train"], ds[d.hub_test_split]
+    return _last_tenth(ds["train"])
+
+
 def _datasets(config: RunConfig) -> tuple[Any, Any]:
     """``(train, test)`` datasets of ``config.data``."""
     d = config.data
     from datasets import load_dataset  # heavy (pyarrow, pandas): only for files and the hub
 
     if d.hub is not None:
-        ds = load_dataset(d.hub, d.hub_config)
-        return ds["train"], ds["test"]
+        return _hub_datasets(config)
     if d.train_path is not None:
-        kind = {"jsonl": "json", "json": "json", "csv": "csv"}.get(
-            Path(d.train_path).suffix.lstrip(".")
-        )
+        kind = DATA_FILE_KINDS.get(Path(d.train_path).suffix.lstrip("."))
         if kind is None or not Path(d.train_path).is_file():
             raise ConfigError(
-                f"data.train_path {d.train_path!r} must be an existing .json, .jsonl or .csv file"
+                f"data.train_path {d.train_path!r} must be an existing .json, .jsonl, .csv or "
+                ".parquet file"
             )
         train = load_dataset(kind, data_files=d.train_path)["train"]
         if d.test_path is not None:
-            return train, load_dataset(kind, data_files=d.test_path)["train"]
-        cut = max(1, len(train) // 10)
-        return (
-            train.select(range(len(train) - cut)),
-            train.select(range(len(train) - cut, len(train))),
-        )
+            test_kind = DATA_FILE_KINDS.get(Path(d.test_path).suffix.lstrip("."), kind)
+            return train, load_dataset(test_kind, data_files=d.test_path)["train"]
+        return _last_tenth(train)
     if d.task not in available_tasks():
         raise ConfigError(
             f"unknown task {d.task!r}; built-in tasks: {', '.join(available_tasks())}"
@@ -276,28 +326,41 @@ def build_env(config: RunConfig, tokenizer: Any, accelerator: Any = None) -> Rea
         accelerator: Shards the prompts by process when given.
 
     Returns:
-        The environment (``data.prompts_per_step`` prompts per batch).
+        The environment (``data.prompts_per_step`` prompts per batch). Data with a
+        ``data.prompt_column`` and no ``data.question_column`` is TRL-style prompt data
+        (``template`` and ``system_prompt`` do not apply); otherwise question/answer data
+        rendered with ``template``.
 
     Raises:
-        ConfigError: An unknown task or reward, or a bad data file.
+        ConfigError: An unknown task or reward, a bad data file, or data the environment
+            refuses (the message says why).
     """
     d = config.data
     train, test = _datasets(config)
-    template = [{"role": "user", "content": d.template}]
-    if d.system_prompt:
-        template.insert(0, {"role": "system", "content": d.system_prompt})
-    return ReasoningGym(
-        train,
-        test,
-        tokenizer,
-        build_reward(d.reward),
-        template,
-        data_batch_size_per_gpu=d.prompts_per_step,
-        seed=config.train.seed,
-        question_column=d.question_column,
-        answer_column=d.answer_column,
-        accelerator=accelerator,
-    )
+    columns = list(getattr(train, "column_names", None) or [])
+    template: list[dict[str, str]] | None = None
+    if not (d.prompt_column in columns and d.question_column not in columns):
+        template = [{"role": "user", "content": d.template}]
+        if d.system_prompt:
+            template.insert(0, {"role": "system", "content": d.system_prompt})
+    try:
+        return ReasoningGym(
+            train,
+            test,
+            tokenizer,
+            build_rewards(config),
+            template,
+            data_batch_size_per_gpu=d.prompts_per_step,
+            seed=config.train.seed,
+            question_column=d.question_column,
+            answer_column=d.answer_column,
+            accelerator=accelerator,
+            reward_weights=d.reward_weights,
+            reward_style=None if d.reward_style == "auto" else d.reward_style,
+            prompt_column=d.prompt_column,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"data: {exc}") from exc
 
 
 def agent_kwargs(config: RunConfig) -> dict[str, Any]:

@@ -46,6 +46,9 @@ class ModelConfig:
     """LoRA target modules (peft's syntax)."""
     dtype: str = "float32"
     """Weights dtype when loading from the hub (float32, bfloat16, float16)."""
+    chat_template: str | None = None
+    """A Jinja chat template set on the tokenizer (the text, or a path to a file holding it),
+    for a tokenizer without one (the tiny model's) or to replace it."""
 
 
 @dataclass
@@ -55,13 +58,21 @@ class DataConfig:
     task: str | None = "successor_digit"
     """A built-in task (``rl_envs.tasks``); ignored when ``train_path`` or ``hub`` is set."""
     train_path: str | None = None
-    """A JSON/JSONL/CSV file with question and answer columns."""
+    """A JSON/JSONL/CSV/Parquet file with question and answer columns, or a TRL-style
+    ``prompt`` column (text, or a list of ``{"role", "content"}`` messages)."""
     test_path: str | None = None
     """The evaluation file (default: the last 10% of ``train_path``)."""
     hub: str | None = None
     """A ``datasets`` hub name (needs internet), e.g. ``openai/gsm8k``."""
     hub_config: str | None = None
     """The hub dataset's configuration name (e.g. ``main``)."""
+    hub_test_split: str = "test"
+    """The hub dataset's evaluation split (when it has none: the last 10% of ``train``)."""
+    prompt_column: str = "prompt"
+    """The prompt column of TRL-style data. A dataset that has it and no ``question_column``
+    is prompt data: each prompt is used as is (text) or through the chat template (messages),
+    ``template`` and ``system_prompt`` do not apply, and every other column reaches the reward
+    functions."""
     question_column: str = "question"
     """Question column name."""
     answer_column: str = "answer"
@@ -76,11 +87,18 @@ class DataConfig:
     """An optional system message."""
     prompts_per_step: int = 8
     """Prompts per training step (per process)."""
-    reward: str = "demo"
+    reward: str | list[str] = "demo"
     """``demo`` (exact answer, half credit for a right prefix), ``exact_match`` (number-aware,
     answer extraction), ``tagged`` (exact match plus a ``<answer>`` format bonus), or
-    ``module:function`` (a ``(completion, answer, question) -> float`` of your own, e.g. in a
-    module listed in ``imports``)."""
+    ``module:function`` (your own, e.g. in a module listed in ``imports``: AgileRL's
+    ``(completion, answer, question) -> float``, TRL's ``(prompts, completions, completion_ids,
+    **columns) -> list[float | None]``, sync or ``async``, or verl's ``compute_score``); or a
+    list of them, summed with ``reward_weights``."""
+    reward_weights: list[float] | None = None
+    """One weight per reward function (default 1.0 each)."""
+    reward_style: str | list[str] = "auto"
+    """``auto`` (read from each function's signature), ``agilerl``, ``trl`` or ``verl``; or
+    one per reward function."""
     offline_path: str | None = None
     """Logged data for offline algorithms (``ilql``): a JSONL file, one
     ``{"sample": [prompt, output, ...] or text, "reward": float}`` per line. The task or
@@ -312,19 +330,64 @@ def _check_data_files(config: RunConfig) -> None:
     """Data files that do not exist fail here, before the model libraries are imported."""
     d = config.data
     if d.hub is None and d.train_path is not None:
-        kind = Path(d.train_path).suffix.lstrip(".") in ("json", "jsonl", "csv")
+        kind = Path(d.train_path).suffix.lstrip(".") in DATA_FILE_KINDS
         if not kind or not Path(d.train_path).is_file():
             raise ConfigError(
-                f"data.train_path {d.train_path!r} must be an existing .json, .jsonl or .csv file"
+                f"data.train_path {d.train_path!r} must be an existing .json, .jsonl, .csv or "
+                ".parquet file"
             )
         if d.test_path is not None and not Path(d.test_path).is_file():
             raise ConfigError(f"data.test_path file {d.test_path!r} does not exist")
     if d.offline_path is not None and not Path(d.offline_path).is_file():
         raise ConfigError(f"data.offline_path {d.offline_path!r} does not exist")
+    template = config.model.chat_template
+    if template is not None and _template_path(template) and not Path(template).is_file():
+        raise ConfigError(
+            f"model.chat_template {template!r} is neither a Jinja template (it has no '{{') nor "
+            "an existing file"
+        )
+
+
+#: Data file suffix -> the ``datasets`` builder that reads it.
+DATA_FILE_KINDS = {"json": "json", "jsonl": "json", "csv": "csv", "parquet": "parquet"}
+
+#: The values of ``data.reward_style``.
+REWARD_STYLES = ("auto", "agilerl", "trl", "verl")
+
+
+def _check_rewards(d: DataConfig) -> None:
+    """``data.reward`` / ``reward_weights`` / ``reward_style`` agree with each other."""
+    rewards = [d.reward] if isinstance(d.reward, str) else d.reward
+    if not rewards or not all(isinstance(r, str) and r for r in rewards):
+        raise ConfigError(
+            f"data.reward must be a name or a non-empty list of names, got {d.reward!r}"
+        )
+    if d.reward_weights is not None:
+        if not all(
+            isinstance(w, int | float) and not isinstance(w, bool) for w in d.reward_weights
+        ):
+            raise ConfigError(f"data.reward_weights must be numbers, got {d.reward_weights!r}")
+        if len(d.reward_weights) != len(rewards):
+            raise ConfigError(
+                f"data.reward_weights has {len(d.reward_weights)} entries for {len(rewards)} "
+                "reward functions: give one weight per entry of data.reward"
+            )
+    styles = [d.reward_style] if isinstance(d.reward_style, str) else d.reward_style
+    for style in styles:
+        if style not in REWARD_STYLES:
+            raise ConfigError(
+                f"data.reward_style {style!r} is unknown: use {', '.join(REWARD_STYLES)}"
+            )
+    if not isinstance(d.reward_style, str) and len(styles) != len(rewards):
+        raise ConfigError(
+            f"data.reward_style has {len(styles)} entries for {len(rewards)} reward functions: "
+            "give one per entry of data.reward, or one string for all"
+        )
 
 
 def _check(config: RunConfig) -> None:
-    """Values the types do not pin: algorithm, engine, imports."""
+    """Values the types do not pin: algorithm, engine, imports, rewards."""
+    _check_rewards(config.data)
     if not all(isinstance(item, str) and item for item in config.imports):
         raise ConfigError(
             f"imports must be a list of module names or .py paths, got {config.imports!r}"
@@ -357,16 +420,34 @@ ASYNC_REFUSED = {
 
 def _resolve_paths(config: RunConfig, base: Path) -> None:
     """Relative paths that exist only next to the YAML become absolute."""
-    for owner, field_name in ((config, "deepspeed_config"), (config.data, "offline_path")):
+    for owner, field_name in (
+        (config, "deepspeed_config"),
+        (config.data, "offline_path"),
+        (config.data, "train_path"),
+        (config.data, "test_path"),
+    ):
         value = getattr(owner, field_name)
         if value is not None and not Path(value).exists() and (base / value).exists():
             setattr(owner, field_name, str(base / value))
+    template = config.model.chat_template
+    if (
+        template is not None
+        and _template_path(template)
+        and not Path(template).exists()
+        and (base / template).exists()
+    ):
+        config.model.chat_template = str(base / template)
     config.imports = [
         str(base / item)
         if _is_path(item) and not Path(item).exists() and (base / item).exists()
         else item
         for item in config.imports
     ]
+
+
+def _template_path(value: str) -> bool:
+    """Whether ``model.chat_template`` names a file rather than holding the template."""
+    return "{" not in value and "\n" not in value and len(value) < 4096
 
 
 def _is_path(item: str) -> bool:
