@@ -130,6 +130,7 @@ class AgentTrainer(BaseRLTrainer):
 
             per_sample.__name__ = getattr(fn, "__name__", "reward_fn")
             self.env.reward_fns, self.env.reward_weights = [per_sample], [1.0]
+            self.env.reward_style = "agilerl"  # whatever data.reward_style said of the config's
         self.agent.stop_sequences = tuple(self.stop_sequences)
         self.agent.logit_mask = self.logit_mask
 
