@@ -359,3 +359,11 @@ def test_verl_compute_score_is_detected_and_adapted() -> None:
         ValueError, match=r"verl_reward: the dataset has no reward_model\.ground_truth"
     ):
         adapted(completions=["7"], prompts=["a"])
+
+
+def test_a_final_assistant_message_is_continued_not_answered() -> None:
+    rows = [
+        {"prompt": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "the"}]}
+    ] * 2
+    env = prompt_gym(rows, lambda completions, **kw: [0.0] * len(completions))
+    assert env.reset()[0]["text"] == "<|user|>q<eos><|assistant|>the"  # TRL's continuation
