@@ -75,6 +75,8 @@ def finetune_llm_reasoning(
     save_fn: Callable[[Path], None] | None = None,
     async_config: AsyncConfig | None = None,
     rollout_factory: Callable[[], RolloutPieces] | None = None,
+    report_to: str | Sequence[str] | None = None,
+    project: str = "rl-train",
 ) -> list[LLMAlgorithm]:
     """Train ``pop`` on a :class:`rl_envs.ReasoningGym` (AgileRL's loop, same arguments).
 
@@ -128,6 +130,10 @@ def finetune_llm_reasoning(
             agent and environment like ``pop[0]`` and ``env``
             (:class:`~rl_train.rollout_worker.RolloutPieces`), e.g.
             ``functools.partial(rl_train.builder.rollout_pieces, run_config)``.
+        report_to: Trackers as in TRL: ``tensorboard``, ``wandb``, ``mlflow``, ``trackio``
+            (a name or a list), ``"none"`` or ``"all"`` (:mod:`rl_train.trackers`); replaces
+            ``tensorboard`` and ``wb``. None: ``tensorboard`` and ``wb`` decide.
+        project: The trackers' project (W&B project, MLflow experiment, trackio project).
 
     Returns:
         The trained population.
@@ -155,7 +161,12 @@ def finetune_llm_reasoning(
         else AsyncReasoningSource(rollout_factory, async_config)
     )
     logger = open_logger(
-        run, tensorboard=tensorboard, wandb_project="rl-train" if wb else None, resume=resume
+        run,
+        tensorboard=tensorboard,
+        wandb_project=project if wb else None,
+        resume=resume,
+        report_to=report_to,
+        project=project,
     )
     resumed = resume_from(run, agents) if resume else None
     if resumed is not None:

@@ -126,6 +126,8 @@ def fit(built: Built, *, verbose: bool = True, say: Callable[[str], None] = _sil
             eval_fn=accuracy,
             async_config=config.async_,
             rollout_factory=functools.partial(rollout_pieces, config),
+            report_to=t.report_to,
+            project=t.project,
         )
     else:
         offline_learning_loop(
