@@ -117,10 +117,13 @@ def open_tracker(name: str, run_dir: Path, project: str, *, resume: bool = False
         The open tracker.
     """
     check_report_to([name])
-    trackers = {"wandb": WandbTracker, "mlflow": MlflowTracker, "trackio": TrackioTracker}
-    if name not in trackers:
-        raise ValueError(f"open_tracker: {name!r} is not a tracker of its own; use {trackers}")
-    return trackers[name](run_dir, project, resume=resume)  # type: ignore[no-any-return]
+    if name == "wandb":
+        return WandbTracker(run_dir, project, resume=resume)
+    if name == "mlflow":
+        return MlflowTracker(run_dir, project, resume=resume)
+    if name == "trackio":
+        return TrackioTracker(run_dir, project, resume=resume)
+    raise ValueError(f"open_tracker: {name!r} is written by the logger itself, not a tracker")
 
 
 def _finite(metrics: dict[str, float]) -> dict[str, float]:
