@@ -21,6 +21,7 @@ REWARD = (
     "        f.write(str(os.getpid()) + '\\n')\n"
     "    return float(completion.strip() == answer) + 0.1 * len(completion)\n"
 )
+SERVE = ["--port", "0", "--reward", "remote_user_reward:reward"]
 CONFIG = (
     "data:\n  n_train: 40\n  n_test: 8\n  prompts_per_step: 4\nagent:\n  group_size: 4\n"
     "train:\n  steps: 2\n  evaluation_interval: 2\n  checkpoint_steps: null\n"
@@ -39,8 +40,7 @@ def reward_server(user_dir: Path) -> Iterator[str]:
     """``rl-train reward-server`` (``python -m rl_train``) serving the user's module from its
     working directory, on a free port."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rl_train", "reward-server", "--port", "0",
-         "--reward", "remote_user_reward:reward"],  # fmt: skip
+        [sys.executable, "-m", "rl_train", "reward-server", *SERVE],
         cwd=user_dir,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
