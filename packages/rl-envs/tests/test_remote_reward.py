@@ -39,8 +39,12 @@ REWARDS = textwrap.dedent(
             shared += 1
         return 0.25 * shared + 0.01 * len(question)
 
+    def text(x):
+        return x if isinstance(x, str) else x[-1]["content"]  # TRL's messages: the last one
+
     def batched(prompts, completions, completion_ids=None, **kwargs):
         """TRL style: length ratio, times a column; None for empty completions."""
+        prompts, completions = [text(p) for p in prompts], [text(c) for c in completions]
         weights = kwargs.get("weight", [1.0] * len(completions))
         ids = completion_ids or [[0] * len(c) for c in completions]
         return [
@@ -124,6 +128,12 @@ def test_server_process_equals_local_calls(servers: dict[str, str], tmp_path: Pa
     got = remote_b(prompts=PROMPTS, completions=COMPLETIONS, completion_ids=ids, weight=weight)
     assert got == want
     assert remote_b.score(PROMPTS, COMPLETIONS) == batched(PROMPTS, COMPLETIONS)  # type: ignore[operator]
+    # TRL's conversational form: lists of messages travel as JSON, untouched
+    chat_prompts = [[{"role": "user", "content": p}] for p in PROMPTS]
+    chat = [[{"role": "assistant", "content": c}] for c in COMPLETIONS]
+    want_chat = batched(chat_prompts, chat)  # type: ignore[operator]
+    assert want_chat == batched(PROMPTS, COMPLETIONS)  # type: ignore[operator]
+    assert remote_b.score(chat_prompts, chat) == want_chat
 
 
 def test_reward_function_error_is_reported_not_retried(servers: dict[str, str]) -> None:
@@ -243,9 +253,18 @@ def test_request_validation_and_detection() -> None:
     def agile(completion: str, answer: str, question: str) -> float:
         return 1.0
 
+    def named_only(prompts: list[str], completions: list[str]) -> list[float]:
+        return [float(len(p) + len(c)) for p, c in zip(prompts, completions, strict=True)]
+
     assert is_batched_reward(trl) and not is_batched_reward(agile) and not is_batched_reward(len)
+    assert is_batched_reward(named_only) and is_batched_reward(lambda **kw: [])
+    # without **kwargs a batched reward gets only what it names (no completion_ids, no columns)
+    request = RewardRequest(["ab", ""], ["c", "de"], [[1], [2]], {"answer": [1, 2]})
+    assert score_request(named_only, request) == [3.0, 2.0]
     assert is_batched_reward(RemoteReward("http://h:1"))  # a client is itself a batched reward
     assert score_request(trl, RewardRequest(["", ""], ["ab", "c"])) == [2.0, 1.0]
+    with pytest.raises(ValueError, match="cannot be sent as JSON"):
+        RemoteReward("http://h:1").score(["p"], ["c"], answer=[object()])
     for bad in ("localhost:80", "https://h:1", "http://h"):
         with pytest.raises(ValueError, match="http://host:port"):
             RemoteReward(bad)

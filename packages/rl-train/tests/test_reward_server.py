@@ -108,3 +108,20 @@ def test_a_down_reward_server_stops_the_run_with_one_line(
     assert len(err.strip().splitlines()) == 1, err
     assert f"the reward server at {url}/score is down" in err and "2 attempts" in err
     assert "rl-train reward-server" in err and "data.reward_url" in err
+
+
+@pytest.mark.parametrize(
+    ("reward", "message"),
+    [
+        ("no_such_module_here:fn", "--reward 'no_such_module_here:fn' does not resolve"),
+        ("os:sep", "--reward 'os:sep' is not callable"),
+    ],
+)
+def test_reward_server_bad_reward_is_one_line_exit_2(
+    reward: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rl_train.cli import EXIT_USAGE
+
+    assert main(["reward-server", "--reward", reward, "--port", "0"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err

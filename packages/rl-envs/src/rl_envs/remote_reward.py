@@ -16,8 +16,9 @@ Two kinds of reward function are served:
 
 - per sample (AgileRL, ``ReasoningGym``): ``fn(completion, answer, question) -> float``, called
   with ``columns["answer"][i]`` and ``columns["question"][i]`` (default: ``prompts[i]``);
-- batched (TRL): a function with a ``completions`` parameter and ``**kwargs``, called once as
-  ``fn(prompts=..., completions=..., completion_ids=..., **columns) -> list[float | None]``.
+- batched (TRL): a function naming ``completions``, ``prompts`` or ``completion_ids`` (or taking
+  only ``**kwargs``), called once as ``fn(prompts=..., completions=..., completion_ids=...,
+  **columns) -> list[float | None]`` (without ``**kwargs``: only the arguments it names).
 
 The client has a time budget per call (``timeout``: connecting, every retry and the backoff
 between them included), retries with exponential backoff what may pass (connection refused or
@@ -73,14 +74,15 @@ class RewardRequest:
     """One batch of N samples to score (the body of ``POST /score``).
 
     Args:
-        prompts: The N prompts (text), one per sample.
-        completions: The N completions (text).
+        prompts: The N prompts, one per sample: text, or TRL's conversational form (a list of
+            ``{"role", "content"}`` messages); any JSON value travels as it is.
+        completions: The N completions (text, or messages).
         completion_ids: The N completions' token ids, or None.
         columns: Extra dataset columns, each a list of N JSON values (``answer``, ...).
     """
 
-    prompts: list[str]
-    completions: list[str]
+    prompts: list[Any]
+    completions: list[Any]
     completion_ids: list[list[int]] | None = None
     columns: dict[str, list[Any]] = field(default_factory=dict)
 
@@ -112,25 +114,39 @@ class RewardRequest:
         """Inverse of :meth:`to_json` (``ValueError`` on a malformed body)."""
         if not isinstance(data, dict) or "completions" not in data:
             raise ValueError("the body must be a JSON object with `completions` (and `prompts`)")
-        completions = [str(c) for c in data["completions"]]
+        completions = list(data["completions"])
         prompts = data.get("prompts")
         ids = data.get("completion_ids")
         return cls(
-            prompts=[""] * len(completions) if prompts is None else [str(p) for p in prompts],
+            prompts=[""] * len(completions) if prompts is None else list(prompts),
             completions=completions,
             completion_ids=None if ids is None else [[int(t) for t in row] for row in ids],
             columns=dict(data.get("columns") or {}),
         )
 
 
-def is_batched_reward(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` is batched (TRL style): a ``completions`` parameter and ``**kwargs``."""
+def _parameters(fn: Callable[..., Any]) -> tuple[set[str], bool] | None:
+    """``(named parameters, takes **kwargs)`` of ``fn``; None without a signature."""
     try:
         params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature: per sample
+    except (TypeError, ValueError):  # a builtin without a signature
+        return None
+    kinds = inspect.Parameter
+    names = {p.name for p in params if p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)}
+    return names, any(p.kind is kinds.VAR_KEYWORD for p in params)
+
+
+def is_batched_reward(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is batched (TRL style), read from its signature.
+
+    Batched: it names ``completions``, ``prompts`` or ``completion_ids``, or takes only
+    ``**kwargs``; per sample otherwise (``(completion, answer, question)``, or no signature).
+    """
+    found = _parameters(fn)
+    if found is None:
         return False
-    names = {p.name for p in params}
-    return "completions" in names and any(p.kind is p.VAR_KEYWORD for p in params)
+    names, var_kw = found
+    return bool(names & {"completions", "prompts", "completion_ids"}) or (var_kw and not names)
 
 
 def _number(value: Any, name: str, where: str) -> float | None:
@@ -174,12 +190,16 @@ def score_request(fn: Callable[..., Any], request: RewardRequest) -> list[float 
     n = len(request.completions)
     _check_columns(fn, request)
     if is_batched_reward(fn):
-        out = fn(
-            prompts=request.prompts,
-            completions=request.completions,
-            completion_ids=request.completion_ids,
+        kwargs = {
+            "prompts": request.prompts,
+            "completions": request.completions,
+            "completion_ids": request.completion_ids,
             **request.columns,
-        )
+        }
+        found = _parameters(fn)
+        if found is not None and not found[1]:  # no **kwargs: only what it names
+            kwargs = {k: v for k, v in kwargs.items() if k in found[0]}
+        out = fn(**kwargs)
         values = list(out)
         if len(values) != n:
             raise ValueError(f"reward {name} returned {len(values)} rewards for {n} samples")
@@ -350,8 +370,8 @@ class RemoteReward:
         answer: Any = None,
         question: str | None = None,
         *,
-        prompts: Sequence[str] | None = None,
-        completions: Sequence[str] | None = None,
+        prompts: Sequence[Any] | None = None,
+        completions: Sequence[Any] | None = None,
         completion_ids: Sequence[Sequence[int]] | None = None,
         **columns: Any,
     ) -> Any:
@@ -374,8 +394,8 @@ class RemoteReward:
 
     def score(
         self,
-        prompts: Sequence[str] | None,
-        completions: Sequence[str],
+        prompts: Sequence[Any] | None,
+        completions: Sequence[Any],
         completion_ids: Sequence[Sequence[int]] | None = None,
         **columns: Sequence[Any],
     ) -> list[float | None]:
@@ -395,14 +415,18 @@ class RemoteReward:
             ValueError: The request is malformed, or the server refused it as such.
         """
         request = RewardRequest(
-            prompts=[""] * len(completions) if prompts is None else [str(p) for p in prompts],
-            completions=[str(c) for c in completions],
+            prompts=[""] * len(completions) if prompts is None else list(prompts),
+            completions=list(completions),
             completion_ids=None
             if completion_ids is None
             else [[int(t) for t in row] for row in completion_ids],
             columns={k: list(v) for k, v in columns.items()},
         )
-        payload = self._call("/score", json.dumps(request.to_json()).encode())
+        try:
+            body = json.dumps(request.to_json()).encode()
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"the samples cannot be sent as JSON: {exc}") from exc
+        payload = self._call("/score", body)
         rewards = payload.get("rewards")
         if not isinstance(rewards, list) or len(rewards) != len(completions):
             raise RewardServerError(
