@@ -214,6 +214,8 @@ def finetune_llm_multiturn(
     tensorboard: bool = True,
     plot: bool = True,
     eval_episodes: int = 4,
+    report_to: str | Sequence[str] | None = None,
+    project: str = "rl-train",
     **ignored: Any,
 ) -> list[LLMAlgorithm]:
     """Train ``pop`` on a multi-turn environment (AgileRL's loop, same arguments).
@@ -239,6 +241,9 @@ def finetune_llm_multiturn(
         tensorboard: Also write TensorBoard events.
         plot: Write ``reward_curve.png`` at the end.
         eval_episodes: Episodes per evaluation.
+        report_to: Trackers, as in :func:`finetune_llm_reasoning` (None: ``tensorboard``
+            decides).
+        project: The trackers' project.
         **ignored: AgileRL's other arguments (unused).
 
     Returns:
@@ -258,7 +263,7 @@ def finetune_llm_multiturn(
     hooks: list[Hook] = [
         Evaluation(evaluation_interval, fitness=fitness),
         MetricsLog(
-            open_logger(run, tensorboard=tensorboard),
+            open_logger(run, tensorboard=tensorboard, report_to=report_to, project=project),
             curve=run / "reward_curve.png" if plot else None,
             title="episode return",
         ),
@@ -282,6 +287,8 @@ def offline_learning_loop(
     save_fn: Callable[[Path], None] | None = None,
     tensorboard: bool = False,
     verbose: bool = False,
+    report_to: str | Sequence[str] | None = None,
+    project: str = "rl-train",
 ) -> list[dict[str, float]]:
     """Train ``agent`` (an :class:`rl_algos.ILQL`) on ``dataset`` for ``steps`` steps.
 
@@ -307,6 +314,9 @@ def offline_learning_loop(
         save_fn: Called with each checkpoint directory.
         tensorboard: Also write TensorBoard events.
         verbose: Print the loss every 25 steps.
+        report_to: Trackers, as in :func:`finetune_llm_reasoning` (needs ``run_dir``; None:
+            ``tensorboard`` decides).
+        project: The trackers' project.
 
     Returns:
         The metrics rows, one per step.
@@ -314,7 +324,11 @@ def offline_learning_loop(
     if steps < 1:
         raise ValueError(f"`steps` must be >= 1, got {steps}")
     source = OfflineSource(dataset, batch_size, seed)
-    logger = open_logger(run_dir, tensorboard=tensorboard) if run_dir is not None else None
+    logger = (
+        open_logger(run_dir, tensorboard=tensorboard, report_to=report_to, project=project)
+        if run_dir is not None
+        else None
+    )
     hooks: list[Hook] = [Evaluation(evaluation_interval, extra=eval_fn), MetricsLog(logger, log_fn)]
     if verbose:
         hooks.append(PrintProgress(25))

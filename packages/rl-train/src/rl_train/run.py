@@ -140,6 +140,8 @@ def fit(built: Built, *, verbose: bool = True, say: Callable[[str], None] = _sil
             run_dir=run_dir,
             checkpoint_steps=t.checkpoint_steps,
             verbose=verbose,
+            report_to=t.report_to,
+            project=t.project,
         )
     after = greedy_accuracy(agent, env)
     report(f"greedy accuracy after training:  {after:.2f}")
