@@ -130,6 +130,18 @@ def test_wandb_offline_run_read_back_from_its_files(
     assert got == [(0, 0.25, 0.0), (1, 0.5, 0.125), (2, 1.0, None)]
 
 
+def test_wandb_without_an_account_says_how_to_go_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))  # no stored login either
+    for name in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match="report_to wandb: .*WANDB_MODE=offline"):
+        MetricsLogger(tmp_path / "run", report_to="wandb")
+
+
 def test_report_to_names_and_missing_extras(monkeypatch: pytest.MonkeyPatch) -> None:
     assert resolve_report_to(None) == ["tensorboard"]
     assert resolve_report_to("none") == [] and resolve_report_to([]) == []

@@ -136,12 +136,18 @@ class WandbTracker:
     def __init__(self, run_dir: Path, project: str, *, resume: bool = False) -> None:
         import wandb
 
-        self.run = wandb.init(
-            project=project,
-            name=run_dir.resolve().name,
-            dir=str(run_dir),
-            resume="allow" if resume else None,
-        )
+        try:
+            self.run = wandb.init(
+                project=project,
+                name=run_dir.resolve().name,
+                dir=str(run_dir),
+                resume="allow" if resume else None,
+            )
+        except wandb.errors.UsageError as exc:  # no account: say how to go offline
+            raise ValueError(
+                f"report_to wandb: {exc} Or set WANDB_MODE=offline to write the run under "
+                f"{run_dir / 'wandb'} without an account (upload it later with `wandb sync`)"
+            ) from exc
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """``run.log(metrics, step=step)``."""
