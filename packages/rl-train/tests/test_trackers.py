@@ -138,7 +138,7 @@ def test_wandb_without_an_account_says_how_to_go_offline(
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))  # no stored login either
     for name in ("WANDB_MODE", "WANDB_API_KEY"):
         monkeypatch.delenv(name, raising=False)
-    with pytest.raises(ValueError, match="report_to wandb: .*WANDB_MODE=offline"):
+    with pytest.raises(ValueError, match=r"report_to wandb: .*WANDB_MODE=offline"):
         MetricsLogger(tmp_path / "run", report_to="wandb")
 
 
