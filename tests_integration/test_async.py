@@ -222,3 +222,45 @@ def test_a_worker_that_raises_stops_the_trainer_with_its_traceback(tmp_path: Pat
     assert "rollout worker" in message and "failed; its traceback" in message
     assert "unknown task 'no_such_task'" in message
     assert not _worker_pids(os.getpid())
+
+
+def test_multiturn_max_staleness_0_is_the_synchronous_run_bit_for_bit(tmp_path: Path) -> None:
+    """Episodes played by the worker, learned with turn-level credit, as the sync loop does."""
+    import functools
+
+    from rl_envs import TokenObservationWrapper
+    from rl_envs.tasks import GuessTheNumberEnv
+    from rl_train import finetune_llm_multiturn
+    from rl_train.builder import rollout_pieces
+    from rl_train.demo import build_agent
+    from rl_train.tiny import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    demo = DemoConfig(seed=0, group_size=4, max_model_len=96, **{"n_train": 8, "n_test": 8})
+    game = functools.partial(GuessTheNumberEnv, 0, 3, max_guesses=3, invalid_reward=-0.1)
+    env_factory = TokenObservationWrapper.factory(
+        game, tok, max_turns=3, pad_id=0, max_model_len=96, max_output_tokens=2,
+        apply_chat_template=False,
+    )  # fmt: skip
+    rows = {}
+    for name, config in (("sync", None), ("async", AsyncConfig(max_staleness=0))):
+        agent = build_agent(demo, tiny_model(len(tok), seed=0), tok)
+        agent.advantage_granularity = "turn"
+        finetune_llm_multiturn(
+            [agent], max_turns=3, env_factory=env_factory, max_steps=4, evaluation_interval=2,
+            batch_size=2, group_size=4, run_dir=tmp_path / name, verbose=False,
+            tensorboard=False, plot=False, async_config=config,
+            rollout_factory=functools.partial(rollout_pieces, demo.run_config(tmp_path / "w")),
+        )  # fmt: skip
+        rows[name] = _rows(tmp_path / name)
+    assert [r["step"] for r in rows["async"]] == [1, 2, 3, 4]
+    assert "fitness" in rows["sync"][-1]
+    assert _sync_part(rows["async"]) == rows["sync"]  # every learn metric and fitness, exactly
+    assert all(r["async_staleness_max"] == 0 for r in rows["async"])
+    assert not _worker_pids(os.getpid())
+    with pytest.raises(ValueError, match="`env_factory` must be picklable"):
+        finetune_llm_multiturn(
+            [agent], max_turns=3, env_factory=lambda: None, max_steps=1,
+            run_dir=tmp_path / "x", verbose=False, async_config=AsyncConfig(max_staleness=1),
+            rollout_factory=functools.partial(rollout_pieces, demo.run_config(tmp_path / "w")),
+        )  # fmt: skip

@@ -47,7 +47,13 @@ from rl_train.rollout_worker import (
     weight_update,
     worker_main,
 )
-from rl_train.sources import REASONING_METRICS, StepOutput
+from rl_train.sources import (
+    REASONING_METRICS,
+    Episodes,
+    MultiTurnSource,
+    StepOutput,
+    learn_episodes,
+)
 
 __all__ = ["ASYNC_METRICS", "AsyncReasoningSource", "RolloutWorkerError", "check_async_agent"]
 
@@ -103,21 +109,33 @@ class AsyncReasoningSource:
             must be picklable (a module-level function or a ``functools.partial`` of one,
             e.g. ``functools.partial(rl_train.builder.rollout_pieces, run_config)``).
         config: The :class:`~rl_train.config.AsyncConfig`.
+        episodes: Multi-turn episodes for the worker to play (its ``env_factory`` picklable)
+            instead of the ``ReasoningGym``'s prompts; each step then learns from one batch of
+            :class:`~rl_train.sources.Episodes` as :class:`~rl_train.sources.MultiTurnSource`
+            does (turn-level rewards, turn ids, sampling log-probs), and the factory's ``env``
+            may be None.
     """
 
     metric_keys: tuple[str, ...] | None = REASONING_METRICS + ASYNC_METRICS
 
-    def __init__(self, factory: Callable[[], RolloutPieces], config: AsyncConfig) -> None:
-        try:
-            pickle.dumps(factory)
-        except Exception as exc:
-            raise ValueError(
-                "`rollout_factory` must be picklable to reach the worker process: a "
-                "module-level function or functools.partial of one (not a lambda or a "
-                f"closure); pickling failed with {type(exc).__name__}: {exc}"
-            ) from exc
+    def __init__(
+        self,
+        factory: Callable[[], RolloutPieces],
+        config: AsyncConfig,
+        episodes: MultiTurnSource | None = None,
+    ) -> None:
+        for name, obj in (("rollout_factory", factory), ("env_factory", episodes)):
+            try:
+                pickle.dumps(obj)
+            except Exception as exc:
+                raise ValueError(
+                    f"`{name}` must be picklable to reach the worker process: a "
+                    "module-level function or functools.partial of one (not a lambda or a "
+                    f"closure); pickling failed with {type(exc).__name__}: {exc}"
+                ) from exc
         self.factory = factory
         self.config = config
+        self.episodes = episodes
         self.process: Any = None
         self.inbox: Any = None
         self.outbox: Any = None
@@ -161,12 +179,16 @@ class AsyncReasoningSource:
         depth = self._depth()
         rollout = batch.rollout()
         agent._rng.setstate(batch.rng_state)  # the seeds drawn so far, as the sync loop's
-        metrics = agent.learn(
-            (rollout.completion_ids, rollout.action_masks, rollout.rewards),
-            sampling_logps=rollout.sampling_logprobs,
-        )
-        agent.set_reference_policy(batch.num_epochs)
-        agent.scores.append(float(rollout.rewards.float().mean()))
+        if isinstance(rollout, Episodes):
+            out = learn_episodes(agent, rollout)
+        else:
+            metrics = agent.learn(
+                (rollout.completion_ids, rollout.action_masks, rollout.rewards),
+                sampling_logps=rollout.sampling_logprobs,
+            )
+            agent.set_reference_policy(batch.num_epochs)
+            agent.scores.append(float(rollout.rewards.float().mean()))
+            out = StepOutput(metrics, rollout.rewards)
         self.env_state, self.version = batch.env_state, step + 1
         sent = 0
         if self.version % self.config.weight_sync_steps == 0:
@@ -176,7 +198,7 @@ class AsyncReasoningSource:
         self.last_end = end
         self.dropped_total += dropped
         staleness = float(step - batch.version)
-        metrics = dict(metrics)
+        metrics = dict(out.metrics)
         metrics.update(
             async_staleness_mean=staleness,
             async_staleness_max=staleness,
@@ -186,7 +208,7 @@ class AsyncReasoningSource:
             async_trainer_idle=waited / since if since > 0 else 0.0,
             async_weight_sync_bytes=float(sent),
         )
-        return StepOutput(metrics, rollout.rewards)
+        return StepOutput(metrics, out.rewards)
 
     def state_dict(self) -> dict[str, Any] | None:
         """The environment's state after the last consumed batch, plus ``policy_version``."""
@@ -228,6 +250,7 @@ class AsyncReasoningSource:
             strategy=self.config.strategy,
             threads=self.config.worker_threads or torch.get_num_threads(),
             parent_pid=os.getpid(),
+            episodes=self.episodes,
         )
         self.process = ctx.Process(
             target=worker_main,

@@ -203,6 +203,8 @@ def finetune_llm_multiturn(
     tensorboard: bool = True,
     plot: bool = True,
     eval_episodes: int = 4,
+    async_config: AsyncConfig | None = None,
+    rollout_factory: Callable[[], RolloutPieces] | None = None,
     **ignored: Any,
 ) -> list[LLMAlgorithm]:
     """Train ``pop`` on a multi-turn environment (AgileRL's loop, same arguments).
@@ -228,17 +230,34 @@ def finetune_llm_multiturn(
         tensorboard: Also write TensorBoard events.
         plot: Write ``reward_curve.png`` at the end.
         eval_episodes: Episodes per evaluation.
+        async_config: Play the episodes in a rollout worker process while training
+            (:class:`~rl_train.config.AsyncConfig`; one agent, not PPO/ILQL); ``env_factory``
+            must then be picklable (a module-level function or ``functools.partial`` of one).
+            None: the synchronous loop.
+        rollout_factory: With ``async_config``: a picklable function building the worker's
+            agent like ``pop[0]`` (:class:`~rl_train.rollout_worker.RolloutPieces` with
+            ``env=None``).
         **ignored: AgileRL's other arguments (unused).
 
     Returns:
         The trained population.
     """
     del ignored
+    if async_config is not None and rollout_factory is None:
+        raise ValueError(
+            "`async_config` needs `rollout_factory`: a picklable function that builds the "
+            "rollout worker's agent (RolloutPieces(agent)) like pop[0]"
+        )
     if not pop:
         raise ValueError("`pop` is empty: pass at least one agent")
     run = Path(run_dir or "runs/multiturn")
-    source = MultiTurnSource(
+    episodes = MultiTurnSource(
         env_factory, max_turns, batch_size=batch_size, group_size=group_size, seed=seed
+    )
+    source: Source = (
+        episodes
+        if async_config is None or rollout_factory is None
+        else AsyncReasoningSource(rollout_factory, async_config, episodes=episodes)
     )
 
     def fitness(agents: Sequence[Any]) -> float:
