@@ -264,3 +264,46 @@ def test_multiturn_max_staleness_0_is_the_synchronous_run_bit_for_bit(tmp_path: 
             run_dir=tmp_path / "x", verbose=False, async_config=AsyncConfig(max_staleness=1),
             rollout_factory=functools.partial(rollout_pieces, demo.run_config(tmp_path / "w")),
         )  # fmt: skip
+
+
+def test_a_worker_on_a_rollout_server_is_the_synchronous_run_bit_for_bit(tmp_path: Path) -> None:
+    """``async.engine_url``: the worker generates through a real ``rl-rollout-server`` process
+    (hf engine) and pushes the trainer's weights to it; at staleness 0 that is the sync run."""
+    import socket
+
+    from rl_train.tiny import tiny_model, tiny_tokenizer
+
+    demo = DemoConfig(steps=4, evaluation_interval=2, **SMALL)
+    tok = tiny_tokenizer()
+    tiny_model(len(tok), seed=99).save_pretrained(tmp_path / "server-model")  # other weights:
+    tok.save_pretrained(tmp_path / "server-model")  # the first push must overwrite them all
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "rl_rollout", "--engine", "hf", "--model",
+           str(tmp_path / "server-model"), "--port", str(port), "--max-model-len",
+           str(demo.max_model_len)]  # fmt: skip
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert server.stdout is not None
+        seen: list[str] = []
+        while not seen or f"http://127.0.0.1:{port}" not in seen[-1]:
+            line = server.stdout.readline()
+            assert line, f"rollout server exited before serving: {''.join(seen)}"
+            seen.append(line)
+        train(demo.run_config(tmp_path / "sync"), verbose=False)
+        config = demo.run_config(tmp_path / "async")
+        config.async_ = AsyncConfig(max_staleness=0, engine_url=f"http://127.0.0.1:{port}")
+        train(config, verbose=False)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    sync, asyn = _rows(tmp_path / "sync"), _rows(tmp_path / "async")
+    assert [r["step"] for r in asyn] == [1, 2, 3, 4]
+    assert _sync_part(asyn) == sync
+    # the server is gone: a new run's worker fails at its start, naming the server
+    config = demo.run_config(tmp_path / "down")
+    config.async_ = AsyncConfig(max_staleness=1, engine_url=f"http://127.0.0.1:{port}")
+    with pytest.raises(RolloutWorkerError, match=r"cannot reach .*127\.0\.0\.1"):
+        train(config, verbose=False)
+    assert not _worker_pids(os.getpid())

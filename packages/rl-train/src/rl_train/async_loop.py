@@ -150,6 +150,12 @@ class AsyncReasoningSource:
     def start(self, agents: Sequence[Any], state: dict[str, Any] | None) -> None:
         """Check the agent; remember a resumed run's environment state (the worker starts later)."""
         check_async_agent(agents)
+        if self.config.engine_url is not None and agents[0].policy.peft is not None:
+            raise ValueError(
+                "async.engine_url: a rollout server takes full weights, and this agent trains "
+                "LoRA adapters; drop engine_url (the worker's own engine syncs the adapters "
+                "only) or fine-tune fully"
+            )
         if self.config.max_staleness > 0 and not agents[0].vllm_importance_sampling_correction:
             warnings.warn(
                 "async training with max_staleness > 0 and "
@@ -250,7 +256,9 @@ class AsyncReasoningSource:
             strategy=self.config.strategy,
             threads=self.config.worker_threads or torch.get_num_threads(),
             parent_pid=os.getpid(),
+            timeout_s=self.config.timeout_s,
             episodes=self.episodes,
+            engine_url=self.config.engine_url,
         )
         self.process = ctx.Process(
             target=worker_main,

@@ -89,9 +89,14 @@ class WorkerStart:
     """Torch threads of the worker."""
     parent_pid: int
     """The trainer's pid (the worker exits when it is gone)."""
+    timeout_s: float = 120.0
+    """Seconds a call to a rollout server (:attr:`engine_url`) may take."""
     episodes: MultiTurnSource | None = None
     """Multi-turn episodes to play instead of the ``ReasoningGym``'s prompts (picklable: its
     ``env_factory`` a module-level function or a ``functools.partial`` of one)."""
+    engine_url: str | None = None
+    """A rollout server to generate with (:class:`rl_rollout.RemoteEngine`; the trainer's
+    weights are pushed to it), instead of the worker agent's own engine."""
 
 
 @dataclass(frozen=True)
@@ -328,6 +333,11 @@ def worker_main(start: WorkerStart, inbox: Any, outbox: Any) -> None:
         torch.set_num_threads(start.threads)
         pieces = start.factory()
         agent, env = pieces.agent, pieces.env
+        if start.engine_url is not None:
+            from rl_rollout import RemoteEngine
+
+            agent.engine = RemoteEngine(start.engine_url, timeout=start.timeout_s)
+            agent.engine.health()  # a server that is down fails here, named, not mid-run
         agent._rng.setstate(start.rng_state)
         prompts = None
         if start.episodes is None:
