@@ -307,3 +307,39 @@ def test_a_worker_on_a_rollout_server_is_the_synchronous_run_bit_for_bit(tmp_pat
     with pytest.raises(RolloutWorkerError, match=r"cannot reach .*127\.0\.0\.1"):
         train(config, verbose=False)
     assert not _worker_pids(os.getpid())
+
+
+def _torchrun(*args: str) -> subprocess.CompletedProcess[str]:
+    """``rl-train run ARGS`` on 2 CPU processes (torchrun, gloo), as users launch DDP."""
+    import socket
+
+    with socket.socket() as s:  # torchrun's --master_port 0 hangs: pick a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "rl_train", "run",
+           *args, "--quiet"]  # fmt: skip
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+@pytest.mark.slow  # two trainer processes, each with its rollout worker: `nox -s slow`
+def test_under_ddp_each_process_has_a_worker_and_staleness_0_is_the_sync_run(
+    tmp_path: Path,
+) -> None:
+    """torchrun with 2 processes: each samples its own shard of the prompts in its own worker;
+    at staleness 0 the metrics (means over processes) equal the synchronous DDP run's."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("algo: grpo\nmodel:\n  name: tiny\n")
+    common = ["train.steps=6", "train.evaluation_interval=3", "train.checkpoint_steps=3",
+              "data.n_train=64", "data.n_test=8", "data.prompts_per_step=2",
+              "agent.group_size=4"]  # fmt: skip
+    for name, extra in (("sync", []), ("async", ["async.max_staleness=0"])):
+        proc = _torchrun(str(cfg), *common, *extra, f"train.run_dir={tmp_path / name}")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sync, asyn = _rows(tmp_path / "sync"), _rows(tmp_path / "async")
+    assert [r["step"] for r in asyn] == [1, 2, 3, 4, 5, 6]  # written once, by process 0
+    assert _sync_part(asyn) == sync
+    assert all(r["async_staleness_max"] == 0 for r in asyn)
+    ranks = sorted(p.name for p in (tmp_path / "async/checkpoints/step_00000006").iterdir())
+    assert ranks == sorted(p.name for p in (tmp_path / "sync/checkpoints/step_00000006").iterdir())

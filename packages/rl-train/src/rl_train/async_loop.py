@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from rl_algos.distributed import deepspeed_plugin
 
 from rl_train.config import ASYNC_REFUSED, AsyncConfig
 from rl_train.rollout_worker import (
@@ -92,11 +93,10 @@ def check_async_agent(agents: Sequence[Any]) -> None:
     if name in ASYNC_REFUSED or getattr(agent, "uses_critic", False):
         reason = ASYNC_REFUSED.get(name, ASYNC_REFUSED["ppo"])
         raise ValueError(f"async_config: {reason}")
-    if getattr(agent, "accelerator", None) is not None:
+    if deepspeed_plugin(getattr(agent, "accelerator", None)) is not None:
         raise ValueError(
-            "async training runs one process (the trainer) plus the rollout worker; it does "
-            "not run under a launcher (DDP/DeepSpeed) yet: start it without torchrun / "
-            "accelerate launch, or drop async_config / async:"
+            "async training runs under DDP (each process with its own rollout worker) but not "
+            "under DeepSpeed yet: drop deepspeed_config, or drop async_config / async:"
         )
 
 

@@ -127,7 +127,9 @@ def finetune_llm_reasoning(
         rollout_factory: With ``async_config``: a picklable function building the worker's
             agent and environment like ``pop[0]`` and ``env``
             (:class:`~rl_train.rollout_worker.RolloutPieces`), e.g.
-            ``functools.partial(rl_train.builder.rollout_pieces, run_config)``.
+            ``functools.partial(rl_train.builder.rollout_pieces, run_config)``; under DDP each
+            process's factory must build that process's shard of the data (``rollout_pieces``'
+            ``shard``).
 
     Returns:
         The trained population.
