@@ -401,7 +401,17 @@ def build(config: RunConfig, *, distributed: bool = True) -> Built:
     return Built(config, accelerator, model, tokenizer, env, agent)
 
 
-def rollout_pieces(config: RunConfig) -> RolloutPieces:
+@dataclass(frozen=True)
+class ProcessShard:
+    """Which shard of the prompts a data-parallel process trains on (its worker samples it)."""
+
+    process_index: int
+    """The trainer process's rank."""
+    num_processes: int
+    """The world size."""
+
+
+def rollout_pieces(config: RunConfig, shard: ProcessShard | None = None) -> RolloutPieces:
     """The asynchronous rollout worker's agent and environment: :func:`build` without a launcher.
 
     Picklable as ``functools.partial(rollout_pieces, config)``, the factory the trainer hands
@@ -409,9 +419,12 @@ def rollout_pieces(config: RunConfig) -> RolloutPieces:
 
     Args:
         config: The run configuration (the trainer's).
+        shard: Under a launcher (DDP), the trainer process's shard: the worker's
+            ``ReasoningGym`` then serves the same prompts as that process's environment.
 
     Returns:
         A fresh agent and ``ReasoningGym`` configured like the trainer's.
     """
     built = build(config, distributed=False)
-    return RolloutPieces(built.agent, built.env)
+    env = built.env if shard is None else build_env(config, built.tokenizer, shard)
+    return RolloutPieces(built.agent, env)

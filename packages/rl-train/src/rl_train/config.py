@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -156,6 +157,12 @@ class AsyncConfig:
     worker_threads: int | None = None
     """Torch threads of the worker process (None: the trainer's count, which keeps
     ``max_staleness: 0`` bit-exact)."""
+    engine_url: str | None = None
+    """``http://host:port`` of a rollout server (``rl-rollout-server``: vLLM on its own GPUs,
+    or the hf engine on another machine): the worker generates through
+    :class:`rl_rollout.RemoteEngine` and pushes the trainer's weights to that server (full
+    fine-tuning only; a LoRA run keeps the worker's local engine). None: the worker's own
+    hf engine."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_staleness, bool) or self.max_staleness < 0:
@@ -181,6 +188,13 @@ class AsyncConfig:
         if self.worker_threads is not None and self.worker_threads < 1:
             raise ConfigError(
                 f"async.worker_threads must be >= 1 or null, got {self.worker_threads}"
+            )
+        if self.engine_url is not None and not re.fullmatch(
+            r"http://[^/:\s]+:\d+/?", str(self.engine_url)
+        ):
+            raise ConfigError(
+                f"async.engine_url must look like 'http://host:port' (a rollout server), got "
+                f"{self.engine_url!r}"
             )
 
 

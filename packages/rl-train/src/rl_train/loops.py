@@ -129,7 +129,9 @@ def finetune_llm_reasoning(
         rollout_factory: With ``async_config``: a picklable function building the worker's
             agent and environment like ``pop[0]`` and ``env``
             (:class:`~rl_train.rollout_worker.RolloutPieces`), e.g.
-            ``functools.partial(rl_train.builder.rollout_pieces, run_config)``.
+            ``functools.partial(rl_train.builder.rollout_pieces, run_config)``; under DDP each
+            process's factory must build that process's shard of the data (``rollout_pieces``'
+            ``shard``).
         report_to: Trackers as in TRL: ``tensorboard``, ``wandb``, ``mlflow``, ``trackio``
             (a name or a list), ``"none"`` or ``"all"`` (:mod:`rl_train.trackers`); replaces
             ``tensorboard`` and ``wb``. None: ``tensorboard`` and ``wb`` decide.
@@ -214,6 +216,8 @@ def finetune_llm_multiturn(
     tensorboard: bool = True,
     plot: bool = True,
     eval_episodes: int = 4,
+    async_config: AsyncConfig | None = None,
+    rollout_factory: Callable[[], RolloutPieces] | None = None,
     report_to: str | Sequence[str] | None = None,
     project: str = "rl-train",
     **ignored: Any,
@@ -241,6 +245,13 @@ def finetune_llm_multiturn(
         tensorboard: Also write TensorBoard events.
         plot: Write ``reward_curve.png`` at the end.
         eval_episodes: Episodes per evaluation.
+        async_config: Play the episodes in a rollout worker process while training
+            (:class:`~rl_train.config.AsyncConfig`; one agent, not PPO/ILQL); ``env_factory``
+            must then be picklable (a module-level function or ``functools.partial`` of one).
+            None: the synchronous loop.
+        rollout_factory: With ``async_config``: a picklable function building the worker's
+            agent like ``pop[0]`` (:class:`~rl_train.rollout_worker.RolloutPieces` with
+            ``env=None``).
         report_to: Trackers, as in :func:`finetune_llm_reasoning` (None: ``tensorboard``
             decides).
         project: The trackers' project.
@@ -250,11 +261,21 @@ def finetune_llm_multiturn(
         The trained population.
     """
     del ignored
+    if async_config is not None and rollout_factory is None:
+        raise ValueError(
+            "`async_config` needs `rollout_factory`: a picklable function that builds the "
+            "rollout worker's agent (RolloutPieces(agent)) like pop[0]"
+        )
     if not pop:
         raise ValueError("`pop` is empty: pass at least one agent")
     run = Path(run_dir or "runs/multiturn")
-    source = MultiTurnSource(
+    episodes = MultiTurnSource(
         env_factory, max_turns, batch_size=batch_size, group_size=group_size, seed=seed
+    )
+    source: Source = (
+        episodes
+        if async_config is None or rollout_factory is None
+        else AsyncReasoningSource(rollout_factory, async_config, episodes=episodes)
     )
 
     def fitness(agents: Sequence[Any]) -> float:
