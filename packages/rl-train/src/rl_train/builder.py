@@ -23,11 +23,12 @@ from typing import Any
 import torch
 from rl_algos import get_preset, make_agent
 from rl_envs import ReasoningGym
+from rl_envs.remote_reward import RemoteReward
 from rl_envs.rewards import exact_match_reward, tagged_format_reward
 from rl_envs.tasks import available_tasks, train_test_split_task
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rl_train.config import ConfigError, RunConfig
+from rl_train.config import ConfigError, DataConfig, RunConfig
 from rl_train.rollout_worker import RolloutPieces
 from rl_train.tiny import TINY_AGENT, demo_reward, tiny_model, tiny_tokenizer
 
@@ -236,6 +237,11 @@ def build_reward(name: str) -> RewardFn:
     )
 
 
+def remote_reward(d: DataConfig) -> RemoteReward:
+    """The client of ``data.reward_url`` (with ``reward_timeout`` and ``reward_retries``)."""
+    return RemoteReward(d.reward_url or "", timeout=d.reward_timeout, retries=d.reward_retries)
+
+
 def _datasets(config: RunConfig) -> tuple[Any, Any]:
     """``(train, test)`` datasets of ``config.data``."""
     d = config.data
@@ -290,7 +296,7 @@ def build_env(config: RunConfig, tokenizer: Any, accelerator: Any = None) -> Rea
         train,
         test,
         tokenizer,
-        build_reward(d.reward),
+        build_reward(d.reward) if d.reward_url is None else remote_reward(d),
         template,
         data_batch_size_per_gpu=d.prompts_per_step,
         seed=config.train.seed,

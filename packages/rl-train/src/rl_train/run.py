@@ -134,6 +134,8 @@ def fit(built: Built, *, verbose: bool = True, say: Callable[[str], None] = _sil
             eval_fn=accuracy,
             async_config=config.async_,
             rollout_factory=functools.partial(rollout_pieces, config, _shard(built)),
+            report_to=t.report_to,
+            project=t.project,
         )
     else:
         offline_learning_loop(
@@ -146,6 +148,8 @@ def fit(built: Built, *, verbose: bool = True, say: Callable[[str], None] = _sil
             run_dir=run_dir,
             checkpoint_steps=t.checkpoint_steps,
             verbose=verbose,
+            report_to=t.report_to,
+            project=t.project,
         )
     after = greedy_accuracy(agent, env)
     report(f"greedy accuracy after training:  {after:.2f}")
