@@ -334,10 +334,9 @@ def worker_main(start: WorkerStart, inbox: Any, outbox: Any) -> None:
         pieces = start.factory()
         agent, env = pieces.agent, pieces.env
         if start.engine_url is not None:
-            from rl_rollout import RemoteEngine
+            from rl_algos.generation import remote_engine
 
-            agent.engine = RemoteEngine(start.engine_url, timeout=start.timeout_s)
-            agent.engine.health()  # a server that is down fails here, named, not mid-run
+            agent.engine = remote_engine(start.engine_url, start.timeout_s)
         agent._rng.setstate(start.rng_state)
         prompts = None
         if start.episodes is None:
