@@ -222,3 +222,124 @@ def test_a_worker_that_raises_stops_the_trainer_with_its_traceback(tmp_path: Pat
     assert "rollout worker" in message and "failed; its traceback" in message
     assert "unknown task 'no_such_task'" in message
     assert not _worker_pids(os.getpid())
+
+
+def test_multiturn_max_staleness_0_is_the_synchronous_run_bit_for_bit(tmp_path: Path) -> None:
+    """Episodes played by the worker, learned with turn-level credit, as the sync loop does."""
+    import functools
+
+    from rl_envs import TokenObservationWrapper
+    from rl_envs.tasks import GuessTheNumberEnv
+    from rl_train import finetune_llm_multiturn
+    from rl_train.builder import rollout_pieces
+    from rl_train.demo import build_agent
+    from rl_train.tiny import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    demo = DemoConfig(seed=0, group_size=4, max_model_len=96, **{"n_train": 8, "n_test": 8})
+    game = functools.partial(GuessTheNumberEnv, 0, 3, max_guesses=3, invalid_reward=-0.1)
+    env_factory = TokenObservationWrapper.factory(
+        game, tok, max_turns=3, pad_id=0, max_model_len=96, max_output_tokens=2,
+        apply_chat_template=False,
+    )  # fmt: skip
+    rows = {}
+    for name, config in (("sync", None), ("async", AsyncConfig(max_staleness=0))):
+        agent = build_agent(demo, tiny_model(len(tok), seed=0), tok)
+        agent.advantage_granularity = "turn"
+        finetune_llm_multiturn(
+            [agent], max_turns=3, env_factory=env_factory, max_steps=4, evaluation_interval=2,
+            batch_size=2, group_size=4, run_dir=tmp_path / name, verbose=False,
+            tensorboard=False, plot=False, async_config=config,
+            rollout_factory=functools.partial(rollout_pieces, demo.run_config(tmp_path / "w")),
+        )  # fmt: skip
+        rows[name] = _rows(tmp_path / name)
+    assert [r["step"] for r in rows["async"]] == [1, 2, 3, 4]
+    assert "fitness" in rows["sync"][-1]
+    assert _sync_part(rows["async"]) == rows["sync"]  # every learn metric and fitness, exactly
+    assert all(r["async_staleness_max"] == 0 for r in rows["async"])
+    assert not _worker_pids(os.getpid())
+    with pytest.raises(ValueError, match="`env_factory` must be picklable"):
+        finetune_llm_multiturn(
+            [agent], max_turns=3, env_factory=lambda: None, max_steps=1,
+            run_dir=tmp_path / "x", verbose=False, async_config=AsyncConfig(max_staleness=1),
+            rollout_factory=functools.partial(rollout_pieces, demo.run_config(tmp_path / "w")),
+        )  # fmt: skip
+
+
+def test_a_worker_on_a_rollout_server_is_the_synchronous_run_bit_for_bit(tmp_path: Path) -> None:
+    """``async.engine_url``: the worker generates through a real ``rl-rollout-server`` process
+    (hf engine) and pushes the trainer's weights to it; at staleness 0 that is the sync run."""
+    import socket
+
+    from rl_train.tiny import tiny_model, tiny_tokenizer
+
+    demo = DemoConfig(steps=4, evaluation_interval=2, **SMALL)
+    tok = tiny_tokenizer()
+    tiny_model(len(tok), seed=99).save_pretrained(tmp_path / "server-model")  # other weights:
+    tok.save_pretrained(tmp_path / "server-model")  # the first push must overwrite them all
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "rl_rollout", "--engine", "hf", "--model",
+           str(tmp_path / "server-model"), "--port", str(port), "--max-model-len",
+           str(demo.max_model_len)]  # fmt: skip
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert server.stdout is not None
+        seen: list[str] = []
+        while not seen or f"http://127.0.0.1:{port}" not in seen[-1]:
+            line = server.stdout.readline()
+            assert line, f"rollout server exited before serving: {''.join(seen)}"
+            seen.append(line)
+        train(demo.run_config(tmp_path / "sync"), verbose=False)
+        config = demo.run_config(tmp_path / "async")
+        config.async_ = AsyncConfig(max_staleness=0, engine_url=f"http://127.0.0.1:{port}")
+        train(config, verbose=False)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    sync, asyn = _rows(tmp_path / "sync"), _rows(tmp_path / "async")
+    assert [r["step"] for r in asyn] == [1, 2, 3, 4]
+    assert _sync_part(asyn) == sync
+    # the server is gone: a new run's worker fails at its start, naming the server
+    config = demo.run_config(tmp_path / "down")
+    config.async_ = AsyncConfig(max_staleness=1, engine_url=f"http://127.0.0.1:{port}")
+    with pytest.raises(RolloutWorkerError, match=r"cannot reach .*127\.0\.0\.1"):
+        train(config, verbose=False)
+    assert not _worker_pids(os.getpid())
+
+
+def _torchrun(*args: str) -> subprocess.CompletedProcess[str]:
+    """``rl-train run ARGS`` on 2 CPU processes (torchrun, gloo), as users launch DDP."""
+    import socket
+
+    with socket.socket() as s:  # torchrun's --master_port 0 hangs: pick a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_addr", "127.0.0.1", "--master_port", str(port), "-m", "rl_train", "run",
+           *args, "--quiet"]  # fmt: skip
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+@pytest.mark.slow  # two trainer processes, each with its rollout worker: `nox -s slow`
+def test_under_ddp_each_process_has_a_worker_and_staleness_0_is_the_sync_run(
+    tmp_path: Path,
+) -> None:
+    """torchrun with 2 processes: each samples its own shard of the prompts in its own worker;
+    at staleness 0 the metrics (means over processes) equal the synchronous DDP run's."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("algo: grpo\nmodel:\n  name: tiny\n")
+    common = ["train.steps=6", "train.evaluation_interval=3", "train.checkpoint_steps=3",
+              "data.n_train=64", "data.n_test=8", "data.prompts_per_step=2",
+              "agent.group_size=4"]  # fmt: skip
+    for name, extra in (("sync", []), ("async", ["async.max_staleness=0"])):
+        proc = _torchrun(str(cfg), *common, *extra, f"train.run_dir={tmp_path / name}")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sync, asyn = _rows(tmp_path / "sync"), _rows(tmp_path / "async")
+    assert [r["step"] for r in asyn] == [1, 2, 3, 4, 5, 6]  # written once, by process 0
+    assert _sync_part(asyn) == sync
+    assert all(r["async_staleness_max"] == 0 for r in asyn)
+    ranks = sorted(p.name for p in (tmp_path / "async/checkpoints/step_00000006").iterdir())
+    assert ranks == sorted(p.name for p in (tmp_path / "sync/checkpoints/step_00000006").iterdir())

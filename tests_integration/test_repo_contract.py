@@ -91,3 +91,18 @@ def test_no_source_file_is_over_600_lines() -> None:
         "each into modules by topic:\n  "
         + "\n  ".join(f"{path}: {n} lines" for path, n in sorted(too_long.items()))
     )
+
+
+def test_installs_compile_bytecode() -> None:
+    """Every environment uv syncs holds compiled bytecode, so no start recompiles torch/transformers.
+
+    With ``PYTHONDONTWRITEBYTECODE`` set (Docker images, CI) Python never writes ``.pyc`` files
+    itself; ``compile-bytecode`` makes uv write them at install (docs/benchmarks.md, start-up).
+    """
+    import importlib.util
+
+    import transformers.modeling_utils
+
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["uv"]["compile-bytecode"]
+    source = transformers.modeling_utils.__file__
+    assert Path(importlib.util.cache_from_source(source)).is_file(), f"no bytecode for {source}"

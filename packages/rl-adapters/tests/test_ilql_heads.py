@@ -123,6 +123,23 @@ def test_save_load_round_trip_is_exact(tmp_path: Path) -> None:
         heads(two_qs=True).load_tensors(h.tensors())
 
 
+def test_load_of_corrupted_files_names_the_file(tmp_path: Path) -> None:
+    heads(seed=1).save(tmp_path)
+    config = tmp_path / "ilql_heads.json"
+    good = config.read_text()
+    config.write_text(good[: len(good) // 2])  # a save cut off mid-write
+    with pytest.raises(CheckpointError, match=r"ilql_heads\.json is not valid JSON"):
+        ILQLHeads.load(tmp_path)
+    config.write_text(json.dumps({**json.loads(good), "gamma2": 0.5}))
+    with pytest.raises(CheckpointError, match=r"ilql_heads\.json: unknown ILQL head config keys"):
+        ILQLHeads.load(tmp_path)
+    config.write_text(good)
+    weights = tmp_path / "ilql_heads.safetensors"
+    weights.write_bytes(weights.read_bytes()[:40])
+    with pytest.raises(CheckpointError, match=r"ilql_heads\.safetensors is not valid safetensors"):
+        ILQLHeads.load(tmp_path)
+
+
 def test_inside_an_agent_checkpoint(tmp_path: Path) -> None:
     policy = PolicyModel(tl.base(), lora_config=tl.lora())
     h = ILQLHeads.for_model(policy.causal_lm, seed=5)

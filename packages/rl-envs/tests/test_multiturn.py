@@ -186,3 +186,20 @@ def test_vec_env_step_checks() -> None:
         vec.step([encode("a"), None])
     with pytest.raises(ValueError, match="`group_size` must be >= 1"):
         SyncMultiTurnVecEnv(lambda: wrap(Scripted()), batch_size=1, group_size=0)
+
+
+def test_factory_is_picklable_and_wraps_a_fresh_env_per_call() -> None:
+    import functools
+    import pickle
+
+    from rl_envs.tasks import GuessTheNumberEnv
+
+    factory = TokenObservationWrapper.factory(
+        functools.partial(GuessTheNumberEnv, 0, 3, max_guesses=2), tok(), max_turns=2,
+        pad_id=0, max_model_len=64, max_output_tokens=2, apply_chat_template=False,
+    )  # fmt: skip
+    again = pickle.loads(pickle.dumps(factory))
+    a, b = factory(), again()
+    assert isinstance(a, TokenObservationWrapper) and a.env is not b.env
+    assert (a.max_turns, a.max_model_len) == (2, 64)
+    assert a.reset(seed=3)[0]["input_ids"].tolist() == b.reset(seed=3)[0]["input_ids"].tolist()

@@ -51,6 +51,7 @@ def test_the_async_section_is_read_from_yaml_and_overrides(tmp_path: Path) -> No
         (["algo=ilql", "async.max_staleness=1"], "async: algo ilql learns offline"),
         (["engine=vllm", "async.max_staleness=1"], "async: the rollout worker runs the hf engine"),
         (["async_.max_staleness=1"], "unknown key 'async_'"),
+        (["async.engine_url=localhost:8000"], "async.engine_url must look like 'http://host:port'"),
     ],
 )
 def test_bad_async_settings_are_one_line_exit_2(
@@ -86,3 +87,19 @@ def test_the_python_api_refuses_what_async_cannot_train() -> None:
         source.start([_agent("ppo")], None)
     check_async_agent([grpo])
     assert source.process is None  # nothing started before the first step
+    from peft import LoraConfig
+    from rl_algos import make_agent
+    from rl_train.tiny import TINY_AGENT
+
+    tok = tiny_tokenizer()
+    lora = make_agent(
+        "grpo", actor_network=tiny_model(len(tok)), tokenizer=tok, group_size=4,
+        lora_config=LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0),
+        pad_token_id=tok.pad_token_id, pad_token=tok.pad_token, **TINY_AGENT,
+    )  # fmt: skip
+    remote = AsyncReasoningSource(
+        functools.partial(rollout_pieces, DemoConfig().run_config()),
+        AsyncConfig(engine_url="http://127.0.0.1:8000"),
+    )
+    with pytest.raises(ValueError, match=r"rollout server takes full weights.*LoRA"):
+        remote.start([lora], None)

@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
+
+from rl_adapters._checkpoint_read import CheckpointError, _load_tensors, _read_json
 
 __all__ = ["ILQLHeads", "ILQLHeadsConfig", "ILQLHeadsOutput"]
 
@@ -279,12 +281,23 @@ class ILQLHeads(nn.Module):
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> ILQLHeads:
-        """Rebuild heads saved by :meth:`save` (reads only safetensors and JSON)."""
+        """Rebuild heads saved by :meth:`save` (reads only safetensors and JSON).
+
+        Raises:
+            FileNotFoundError: ``directory`` lacks one of the two files.
+            CheckpointError: A file is corrupted or truncated, or the config holds unknown keys;
+                the message names the file.
+        """
         root = Path(directory)
         for name in (WEIGHTS_FILE, CONFIG_FILE):
             if not (root / name).is_file():
                 raise FileNotFoundError(f"{root} has no {name}: not a saved ILQLHeads directory")
-        config = ILQLHeadsConfig.from_dict(json.loads((root / CONFIG_FILE).read_text()))
+        try:
+            config = ILQLHeadsConfig.from_dict(_read_json(root / CONFIG_FILE))
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, CheckpointError):
+                raise
+            raise CheckpointError(f"{root / CONFIG_FILE}: {exc}") from exc
         heads = cls(config)
-        heads.load_tensors(load_file(str(root / WEIGHTS_FILE)), where=str(root / WEIGHTS_FILE))
+        heads.load_tensors(_load_tensors(root / WEIGHTS_FILE), where=str(root / WEIGHTS_FILE))
         return heads

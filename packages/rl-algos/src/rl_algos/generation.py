@@ -21,6 +21,7 @@ __all__ = [
     "model_eos_ids",
     "prompt_ids",
     "push_weights",
+    "remote_engine",
     "sampling_params",
     "vllm_engine",
 ]
@@ -177,6 +178,22 @@ def vllm_engine(
         enable_sleep_mode=vc.sleep_mode,
         enable_lora=True,
     )
+
+
+def remote_engine(url: str, timeout: float) -> Any:
+    """A :class:`rl_rollout.RemoteEngine` to the rollout server at ``url``, health-checked.
+
+    ``url`` is ``http://host:port``; a server that is down fails here, named, not mid-run.
+
+    Args:
+        url: The server's base URL.
+        timeout: Seconds any call (generation, weight sync) may take.
+    """
+    from rl_rollout import RemoteEngine
+
+    engine = RemoteEngine(url, timeout=timeout)
+    engine.health()
+    return engine
 
 
 def push_weights(

@@ -10,6 +10,7 @@ methods, and collates the episodes into padded tensors.
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -202,6 +203,23 @@ class TokenObservationWrapper:
         self._done = True
         self._terminated = False
         self._truncated = False
+
+    @staticmethod
+    def factory(
+        env_factory: Callable[[], TextEnv], tokenizer: Any, **kwargs: Any
+    ) -> Callable[[], TokenObservationWrapper]:
+        """A picklable ``env_factory``: each call wraps a fresh ``env_factory()``.
+
+        What a rollout worker process needs (``finetune_llm_multiturn(..., async_config=...)``),
+        where a lambda or a closure cannot be sent; ``env_factory`` itself must be picklable
+        (a class, a module-level function or a ``functools.partial`` of one).
+
+        Args:
+            env_factory: Builds one :class:`TextEnv`.
+            tokenizer: As for the constructor.
+            **kwargs: The constructor's other arguments (``max_turns``, ``pad_id``, ...).
+        """
+        return functools.partial(_wrap, env_factory, tokenizer, **kwargs)
 
     # -- rendering -----------------------------------------------------------------------------
 
@@ -458,3 +476,8 @@ class SyncMultiTurnVecEnv:
                 actions[i] = a
             current, _, _, _ = self.step(actions)
         return self.trajectories()
+
+
+def _wrap(env_factory: Callable[[], TextEnv], tokenizer: Any, **kwargs: Any) -> Any:
+    """:meth:`TokenObservationWrapper.factory`'s target (module level: picklable)."""
+    return TokenObservationWrapper(env_factory(), tokenizer, **kwargs)

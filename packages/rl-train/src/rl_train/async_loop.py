@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from rl_algos.distributed import deepspeed_plugin
 
 from rl_train.config import ASYNC_REFUSED, AsyncConfig
 from rl_train.rollout_worker import (
@@ -47,7 +48,13 @@ from rl_train.rollout_worker import (
     weight_update,
     worker_main,
 )
-from rl_train.sources import REASONING_METRICS, StepOutput
+from rl_train.sources import (
+    REASONING_METRICS,
+    Episodes,
+    MultiTurnSource,
+    StepOutput,
+    learn_episodes,
+)
 
 __all__ = ["ASYNC_METRICS", "AsyncReasoningSource", "RolloutWorkerError", "check_async_agent"]
 
@@ -86,11 +93,10 @@ def check_async_agent(agents: Sequence[Any]) -> None:
     if name in ASYNC_REFUSED or getattr(agent, "uses_critic", False):
         reason = ASYNC_REFUSED.get(name, ASYNC_REFUSED["ppo"])
         raise ValueError(f"async_config: {reason}")
-    if getattr(agent, "accelerator", None) is not None:
+    if deepspeed_plugin(getattr(agent, "accelerator", None)) is not None:
         raise ValueError(
-            "async training runs one process (the trainer) plus the rollout worker; it does "
-            "not run under a launcher (DDP/DeepSpeed) yet: start it without torchrun / "
-            "accelerate launch, or drop async_config / async:"
+            "async training runs under DDP (each process with its own rollout worker) but not "
+            "under DeepSpeed yet: drop deepspeed_config, or drop async_config / async:"
         )
 
 
@@ -103,21 +109,33 @@ class AsyncReasoningSource:
             must be picklable (a module-level function or a ``functools.partial`` of one,
             e.g. ``functools.partial(rl_train.builder.rollout_pieces, run_config)``).
         config: The :class:`~rl_train.config.AsyncConfig`.
+        episodes: Multi-turn episodes for the worker to play (its ``env_factory`` picklable)
+            instead of the ``ReasoningGym``'s prompts; each step then learns from one batch of
+            :class:`~rl_train.sources.Episodes` as :class:`~rl_train.sources.MultiTurnSource`
+            does (turn-level rewards, turn ids, sampling log-probs), and the factory's ``env``
+            may be None.
     """
 
     metric_keys: tuple[str, ...] | None = REASONING_METRICS + ASYNC_METRICS
 
-    def __init__(self, factory: Callable[[], RolloutPieces], config: AsyncConfig) -> None:
-        try:
-            pickle.dumps(factory)
-        except Exception as exc:
-            raise ValueError(
-                "`rollout_factory` must be picklable to reach the worker process: a "
-                "module-level function or functools.partial of one (not a lambda or a "
-                f"closure); pickling failed with {type(exc).__name__}: {exc}"
-            ) from exc
+    def __init__(
+        self,
+        factory: Callable[[], RolloutPieces],
+        config: AsyncConfig,
+        episodes: MultiTurnSource | None = None,
+    ) -> None:
+        for name, obj in (("rollout_factory", factory), ("env_factory", episodes)):
+            try:
+                pickle.dumps(obj)
+            except Exception as exc:
+                raise ValueError(
+                    f"`{name}` must be picklable to reach the worker process: a "
+                    "module-level function or functools.partial of one (not a lambda or a "
+                    f"closure); pickling failed with {type(exc).__name__}: {exc}"
+                ) from exc
         self.factory = factory
         self.config = config
+        self.episodes = episodes
         self.process: Any = None
         self.inbox: Any = None
         self.outbox: Any = None
@@ -132,6 +150,12 @@ class AsyncReasoningSource:
     def start(self, agents: Sequence[Any], state: dict[str, Any] | None) -> None:
         """Check the agent; remember a resumed run's environment state (the worker starts later)."""
         check_async_agent(agents)
+        if self.config.engine_url is not None and agents[0].policy.peft is not None:
+            raise ValueError(
+                "async.engine_url: a rollout server takes full weights, and this agent trains "
+                "LoRA adapters; drop engine_url (the worker's own engine syncs the adapters "
+                "only) or fine-tune fully"
+            )
         if self.config.max_staleness > 0 and not agents[0].vllm_importance_sampling_correction:
             warnings.warn(
                 "async training with max_staleness > 0 and "
@@ -161,12 +185,16 @@ class AsyncReasoningSource:
         depth = self._depth()
         rollout = batch.rollout()
         agent._rng.setstate(batch.rng_state)  # the seeds drawn so far, as the sync loop's
-        metrics = agent.learn(
-            (rollout.completion_ids, rollout.action_masks, rollout.rewards),
-            sampling_logps=rollout.sampling_logprobs,
-        )
-        agent.set_reference_policy(batch.num_epochs)
-        agent.scores.append(float(rollout.rewards.float().mean()))
+        if isinstance(rollout, Episodes):
+            out = learn_episodes(agent, rollout)
+        else:
+            metrics = agent.learn(
+                (rollout.completion_ids, rollout.action_masks, rollout.rewards),
+                sampling_logps=rollout.sampling_logprobs,
+            )
+            agent.set_reference_policy(batch.num_epochs)
+            agent.scores.append(float(rollout.rewards.float().mean()))
+            out = StepOutput(metrics, rollout.rewards)
         self.env_state, self.version = batch.env_state, step + 1
         sent = 0
         if self.version % self.config.weight_sync_steps == 0:
@@ -176,7 +204,7 @@ class AsyncReasoningSource:
         self.last_end = end
         self.dropped_total += dropped
         staleness = float(step - batch.version)
-        metrics = dict(metrics)
+        metrics = dict(out.metrics)
         metrics.update(
             async_staleness_mean=staleness,
             async_staleness_max=staleness,
@@ -186,7 +214,7 @@ class AsyncReasoningSource:
             async_trainer_idle=waited / since if since > 0 else 0.0,
             async_weight_sync_bytes=float(sent),
         )
-        return StepOutput(metrics, rollout.rewards)
+        return StepOutput(metrics, out.rewards)
 
     def state_dict(self) -> dict[str, Any] | None:
         """The environment's state after the last consumed batch, plus ``policy_version``."""
@@ -228,6 +256,9 @@ class AsyncReasoningSource:
             strategy=self.config.strategy,
             threads=self.config.worker_threads or torch.get_num_threads(),
             parent_pid=os.getpid(),
+            timeout_s=self.config.timeout_s,
+            episodes=self.episodes,
+            engine_url=self.config.engine_url,
         )
         self.process = ctx.Process(
             target=worker_main,

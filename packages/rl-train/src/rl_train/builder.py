@@ -23,11 +23,18 @@ from typing import Any
 import torch
 from rl_algos import get_preset, make_agent
 from rl_envs import ReasoningGym
+from rl_envs.remote_reward import RemoteReward
 from rl_envs.rewards import exact_match_reward, tagged_format_reward
 from rl_envs.tasks import available_tasks, train_test_split_task
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rl_train.config import DATA_FILE_KINDS, ConfigError, RunConfig, _template_path
+from rl_train.config import (
+    DATA_FILE_KINDS,
+    ConfigError,
+    DataConfig,
+    RunConfig,
+    _template_path,
+)
 from rl_train.rollout_worker import RolloutPieces
 from rl_train.tiny import TINY_AGENT, demo_reward, tiny_model, tiny_tokenizer
 
@@ -246,6 +253,11 @@ def build_reward(name: str) -> RewardFn:
     )
 
 
+def remote_reward(d: DataConfig) -> RemoteReward:
+    """The client of ``data.reward_url`` (with ``reward_timeout`` and ``reward_retries``)."""
+    return RemoteReward(d.reward_url or "", timeout=d.reward_timeout, retries=d.reward_retries)
+
+
 def build_rewards(config: RunConfig) -> list[RewardFn]:
     """The reward functions ``data.reward`` names (one name or a list), in order.
 
@@ -348,15 +360,15 @@ def build_env(config: RunConfig, tokenizer: Any, accelerator: Any = None) -> Rea
             train,
             test,
             tokenizer,
-            build_rewards(config),
+            build_rewards(config) if d.reward_url is None else [remote_reward(d)],
             template,
             data_batch_size_per_gpu=d.prompts_per_step,
             seed=config.train.seed,
             question_column=d.question_column,
             answer_column=d.answer_column,
             accelerator=accelerator,
-            reward_weights=d.reward_weights,
-            reward_style=None if d.reward_style == "auto" else d.reward_style,
+            reward_weights=None if d.reward_url is not None else d.reward_weights,
+            reward_style=None if d.reward_style == "auto" or d.reward_url else d.reward_style,
             prompt_column=d.prompt_column,
         )
     except ValueError as exc:
@@ -458,7 +470,17 @@ def build(config: RunConfig, *, distributed: bool = True) -> Built:
     return Built(config, accelerator, model, tokenizer, env, agent)
 
 
-def rollout_pieces(config: RunConfig) -> RolloutPieces:
+@dataclass(frozen=True)
+class ProcessShard:
+    """Which shard of the prompts a data-parallel process trains on (its worker samples it)."""
+
+    process_index: int
+    """The trainer process's rank."""
+    num_processes: int
+    """The world size."""
+
+
+def rollout_pieces(config: RunConfig, shard: ProcessShard | None = None) -> RolloutPieces:
     """The asynchronous rollout worker's agent and environment: :func:`build` without a launcher.
 
     Picklable as ``functools.partial(rollout_pieces, config)``, the factory the trainer hands
@@ -466,9 +488,12 @@ def rollout_pieces(config: RunConfig) -> RolloutPieces:
 
     Args:
         config: The run configuration (the trainer's).
+        shard: Under a launcher (DDP), the trainer process's shard: the worker's
+            ``ReasoningGym`` then serves the same prompts as that process's environment.
 
     Returns:
         A fresh agent and ``ReasoningGym`` configured like the trainer's.
     """
     built = build(config, distributed=False)
-    return RolloutPieces(built.agent, built.env)
+    env = built.env if shard is None else build_env(config, built.tokenizer, shard)
+    return RolloutPieces(built.agent, env)

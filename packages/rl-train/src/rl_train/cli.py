@@ -12,11 +12,13 @@ algorithm names) are checked before torch or any model library is imported; ``rl
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import version
 
 from rl_algos.names import ALGORITHMS
+from rl_envs.remote_reward import RewardServerError, add_server_arguments, load_reward, serve
 from rl_envs.tasks import available_tasks
 
 from rl_train.config import load_config
@@ -30,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``rl-train`` command.
 
     Returns:
-        The parser (sub-commands ``demo``, ``run``, ``eval``).
+        The parser (sub-commands ``demo``, ``run``, ``eval``, ``reward-server``).
     """
     parser = argparse.ArgumentParser(
         prog="rl-train",
@@ -69,6 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--config", default=None, help="the run's YAML (default: built-in demo)")
     ev.add_argument("overrides", nargs="*", help="key.sub=value overrides")
     ev.add_argument("--debug", action="store_true", help="show tracebacks")
+    rs = sub.add_parser(
+        "reward-server",
+        help="serve a reward function over HTTP (data.reward_url)",
+        description="Serve a reward function over HTTP for runs with data.reward_url (e.g. a "
+        "reward model on another machine): demo, exact_match, tagged or module:function "
+        "(per sample, (completion, answer, question) -> float, or TRL-style batched).",
+    )
+    add_server_arguments(rs)
+    rs.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        help="a module or .py file to import first (repeatable), as the config's imports",
+    )
+    rs.add_argument("--debug", action="store_true", help="show tracebacks")
     return parser
 
 
@@ -130,6 +148,21 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _reward_server(args: argparse.Namespace) -> int:
+    """``rl-train reward-server --reward NAME [--import MODULE] [--host H] [--port P]``."""
+    if args.imports or ":" not in args.reward:  # the built-in rewards and imports: torch
+        from rl_train.builder import build_reward, import_user_code
+
+        import_user_code(args.imports)
+        fn = build_reward(args.reward)
+    else:  # module:function from the working directory, without torch
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        fn = load_reward(args.reward)
+    serve(fn, args.host, args.port)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``rl-train`` command and return its exit status.
 
@@ -141,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    commands = {"demo": _demo, "run": _run, "eval": _eval}
+    commands = {"demo": _demo, "run": _run, "eval": _eval, "reward-server": _reward_server}
     if args.command in commands:
         try:
             return commands[args.command](args)
@@ -150,6 +183,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             print(f"rl-train: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        except Exception as exc:  # a reward server down or silent: its message, one line
+            server_error = exc if isinstance(exc, RewardServerError) else exc.__cause__
+            if args.debug or not isinstance(server_error, RewardServerError):
+                raise
+            print(f"rl-train: {server_error}", file=sys.stderr)
+            return 1
     parser.print_help()
     return 0
 

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from rl_algos.names import ALGORITHMS  # torch-free: the config is checked before torch loads
+
+from rl_train.trackers import check_report_to
 
 __all__ = [
     "AsyncConfig",
@@ -99,6 +103,15 @@ class DataConfig:
     reward_style: str | list[str] = "auto"
     """``auto`` (read from each function's signature), ``agilerl``, ``trl`` or ``verl``; or
     one per reward function."""
+    reward_url: str | None = None
+    """``http://host:port`` of a reward server (``rl-train reward-server``, e.g. a reward model
+    on another machine); replaces ``reward``. One request scores a whole batch."""
+    reward_timeout: float = 60.0
+    """Seconds one reward request may take in all (retries included) before the run stops
+    with an error naming the server."""
+    reward_retries: int = 3
+    """Retries, with exponential backoff, of a reward request that failed to connect or got no
+    reply."""
     offline_path: str | None = None
     """Logged data for offline algorithms (``ilql``): a JSONL file, one
     ``{"sample": [prompt, output, ...] or text, "reward": float}`` per line. The task or
@@ -123,6 +136,12 @@ class TrainConfig:
     """Stop early once the test reward reaches this."""
     resume: bool = False
     """Continue from the latest checkpoint in ``run_dir``."""
+    report_to: str | list[str] = "tensorboard"
+    """Trackers beside the metrics files, as TRL's ``report_to``: ``tensorboard``, ``wandb``,
+    ``mlflow``, ``trackio`` (one or a list; each but TensorBoard needs its extra,
+    ``rl-train[wandb]``...), ``none`` or ``all``."""
+    project: str = "rl-train"
+    """The trackers' project (W&B project, MLflow experiment, trackio project)."""
 
 
 @dataclass
@@ -156,6 +175,12 @@ class AsyncConfig:
     worker_threads: int | None = None
     """Torch threads of the worker process (None: the trainer's count, which keeps
     ``max_staleness: 0`` bit-exact)."""
+    engine_url: str | None = None
+    """``http://host:port`` of a rollout server (``rl-rollout-server``: vLLM on its own GPUs,
+    or the hf engine on another machine): the worker generates through
+    :class:`rl_rollout.RemoteEngine` and pushes the trainer's weights to that server (full
+    fine-tuning only; a LoRA run keeps the worker's local engine). None: the worker's own
+    hf engine."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_staleness, bool) or self.max_staleness < 0:
@@ -181,6 +206,13 @@ class AsyncConfig:
         if self.worker_threads is not None and self.worker_threads < 1:
             raise ConfigError(
                 f"async.worker_threads must be >= 1 or null, got {self.worker_threads}"
+            )
+        if self.engine_url is not None and not re.fullmatch(
+            r"http://[^/:\s]+:\d+/?", str(self.engine_url)
+        ):
+            raise ConfigError(
+                f"async.engine_url must look like 'http://host:port' (a rollout server), got "
+                f"{self.engine_url!r}"
             )
 
 
@@ -398,6 +430,11 @@ def _check(config: RunConfig) -> None:
         )
     if config.engine not in ("hf", "vllm"):
         raise ConfigError(f"engine must be 'hf' or 'vllm', got {config.engine!r}")
+    _check_reward_url(config.data)
+    try:
+        check_report_to(config.train.report_to)
+    except ValueError as exc:
+        raise ConfigError(f"train.{exc}") from exc
     if config.async_ is not None:
         if config.algo in ASYNC_REFUSED:
             raise ConfigError(f"async: {ASYNC_REFUSED[config.algo]}")
@@ -406,6 +443,24 @@ def _check(config: RunConfig) -> None:
                 "async: the rollout worker runs the hf engine without DeepSpeed; set "
                 "engine: hf and remove deepspeed_config, or remove the async section"
             )
+
+
+def _check_reward_url(d: DataConfig) -> None:
+    """``data.reward_url`` and its timeout and retries, checked without connecting."""
+    if d.reward_url is not None:
+        parts = urlsplit(d.reward_url)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme != "http" or not parts.hostname or port is None:
+            raise ConfigError(
+                f"data.reward_url must look like 'http://host:port', got {d.reward_url!r}"
+            )
+    if not d.reward_timeout > 0:
+        raise ConfigError(f"data.reward_timeout must be > 0 seconds, got {d.reward_timeout}")
+    if d.reward_retries < 0:
+        raise ConfigError(f"data.reward_retries must be >= 0, got {d.reward_retries}")
 
 
 #: Algorithms the asynchronous loop refuses, and why (with the fix).

@@ -75,6 +75,8 @@ def finetune_llm_reasoning(
     save_fn: Callable[[Path], None] | None = None,
     async_config: AsyncConfig | None = None,
     rollout_factory: Callable[[], RolloutPieces] | None = None,
+    report_to: str | Sequence[str] | None = None,
+    project: str = "rl-train",
 ) -> list[LLMAlgorithm]:
     """Train ``pop`` on a :class:`rl_envs.ReasoningGym` (AgileRL's loop, same arguments).
 
@@ -127,7 +129,13 @@ def finetune_llm_reasoning(
         rollout_factory: With ``async_config``: a picklable function building the worker's
             agent and environment like ``pop[0]`` and ``env``
             (:class:`~rl_train.rollout_worker.RolloutPieces`), e.g.
-            ``functools.partial(rl_train.builder.rollout_pieces, run_config)``.
+            ``functools.partial(rl_train.builder.rollout_pieces, run_config)``; under DDP each
+            process's factory must build that process's shard of the data (``rollout_pieces``'
+            ``shard``).
+        report_to: Trackers as in TRL: ``tensorboard``, ``wandb``, ``mlflow``, ``trackio``
+            (a name or a list), ``"none"`` or ``"all"`` (:mod:`rl_train.trackers`); replaces
+            ``tensorboard`` and ``wb``. None: ``tensorboard`` and ``wb`` decide.
+        project: The trackers' project (W&B project, MLflow experiment, trackio project).
 
     Returns:
         The trained population.
@@ -155,7 +163,12 @@ def finetune_llm_reasoning(
         else AsyncReasoningSource(rollout_factory, async_config)
     )
     logger = open_logger(
-        run, tensorboard=tensorboard, wandb_project="rl-train" if wb else None, resume=resume
+        run,
+        tensorboard=tensorboard,
+        wandb_project=project if wb else None,
+        resume=resume,
+        report_to=report_to,
+        project=project,
     )
     resumed = resume_from(run, agents) if resume else None
     if resumed is not None:
@@ -203,6 +216,10 @@ def finetune_llm_multiturn(
     tensorboard: bool = True,
     plot: bool = True,
     eval_episodes: int = 4,
+    async_config: AsyncConfig | None = None,
+    rollout_factory: Callable[[], RolloutPieces] | None = None,
+    report_to: str | Sequence[str] | None = None,
+    project: str = "rl-train",
     **ignored: Any,
 ) -> list[LLMAlgorithm]:
     """Train ``pop`` on a multi-turn environment (AgileRL's loop, same arguments).
@@ -228,17 +245,37 @@ def finetune_llm_multiturn(
         tensorboard: Also write TensorBoard events.
         plot: Write ``reward_curve.png`` at the end.
         eval_episodes: Episodes per evaluation.
+        async_config: Play the episodes in a rollout worker process while training
+            (:class:`~rl_train.config.AsyncConfig`; one agent, not PPO/ILQL); ``env_factory``
+            must then be picklable (a module-level function or ``functools.partial`` of one).
+            None: the synchronous loop.
+        rollout_factory: With ``async_config``: a picklable function building the worker's
+            agent like ``pop[0]`` (:class:`~rl_train.rollout_worker.RolloutPieces` with
+            ``env=None``).
+        report_to: Trackers, as in :func:`finetune_llm_reasoning` (None: ``tensorboard``
+            decides).
+        project: The trackers' project.
         **ignored: AgileRL's other arguments (unused).
 
     Returns:
         The trained population.
     """
     del ignored
+    if async_config is not None and rollout_factory is None:
+        raise ValueError(
+            "`async_config` needs `rollout_factory`: a picklable function that builds the "
+            "rollout worker's agent (RolloutPieces(agent)) like pop[0]"
+        )
     if not pop:
         raise ValueError("`pop` is empty: pass at least one agent")
     run = Path(run_dir or "runs/multiturn")
-    source = MultiTurnSource(
+    episodes = MultiTurnSource(
         env_factory, max_turns, batch_size=batch_size, group_size=group_size, seed=seed
+    )
+    source: Source = (
+        episodes
+        if async_config is None or rollout_factory is None
+        else AsyncReasoningSource(rollout_factory, async_config, episodes=episodes)
     )
 
     def fitness(agents: Sequence[Any]) -> float:
@@ -247,7 +284,7 @@ def finetune_llm_multiturn(
     hooks: list[Hook] = [
         Evaluation(evaluation_interval, fitness=fitness),
         MetricsLog(
-            open_logger(run, tensorboard=tensorboard),
+            open_logger(run, tensorboard=tensorboard, report_to=report_to, project=project),
             curve=run / "reward_curve.png" if plot else None,
             title="episode return",
         ),
@@ -271,6 +308,8 @@ def offline_learning_loop(
     save_fn: Callable[[Path], None] | None = None,
     tensorboard: bool = False,
     verbose: bool = False,
+    report_to: str | Sequence[str] | None = None,
+    project: str = "rl-train",
 ) -> list[dict[str, float]]:
     """Train ``agent`` (an :class:`rl_algos.ILQL`) on ``dataset`` for ``steps`` steps.
 
@@ -296,6 +335,9 @@ def offline_learning_loop(
         save_fn: Called with each checkpoint directory.
         tensorboard: Also write TensorBoard events.
         verbose: Print the loss every 25 steps.
+        report_to: Trackers, as in :func:`finetune_llm_reasoning` (needs ``run_dir``; None:
+            ``tensorboard`` decides).
+        project: The trackers' project.
 
     Returns:
         The metrics rows, one per step.
@@ -303,7 +345,11 @@ def offline_learning_loop(
     if steps < 1:
         raise ValueError(f"`steps` must be >= 1, got {steps}")
     source = OfflineSource(dataset, batch_size, seed)
-    logger = open_logger(run_dir, tensorboard=tensorboard) if run_dir is not None else None
+    logger = (
+        open_logger(run_dir, tensorboard=tensorboard, report_to=report_to, project=project)
+        if run_dir is not None
+        else None
+    )
     hooks: list[Hook] = [Evaluation(evaluation_interval, extra=eval_fn), MetricsLog(logger, log_fn)]
     if verbose:
         hooks.append(PrintProgress(25))

@@ -1,4 +1,8 @@
-"""Metrics to the console, CSV, JSONL and TensorBoard, and the reward-curve PNG."""
+"""Metrics to the console, CSV, JSONL, TensorBoard and the trackers of ``report_to``.
+
+The trackers (W&B, MLflow, trackio) are in :mod:`rl_train.trackers`; the reward-curve PNG is
+drawn by :func:`plot_reward_curve`.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,12 @@ import csv
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rl_train.collective import is_main_process
+from rl_train.trackers import Tracker, check_report_to, open_tracker
 
 __all__ = ["MetricsLogger", "NullLogger", "open_logger", "plot_reward_curve"]
 
@@ -19,14 +25,18 @@ class MetricsLogger:
 
     TensorBoard event files go to ``run_dir/tensorboard`` (when the ``tensorboard`` package is
     importable), flushed at most every :attr:`tb_flush_s` seconds and on :meth:`close`;
-    Weights & Biases is used only when asked for and installed. The JSONL and CSV files get
-    each row as it is logged (the CSV is rewritten only when a new column appears).
+    the trackers of ``report_to`` (W&B, MLflow, trackio) get every row too. The JSONL and CSV
+    files get each row as it is logged (the CSV is rewritten only when a new column appears).
 
     Args:
         run_dir: The run directory (created).
-        tensorboard: Also write TensorBoard scalars.
-        wandb_project: A W&B project name to log to, or None.
+        tensorboard: Also write TensorBoard scalars (when ``report_to`` is None).
+        wandb_project: A W&B project name to log to, or None (when ``report_to`` is None).
         resume: Keep the existing files and append (a resumed run).
+        report_to: TRL's ``report_to``: ``tensorboard``, ``wandb``, ``mlflow``, ``trackio``
+            (a name or a list), ``"none"`` or ``"all"``; replaces ``tensorboard`` and
+            ``wandb_project``. See :mod:`rl_train.trackers`.
+        project: The trackers' project (W&B project, MLflow experiment, trackio project).
     """
 
     def __init__(
@@ -36,7 +46,13 @@ class MetricsLogger:
         tensorboard: bool = True,
         wandb_project: str | None = None,
         resume: bool = False,
+        report_to: str | Sequence[str] | None = None,
+        project: str = "rl-train",
     ) -> None:
+        if report_to is not None:
+            names = check_report_to(report_to)
+            tensorboard = "tensorboard" in names
+            wandb_project = None
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = self.run_dir / "metrics.jsonl"
@@ -56,11 +72,15 @@ class MetricsLogger:
                 self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
             except ImportError:  # pragma: no cover - tensorboard is a dependency
                 self._tb = None
-        self._wandb: Any = None
-        if wandb_project is not None:  # pragma: no cover - needs wandb and a login
-            import wandb
-
-            self._wandb = wandb.init(project=wandb_project, dir=str(self.run_dir))
+        self.trackers: list[Tracker] = []
+        if wandb_project is not None:  # finetune_llm_reasoning(wb=True)
+            self.trackers.append(open_tracker("wandb", self.run_dir, wandb_project, resume=resume))
+        if report_to is not None:
+            self.trackers += [
+                open_tracker(name, self.run_dir, project, resume=resume)
+                for name in names
+                if name != "tensorboard"
+            ]
 
     @staticmethod
     def read(path: str | Path) -> list[dict[str, Any]]:
@@ -93,8 +113,8 @@ class MetricsLogger:
             if time.monotonic() - self._tb_flushed >= self.tb_flush_s:
                 self._tb.flush()
                 self._tb_flushed = time.monotonic()
-        if self._wandb is not None:  # pragma: no cover
-            self._wandb.log(row, step=step)
+        for tracker in self.trackers:
+            tracker.log(step, {k: v for k, v in row.items() if k != "step"})
 
     def truncate(self, step: int) -> None:
         """Drop rows after ``step`` (resuming from a checkpoint written at ``step``)."""
@@ -106,8 +126,9 @@ class MetricsLogger:
         """Flush and close the writers."""
         if self._tb is not None:
             self._tb.close()
-        if self._wandb is not None:  # pragma: no cover
-            self._wandb.finish()
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
 
 
 class NullLogger:
@@ -134,6 +155,8 @@ def open_logger(
     tensorboard: bool = True,
     wandb_project: str | None = None,
     resume: bool = False,
+    report_to: str | Sequence[str] | None = None,
+    project: str = "rl-train",
 ) -> MetricsLogger | NullLogger:
     """A :class:`MetricsLogger` on process 0, a :class:`NullLogger` on the others.
 
@@ -142,6 +165,9 @@ def open_logger(
         tensorboard: Also write TensorBoard scalars.
         wandb_project: A W&B project name, or None.
         resume: Keep the existing files and append.
+        report_to: The trackers (see :class:`MetricsLogger`); None: ``tensorboard`` and
+            ``wandb_project`` decide.
+        project: The trackers' project.
 
     Returns:
         The logger of this process.
@@ -149,7 +175,12 @@ def open_logger(
     if not is_main_process():
         return NullLogger()
     return MetricsLogger(
-        run_dir, tensorboard=tensorboard, wandb_project=wandb_project, resume=resume
+        run_dir,
+        tensorboard=tensorboard,
+        wandb_project=wandb_project,
+        resume=resume,
+        report_to=report_to,
+        project=project,
     )
 
 

@@ -6,7 +6,10 @@ spawned process. The worker builds its own agent and environment with a picklabl
 (:class:`WeightUpdate`; with ``strategy="wait"`` it first waits until they are at most
 ``max_staleness`` versions behind the batch it is about to sample), ``get_action`` on the
 pending prompts, ``env.step`` for the rewards and the next prompts, and put a
-:class:`RolloutBatch` tagged with the policy version into the bounded queue.
+:class:`RolloutBatch` tagged with the policy version into the bounded queue. With
+:attr:`WorkerStart.episodes` (a :class:`~rl_train.sources.MultiTurnSource`) a batch is instead
+that source's :class:`~rl_train.sources.Episodes` of the step: multi-turn episodes played to
+their end with the worker's agent.
 
 Everything crossing the process boundary is a frozen dataclass; tensors travel as pickled
 bytes, each list of tensors packed into one flat buffer (:class:`Packed`): no shared-memory
@@ -35,6 +38,8 @@ from typing import Any
 
 import torch
 
+from rl_train.sources import Episodes, MultiTurnSource
+
 __all__ = [
     "Rollout",
     "RolloutBatch",
@@ -59,8 +64,9 @@ class RolloutPieces:
 
     agent: Any
     """An rl-algos agent on the worker's own copy of the model."""
-    env: Any
-    """A ``ReasoningGym`` (prompts and rewards), built like the trainer's."""
+    env: Any = None
+    """A ``ReasoningGym`` (prompts and rewards), built like the trainer's; None (unused) when
+    the worker plays multi-turn episodes (:attr:`WorkerStart.episodes`)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,14 @@ class WorkerStart:
     """Torch threads of the worker."""
     parent_pid: int
     """The trainer's pid (the worker exits when it is gone)."""
+    timeout_s: float = 120.0
+    """Seconds a call to a rollout server (:attr:`engine_url`) may take."""
+    episodes: MultiTurnSource | None = None
+    """Multi-turn episodes to play instead of the ``ReasoningGym``'s prompts (picklable: its
+    ``env_factory`` a module-level function or a ``functools.partial`` of one)."""
+    engine_url: str | None = None
+    """A rollout server to generate with (:class:`rl_rollout.RemoteEngine`; the trainer's
+    weights are pushed to it), instead of the worker agent's own engine."""
 
 
 @dataclass(frozen=True)
@@ -137,9 +151,12 @@ class RolloutBatch:
     idle: float
     """Of ``seconds``, the time spent waiting (for weights or queue space)."""
 
-    def rollout(self) -> Rollout:
-        """The tensors (decoded from :attr:`payload`)."""
-        ids, masks, logps, rewards = _decode(self.payload)
+    def rollout(self) -> Rollout | Episodes:
+        """The tensors (decoded from :attr:`payload`): prompts' samples, or episodes."""
+        decoded = _decode(self.payload)
+        if isinstance(decoded, Episodes):
+            return decoded
+        ids, masks, logps, rewards = decoded
         return Rollout(
             ids.unpack(), masks.unpack(), None if logps is None else logps.unpack(), rewards
         )
@@ -287,6 +304,22 @@ def _put(outbox: Any, batch: RolloutBatch, inbox: _Inbox) -> None:
             inbox.poll(None)
 
 
+def _sample(agent: Any, env: Any, prompts: Any) -> tuple[bytes, Any]:
+    """One batch of ``prompts``: ``get_action`` and ``env.step``; the payload, next prompts."""
+    result = agent.get_action(prompts)
+    prompts, rewards = env.step(result.completion_ids)
+    logps = result.sampling_logprobs
+    payload = _encode(
+        (
+            Packed.of(result.completion_ids),
+            Packed.of(result.action_masks),
+            None if logps is None else Packed.of(logps),
+            rewards,
+        )
+    )
+    return payload, prompts
+
+
 def worker_main(start: WorkerStart, inbox: Any, outbox: Any) -> None:
     """The worker process: sample, score and queue batches until stopped (see the module doc).
 
@@ -300,13 +333,18 @@ def worker_main(start: WorkerStart, inbox: Any, outbox: Any) -> None:
         torch.set_num_threads(start.threads)
         pieces = start.factory()
         agent, env = pieces.agent, pieces.env
+        if start.engine_url is not None:
+            from rl_algos.generation import remote_engine
+
+            agent.engine = remote_engine(start.engine_url, start.timeout_s)
         agent._rng.setstate(start.rng_state)
         prompts = None
-        if start.env_state is not None:
-            env.load_state_dict(start.env_state)
-            prompts = env.current_batch
-        if prompts is None:
-            prompts = env.reset(reset_dataloaders=True)
+        if start.episodes is None:
+            if start.env_state is not None:
+                env.load_state_dict(start.env_state)
+                prompts = env.current_batch
+            if prompts is None:
+                prompts = env.reset(reset_dataloaders=True)
         weights = _Inbox(inbox, agent, start.parent_pid)
         index = start.start_index
         weights.poll(start.start_index)  # the trainer's weights, before the first batch
@@ -315,21 +353,16 @@ def worker_main(start: WorkerStart, inbox: Any, outbox: Any) -> None:
             t0 = time.perf_counter()
             weights.poll(index - start.max_staleness if start.strategy == "wait" else None)
             idle = time.perf_counter() - t0 + put_wait
-            result = agent.get_action(prompts)
-            prompts, rewards = env.step(result.completion_ids)
-            logps = result.sampling_logprobs
-            payload = _encode(
-                (
-                    Packed.of(result.completion_ids),
-                    Packed.of(result.action_masks),
-                    None if logps is None else Packed.of(logps),
-                    rewards,
-                )
-            )
-            state = env.state_dict() if hasattr(env, "state_dict") else None
+            if start.episodes is not None:
+                payload = _encode(start.episodes.rollout(agent, 0, index))
+                state, epochs = None, 0
+            else:
+                payload, prompts = _sample(agent, env, prompts)
+                state = env.state_dict() if hasattr(env, "state_dict") else None
+                epochs = int(env.num_epochs)
             t1 = time.perf_counter()
             batch = RolloutBatch(
-                index, weights.version, payload, state, int(env.num_epochs),
+                index, weights.version, payload, state, epochs,
                 agent._rng.getstate(), t1 - last, idle,
             )  # fmt: skip
             _put(outbox, batch, weights)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rl_algos import get_preset
 
-from rl_train.builder import Built, build, rollout_pieces
+from rl_train.builder import Built, ProcessShard, build, rollout_pieces
 from rl_train.collective import is_main_process
 from rl_train.config import ConfigError, RunConfig, to_dict
 from rl_train.evaluation import greedy_accuracy
@@ -39,6 +39,14 @@ class Summary:
     """The run directory (absolute)."""
     main_process: bool
     """Whether this process is process 0 (the one that reports)."""
+
+
+def _shard(built: Built) -> ProcessShard | None:
+    """This process's data shard under a launcher (its async rollout worker samples it)."""
+    acc = built.accelerator
+    if acc is None or int(acc.num_processes) == 1:
+        return None
+    return ProcessShard(int(acc.process_index), int(acc.num_processes))
 
 
 def _silent(_: str) -> None:
@@ -125,7 +133,9 @@ def fit(built: Built, *, verbose: bool = True, say: Callable[[str], None] = _sil
             verbose=verbose,
             eval_fn=accuracy,
             async_config=config.async_,
-            rollout_factory=functools.partial(rollout_pieces, config),
+            rollout_factory=functools.partial(rollout_pieces, config, _shard(built)),
+            report_to=t.report_to,
+            project=t.project,
         )
     else:
         offline_learning_loop(
@@ -138,6 +148,8 @@ def fit(built: Built, *, verbose: bool = True, say: Callable[[str], None] = _sil
             run_dir=run_dir,
             checkpoint_steps=t.checkpoint_steps,
             verbose=verbose,
+            report_to=t.report_to,
+            project=t.project,
         )
     after = greedy_accuracy(agent, env)
     report(f"greedy accuracy after training:  {after:.2f}")

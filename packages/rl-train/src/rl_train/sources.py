@@ -24,6 +24,7 @@ from rl_train.offline import OfflineDataset
 
 __all__ = [
     "REASONING_METRICS",
+    "Episodes",
     "MultiTurnSource",
     "OfflineSource",
     "ReasoningSource",
@@ -156,6 +157,13 @@ class MultiTurnSource:
 
     def step(self, agent: Any, index: int, step: int) -> StepOutput:
         """Roll out one batch of episodes for ``agent`` and learn from them."""
+        return learn_episodes(agent, self.rollout(agent, index, step))
+
+    def rollout(self, agent: Any, index: int, step: int) -> Episodes:
+        """The batch of episodes of population member ``index`` at loop ``step`` (no update).
+
+        The asynchronous loop's rollout worker calls this with its own copy of the agent.
+        """
         G = self.group_size or int(getattr(agent, "group_size", 1))
         vec = SyncMultiTurnVecEnv(self.env_factory, batch_size=self.batch_size, group_size=G)
         recorder = _TurnRecorder(agent, vec)
@@ -165,18 +173,47 @@ class MultiTurnSource:
                 f"`max_turns`={self.max_turns} differs from the wrapper's "
                 f"{batch.turn_rewards.shape[1]}"
             )
-        experiences = (batch.input_ids, batch.action_mask[:, 1:], batch.turn_rewards)
         sampling = recorder.aligned(batch.turn_ids)
-        metrics = agent.learn(
-            experiences,
+        return Episodes(
+            input_ids=batch.input_ids,
+            action_mask=batch.action_mask[:, 1:],
+            turn_rewards=batch.turn_rewards,
             turn_ids=batch.turn_ids[:, 1:],
-            sampling_logps=None if sampling is None else sampling[:, 1:],
+            sampling_logprobs=None if sampling is None else sampling[:, 1:],
+            returns=batch.returns,
         )
-        return StepOutput(metrics, batch.returns)
 
     def state_dict(self) -> dict[str, Any] | None:
         """None: episodes are drawn from seeds, there is no cursor to keep."""
         return None
+
+
+@dataclass(frozen=True)
+class Episodes:
+    """One batch of finished episodes, as ``learn`` takes them (shifted by one: ``[:, 1:]``)."""
+
+    input_ids: torch.Tensor
+    """[N, L] each episode's tokens: prompt, actions and observations."""
+    action_mask: torch.Tensor
+    """[N, L - 1] bool, shifted by one: True at the policy's own tokens."""
+    turn_rewards: torch.Tensor
+    """[N, K] each turn's reward."""
+    turn_ids: torch.Tensor
+    """[N, L - 1] shifted by one: the turn of each action token (-1 elsewhere)."""
+    sampling_logprobs: torch.Tensor | None
+    """[N, L - 1] shifted by one: the sampler's log-probs at the action tokens, or None."""
+    returns: torch.Tensor
+    """[N] each episode's return."""
+
+
+def learn_episodes(agent: Any, episodes: Episodes) -> StepOutput:
+    """``agent.learn`` on ``episodes`` with per-turn rewards, turn ids and sampling log-probs."""
+    metrics = agent.learn(
+        (episodes.input_ids, episodes.action_mask, episodes.turn_rewards),
+        turn_ids=episodes.turn_ids,
+        sampling_logps=episodes.sampling_logprobs,
+    )
+    return StepOutput(metrics, episodes.returns)
 
 
 class _TurnRecorder:

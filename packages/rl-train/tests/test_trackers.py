@@ -1,0 +1,180 @@
+"""``report_to``: each tracker's run is read back by that tracker's own reader."""
+
+from __future__ import annotations
+
+import math
+import struct
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+from rl_train.config import ConfigError, load_config
+from rl_train.metrics import MetricsLogger
+from rl_train.trackers import TRACKERS, check_report_to, resolve_report_to
+
+ROWS = [
+    (0, {"mean_reward": 0.25, "kl": 0.0}),
+    (1, {"mean_reward": 0.5, "kl": 0.125, "eval_accuracy": 0.75}),
+    (2, {"mean_reward": 1.0, "kl": math.nan}),  # a NaN is kept out of the trackers
+]
+
+
+def _log(run_dir: Path, report_to: list[str], **kwargs: object) -> MetricsLogger:
+    logger = MetricsLogger(run_dir, report_to=report_to, project="rl-train-test", **kwargs)  # type: ignore[arg-type]
+    for step, metrics in ROWS:
+        logger.log(step, metrics)
+    logger.close()
+    return logger
+
+
+def test_mlflow_run_read_back_with_mlflow_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run_dir = tmp_path / "run-mlflow"
+    _log(run_dir, ["mlflow"])
+    assert not (run_dir / "tensorboard").exists()  # report_to without tensorboard: none
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("rl-train-test")
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == "run-mlflow" and run.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "mean_reward")
+    assert [(m.step, m.value) for m in history] == [(0, 0.25), (1, 0.5), (2, 1.0)]
+    kl = client.get_metric_history(run.info.run_id, "kl")
+    assert [(m.step, m.value) for m in kl] == [(0, 0.0), (1, 0.125)]
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "eval_accuracy")] == [0.75]
+
+
+def test_trackio_run_read_back_from_its_local_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fresh = "trackio" not in sys.modules
+    if fresh:  # trackio reads TRACKIO_DIR at import: ours goes to the run directory
+        monkeypatch.delenv("TRACKIO_DIR", raising=False)
+    run_dir = tmp_path / "run-trackio"
+    logger = _log(run_dir, ["tensorboard", "trackio"])
+    assert list((run_dir / "tensorboard").iterdir())  # TensorBoard as well
+    import trackio
+    from trackio.sqlite_storage import SQLiteStorage
+
+    if fresh:
+        assert Path(trackio.utils.TRACKIO_DIR) == (run_dir / "trackio").resolve()
+        assert (run_dir / "trackio" / "rl-train-test.db").is_file()
+    assert "run-trackio" in [run.name for run in trackio.Api().runs("rl-train-test")]
+    logs = SQLiteStorage.get_logs("rl-train-test", "run-trackio")
+    assert [(r["step"], r["mean_reward"]) for r in logs] == [(0, 0.25), (1, 0.5), (2, 1.0)]
+    assert [r.get("kl") for r in logs] == [0.0, 0.125, None]
+    assert logger.trackers == []  # closed
+
+
+def _wandb_records(path: Path) -> list[bytes]:
+    """The records of a W&B ``.wandb`` file (LevelDB log format: 32 KiB blocks, each record
+    ``crc32 (4) | length (2) | type (1) | data``, after a 7-byte ``:W&B`` file header), with
+    their checksums verified."""
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", data[:7]
+    records, pending, pos, block = [], b"", 7, 32768
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:  # the block's tail is padding
+            pos += left
+            continue
+        checksum, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0 and length == 0:
+            break
+        chunk = data[pos + 7 : pos + 7 + length]
+        assert zlib.crc32(chunk, zlib.crc32(bytes([kind]))) & 0xFFFFFFFF == checksum
+        pending = chunk if kind in (1, 2) else pending + chunk  # FULL/FIRST, MIDDLE/LAST
+        if kind in (1, 4):
+            records.append(pending)
+        pos += 7 + length
+    return records
+
+
+def test_wandb_offline_run_read_back_from_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from wandb.proto import wandb_internal_pb2
+
+    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir = tmp_path / "run-wandb"
+    _log(run_dir, ["wandb"])
+    import wandb
+
+    wandb.teardown()  # the W&B service writes the run file; wait for it to exit
+    (path,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    history, run_name = [], None
+    for data in _wandb_records(path):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run_name = record.run.display_name
+            assert record.run.project == "rl-train-test"
+        if kind == "history":
+            items = record.history.item
+            history.append(
+                {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items}
+            )
+    assert run_name == "run-wandb"
+    got = [(h["_step"], h["mean_reward"], h.get("kl")) for h in history]
+    assert got == [(0, 0.25, 0.0), (1, 0.5, 0.125), (2, 1.0, None)]
+
+
+def test_wandb_without_an_account_says_how_to_go_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))  # no stored login either
+    for name in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match=r"report_to wandb: .*WANDB_MODE=offline"):
+        MetricsLogger(tmp_path / "run", report_to="wandb")
+
+
+def test_report_to_names_and_missing_extras(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert resolve_report_to(None) == ["tensorboard"]
+    assert resolve_report_to("none") == [] and resolve_report_to([]) == []
+    assert resolve_report_to(["trackio", "tensorboard", "trackio"]) == ["tensorboard", "trackio"]
+    assert resolve_report_to("all") == list(TRACKERS)  # the test group installs every extra
+    with pytest.raises(ValueError, match="unknown tracker 'mlfow'; did you mean 'mlflow'"):
+        resolve_report_to(["mlfow"])
+    monkeypatch.setitem(TRACKERS, "mlflow", "mlflow_is_not_installed_here")
+    assert resolve_report_to("all") == ["tensorboard", "wandb", "trackio"]
+    with pytest.raises(ValueError, match=r"pip install 'rl-train\[mlflow\]'"):
+        check_report_to(["tensorboard", "mlflow"])
+    with pytest.raises(ValueError, match=r"rl-train\[mlflow\]"):
+        MetricsLogger("unused", report_to="mlflow")
+
+
+def test_config_checks_report_to_and_reward_url_before_torch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = load_config(None, ["train.report_to=[tensorboard, mlflow]", "train.project=p"])
+    assert config.train.report_to == ["tensorboard", "mlflow"] and config.train.project == "p"
+    assert load_config(None).train.report_to == "tensorboard"  # today's behaviour by default
+    with pytest.raises(ConfigError, match=r"train\.report_to: unknown tracker 'wandbb'"):
+        load_config(None, ["train.report_to=wandbb"])
+    monkeypatch.setitem(TRACKERS, "trackio", "trackio_is_not_installed_here")
+    with pytest.raises(ConfigError, match=r"rl-train\[trackio\]"):
+        load_config(None, ["train.report_to=trackio"])
+    url = load_config(None, ["data.reward_url=http://10.0.0.2:8001", "data.reward_retries=0"])
+    assert url.data.reward_url == "http://10.0.0.2:8001" and url.data.reward_retries == 0
+    for bad, message in (
+        ("data.reward_url=localhost:8001", "must look like 'http://host:port'"),
+        ("data.reward_url=http://host", "must look like 'http://host:port'"),
+        ("data.reward_timeout=0", "data.reward_timeout must be > 0"),
+        ("data.reward_retries=-1", "data.reward_retries must be >= 0"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            load_config(None, [bad])
