@@ -367,3 +367,22 @@ def test_a_final_assistant_message_is_continued_not_answered() -> None:
     ] * 2
     env = prompt_gym(rows, lambda completions, **kw: [0.0] * len(completions))
     assert env.reset()[0]["text"] == "<|user|>q<eos><|assistant|>the"  # TRL's continuation
+
+
+def test_a_remote_reward_scores_a_whole_step_in_one_request() -> None:
+    from rl_envs.remote_reward import RemoteReward, RewardServer
+
+    requests: list[int] = []
+
+    def judge(completions: list[Any], **kwargs: Any) -> list[float]:
+        requests.append(len(completions))
+        return [float(len(c)) for c in completions]
+
+    with RewardServer(judge) as server:
+        client = RemoteReward(server.url)
+        assert detect_reward_style(client) == "trl"  # its signature names `completions`
+        env = prompt_gym([{"prompt": "p"}] * 4, client)
+        env.reset()
+        _, rewards = env.step([["a", "bb"], ["", "c"]])
+    assert requests == [4]  # one request for B x G = 4 completions
+    assert rewards.tolist() == [[1.0, 2.0], [0.0, 1.0]]
