@@ -1,8 +1,10 @@
 """rl-envs: datasets and text environments as the token-level batches RL trains on.
 
 :class:`ReasoningGym` (question/answer datasets, single turn), :class:`TokenObservationWrapper`
-and :class:`SyncMultiTurnVecEnv` (multi-turn text environments), built-in tasks generated
-locally (:mod:`rl_envs.tasks`) and reward helpers (:mod:`rl_envs.rewards`).
+and :class:`SyncMultiTurnVecEnv` (multi-turn text environments), :class:`ToolEnvWrapper`
+(tool-calling episodes of TRL ``environment_factory``-style classes, :mod:`rl_envs.tools`),
+built-in tasks generated locally (:mod:`rl_envs.tasks`) and reward helpers
+(:mod:`rl_envs.rewards`).
 """
 
 from importlib import import_module
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
         TrajectoryBatch,
     )
     from rl_envs.reasoning import PromptBatch, ReasoningGym, RewardFunctionError, render_prompt
+    from rl_envs.tools import ToolCall, ToolCallParseError, ToolEnvWrapper
 
 # Public name -> (submodule, attribute): loaded on first access (PEP 562), so importing the
 # package (or a light submodule of it) does not import torch or the model libraries.
@@ -28,6 +31,9 @@ _LAZY: dict[str, tuple[str, str]] = {
     "SyncMultiTurnVecEnv": ("rl_envs.multiturn", "SyncMultiTurnVecEnv"),
     "TextEnv": ("rl_envs.multiturn", "TextEnv"),
     "TokenObservationWrapper": ("rl_envs.multiturn", "TokenObservationWrapper"),
+    "ToolCall": ("rl_envs.tools", "ToolCall"),
+    "ToolCallParseError": ("rl_envs.tools", "ToolCallParseError"),
+    "ToolEnvWrapper": ("rl_envs.tools", "ToolEnvWrapper"),
     "Trajectory": ("rl_envs.multiturn", "Trajectory"),
     "TrajectoryBatch": ("rl_envs.multiturn", "TrajectoryBatch"),
     "render_prompt": ("rl_envs.reasoning", "render_prompt"),
@@ -42,6 +48,9 @@ __all__ = [
     "SyncMultiTurnVecEnv",
     "TextEnv",
     "TokenObservationWrapper",
+    "ToolCall",
+    "ToolCallParseError",
+    "ToolEnvWrapper",
     "Trajectory",
     "TrajectoryBatch",
     "__version__",
