@@ -22,9 +22,6 @@ TARGET = 0.9
 # 300), and at lr 1e-3 it wobbles after converging (after issue 19's on-policy learn(), whose
 # ratio is exactly 1: 1.0 at 300-375, 0.85 at 400, 1.0 at 425-450), so it gets PPO's budget
 BUDGET = {"ppo": 450, "dapo": 450}
-# The tool task (issue 22): possible secrets, learning rate, update epochs, tasks per step and
-# the step budget (TODO measured below)
-TOOL_DIGITS, TOOL_LR, TOOL_EPOCHS, TOOL_BATCH, TOOL_STEPS = "0123456789", 2e-3, 1, 4, 300
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -134,7 +131,7 @@ def test_tool_calling_secret_digit_learns_with_grpo(tmp_path: Path) -> None:
 
     tok = tiny_tokenizer()
     tok.chat_template = TINY_TOOL_CHAT_TEMPLATE
-    rows = functools.partial(secret_digit_rows, digits=TOOL_DIGITS)
+    rows = functools.partial(secret_digit_rows, digits="0123456789")
 
     def env_factory() -> ToolEnvWrapper:
         return ToolEnvWrapper(
@@ -149,21 +146,23 @@ def test_tool_calling_secret_digit_learns_with_grpo(tmp_path: Path) -> None:
             reward_fn=secret_digit_reward,
         )
 
-    config = DemoConfig(algo="grpo", seed=0, group_size=8, max_output_tokens=1, max_model_len=48)
-    config.lr = TOOL_LR
+    # lr 5e-4 (half the demo's): at 1e-3 the greedy rate reaches 1.0 and then falls back when
+    # the call token "!" takes over the answer turn too (measured: 1.0 at step 40, 0.3 at 50)
+    config = DemoConfig(
+        algo="grpo", seed=0, group_size=16, max_output_tokens=1, max_model_len=48, lr=5e-4
+    )
     agent = build_agent(config, tiny_model(len(tok), seed=0), tok)
-    agent.update_epochs = TOOL_EPOCHS
     assert greedy_success_rate(agent, env_factory, 40, seed=10**6) <= 0.1
     rates = []
-    for chunk in range(TOOL_STEPS // 25):
+    for chunk in range(6):  # at most 150 steps of 4 tasks x 16 episodes
         finetune_llm_multiturn(
             [agent],
             max_turns=2,
             env_factory=env_factory,
             max_steps=25,
             evaluation_interval=1000,
-            batch_size=TOOL_BATCH,
-            group_size=8,
+            batch_size=4,
+            group_size=16,
             seed=chunk * 10_000,
             run_dir=tmp_path,
             verbose=False,
@@ -171,6 +170,7 @@ def test_tool_calling_secret_digit_learns_with_grpo(tmp_path: Path) -> None:
             plot=False,
         )
         rates.append(greedy_success_rate(agent, env_factory, 40, seed=10**6))
-        if rates[-1] >= 0.8:
-            break
-    assert rates[-1] >= 0.8, rates
+        if len(rates) >= 2 and min(rates[-2:]) >= 0.8:
+            break  # two evaluations in a row: learned, and it holds
+    print(f"greedy success every 25 steps: {rates}")
+    assert min(rates[-2:]) >= 0.8, rates

@@ -318,9 +318,9 @@ def test_compact_parser() -> None:
 def test_compact_calls_convert_arguments_by_annotation() -> None:
     w = wrap(tok=tiny_tok(), parser=parse_compact_tool_calls, max_model_len=256)
     obs, _ = w.reset(seed=0)
-    assert obs["text"] == "tools:add,divide\nwhat is 2+3?\n:"
+    assert obs["text"] == "tools:add,divide\nwhat is 2+3?\n"
     obs, _, _, _, _ = act(w, "!add(2,3)")
-    assert obs["text"].endswith(":!add(2,3)<eos>=5\n:")
+    assert obs["text"].endswith("\n!add(2,3)<eos>=5")
     act(w, "!add(2,x)")
     assert w._messages[-1]["content"].startswith("error: ValueError: invalid literal for int()")
 
@@ -363,7 +363,7 @@ def test_vec_env_rolls_out_tool_episodes() -> None:
         out = []
         for o in obs:
             text = o["text"]
-            reply = text[-3] if text.endswith("\n:") and "=" in text else "!"
+            reply = text[-1] if "=" in text else "!"
             out.append(torch.tensor([*encode(tok, reply), EOS]))
         return out
 

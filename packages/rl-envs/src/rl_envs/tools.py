@@ -66,17 +66,18 @@ TINY_TOOL_CHAT_TEMPLATE: str = (
     "{%- for tool in tools -%}{{ (',' if not loop.first else '') + tool['function']['name'] }}"
     "{%- endfor -%}{{ '\\n' }}{%- endif -%}"
     "{%- for message in messages -%}"
-    "{%- if message['role'] == 'assistant' -%}{{ ':' + message['content'] + eos_token }}"
-    "{%- elif message['role'] == 'tool' -%}{{ '=' + message['content'] + '\\n' }}"
+    "{%- if message['role'] == 'assistant' -%}{{ message['content'] + eos_token }}"
+    "{%- elif message['role'] == 'tool' -%}{{ '=' + message['content'] }}"
     "{%- else -%}{{ message['content'] + '\\n' }}{%- endif -%}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ ':' }}{%- endif -%}"
 )
 """A compact tool-calling chat template for character tokenizers (``rl_train.tiny``).
 
 ``tools:name1,name2\\n`` (the tools header, names only), then per message: system and user
-``content\\n``, assistant ``:content<eos>``, tool ``=content\\n``; the generation prompt is
-``:``. Prefix-stable, and the assistant's closing marker is the EOS token itself."""
+``content\\n``, tool ``=content``, assistant ``content<eos>``. There are no role markers and
+the generation prompt is empty: the model's turn follows the last message directly (after a
+tool call, the result is the last thing it sees). Prefix-stable, and the assistant's closing
+marker is the EOS token itself."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +210,7 @@ def tool_schemas(environment: Any) -> list[dict[str, Any]]:
     Raises:
         ValueError: a tool without a docstring or type hints (the error names the tool).
     """
-    from transformers.utils import get_json_schema
+    from transformers.utils.chat_template_utils import get_json_schema
 
     schemas = []
     for name, method in tool_methods(environment).items():
@@ -248,15 +249,16 @@ def _run(call: ToolCall, tools: Mapping[str, Callable[..., Any]]) -> tuple[str, 
 
 
 class _ToolSession:
-    """The text side of one tool episode (the wrapper's ``env``): messages in, messages out."""
+    """The text side of one tool episode (the wrapper's ``env``): its observations are message
+    lists (the wrapper's ``_prompt_messages`` / ``_reply_messages`` take them as they are)."""
 
     def __init__(self, owner: ToolEnvWrapper) -> None:
         self.owner = owner
 
-    def reset(self, seed: int | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def reset(self, seed: int | None = None) -> tuple[Any, dict[str, Any]]:
         return self.owner._start(seed)
 
-    def step(self, action: str) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
+    def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         return self.owner._act(action)
 
 
@@ -467,7 +469,6 @@ def secret_digit_reward(completion: str, environment: SecretDigitEnv, **row: Any
     Returns:
         1 for exactly the secret after a ``peek``; 0.5 for the secret followed by more text
         (after a ``peek``); else 0 (a guess without a ``peek`` earns nothing, right or not).
-        Reward the ``peek`` itself with the wrapper's ``call_reward``.
     """
     del row
     if not environment.peeks or not completion.startswith(environment.secret):
