@@ -249,8 +249,11 @@ def _run(call: ToolCall, tools: Mapping[str, Callable[..., Any]]) -> tuple[str, 
 
 
 class _ToolSession:
-    """The text side of one tool episode (the wrapper's ``env``): its observations are message
-    lists (the wrapper's ``_prompt_messages`` / ``_reply_messages`` take them as they are)."""
+    """The text side of one tool episode (the wrapper's ``env``).
+
+    Its observations are message lists (``_prompt_messages`` / ``_reply_messages`` take them
+    as they are).
+    """
 
     def __init__(self, owner: ToolEnvWrapper) -> None:
         self.owner = owner
