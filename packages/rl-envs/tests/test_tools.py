@@ -157,7 +157,7 @@ def test_spliced_ids_equal_the_chat_template_rendering_with_the_tools_header() -
     msgs.append({"role": "assistant", "content": "5"})
     t = w.trajectory()
     assert t.input_ids.tolist() == encode(tok, render(False))
-    assert w._messages == msgs
+    assert w.messages == msgs
     actions = t.input_ids[t.action_mask].tolist()
     assert actions == [*encode(tok, text), EOS, *encode(tok, "5"), EOS]
     assert t.turn_rewards.tolist() == [0.0, 1.0]
@@ -180,7 +180,7 @@ def test_a_tool_that_raises_answers_with_an_error_and_the_episode_goes_on() -> N
     obs, reward, term, trunc, info = act(w, call("divide", a=7, b=0))
     assert (reward, term, trunc) == (0.0, False, False)
     assert info == {"tool_calls": 1, "tool_errors": 1}
-    assert w._messages[-1] == {
+    assert w.messages[-1] == {
         "role": "tool",
         "name": "divide",
         "content": "error: ZeroDivisionError: division by zero",
@@ -189,7 +189,7 @@ def test_a_tool_that_raises_answers_with_an_error_and_the_episode_goes_on() -> N
         "<|tool|>error: ZeroDivisionError: division by zero<eos><|assistant|>"
     )
     _, _, term, _, _ = act(w, call("divide", a=8, b=2))
-    assert w._messages[-1]["content"] == "4.0" and not term
+    assert w.messages[-1]["content"] == "4.0" and not term
     _, reward, term, _, _ = act(w, "4")
     assert (reward, term) == (1.0, True)
 
@@ -211,8 +211,8 @@ def test_unknown_tools_bad_arguments_and_unparseable_calls_are_error_messages(
     _, reward, term, trunc, info = act(w, text)
     assert (reward, term, trunc) == (0.0, False, False)
     assert info["tool_errors"] == 1
-    assert w._messages[-1]["role"] == "tool"
-    assert w._messages[-1]["content"].startswith(error)
+    assert w.messages[-1]["role"] == "tool"
+    assert w.messages[-1]["content"].startswith(error)
 
 
 def test_max_tool_calls_truncates_without_running_the_extra_call() -> None:
@@ -235,6 +235,9 @@ def test_max_model_len_truncation_still_scores_the_episode() -> None:
     assert obs["input_ids"].shape[1] + 100 <= 800
     _, reward, _, trunc, info = act(w, call("add", a=1, b=1) + " " * 30)
     assert trunc and info["truncated_by"] == "max_model_len" and reward == 1.0
+    assert [m["role"] for m in w.messages] == ["user", "assistant"]  # the reply did not fit
+    rendered = hermes_tok().apply_chat_template(w.messages, tools=w.schemas, tokenize=False)
+    assert w.trajectory().input_ids.tolist() == encode(hermes_tok(), rendered)
 
 
 def test_reward_fn_and_reset_text_and_message_prompts() -> None:
@@ -322,7 +325,7 @@ def test_compact_calls_convert_arguments_by_annotation() -> None:
     obs, _, _, _, _ = act(w, "!add(2,3)")
     assert obs["text"].endswith("\n!add(2,3)<eos>=5")
     act(w, "!add(2,x)")
-    assert w._messages[-1]["content"].startswith("error: ValueError: invalid literal for int()")
+    assert w.messages[-1]["content"].startswith("error: ValueError: invalid literal for int()")
 
 
 def test_secret_digit_task_rewards() -> None:

@@ -189,12 +189,13 @@ def tool_methods(environment: Any) -> dict[str, Callable[..., Any]]:
         ``{name: bound method}`` in definition order of the class.
     """
     out: dict[str, Callable[..., Any]] = {}
-    for name in dir(type(environment)):
-        if name.startswith("_") or name in RESERVED:
-            continue
-        value = getattr(environment, name)
-        if inspect.ismethod(value):
-            out[name] = value
+    for cls in reversed(type(environment).__mro__[:-1]):  # base classes first, not `object`
+        for name in vars(cls):
+            if name.startswith("_") or name in RESERVED:
+                continue
+            value = getattr(environment, name)
+            if inspect.ismethod(value):
+                out.setdefault(name, value)
     return out
 
 
@@ -424,13 +425,20 @@ class ToolEnvWrapper(TokenObservationWrapper):
         self, action: torch.Tensor | Sequence[int]
     ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """Apply the policy's tokens ``[T]``: run its tool calls, or score its final answer."""
+        before = len(self._messages)
         obs, reward, terminated, truncated, info = super().step(action)
         if self.done and not self._scored:  # cut by max_model_len: score as it stands
             reward = self._score()
             self._rewards[-1] = reward
-        if self.done:  # the conversation in full (the last action is not followed by a reply)
+        if self.done:  # the conversation as tokenised: the last action, no reply after it
+            del self._messages[before:]
             self._messages.append({"role": "assistant", "content": self._last_text})
         return obs, reward, terminated, truncated, info
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The conversation so far (a copy), as the trajectory's tokens render it."""
+        return [dict(m) for m in self._messages]
 
 
 class SecretDigitEnv:
