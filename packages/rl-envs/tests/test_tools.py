@@ -370,6 +370,11 @@ def test_vec_env_rolls_out_tool_episodes() -> None:
             out.append(torch.tensor([*encode(tok, reply), EOS]))
         return out
 
-    batch = SyncMultiTurnVecEnv(factory, batch_size=4, group_size=2).rollout(policy, seed=0)
+    vec = SyncMultiTurnVecEnv(factory, batch_size=4, group_size=2)
+    batch = vec.rollout(policy, seed=0)
     assert batch.returns.tolist() == [1.0] * 8
     assert batch.turn_mask.sum(1).tolist() == [2] * 8
+    for env in vec.envs:  # the tiny template's own rendering, tools header included
+        text = tok.apply_chat_template(env.messages, tools=env.schemas, tokenize=False)
+        assert text.startswith("tools:peek\nsecret?\n!<eos>=")
+        assert env.trajectory().input_ids.tolist() == encode(tok, text)

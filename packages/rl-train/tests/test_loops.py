@@ -154,24 +154,22 @@ def test_tool_episodes_train_and_greedy_success_rate(tmp_path: Path) -> None:
         secret_digit_reward,
         secret_digit_rows,
     )
-    from rl_train.evaluation import greedy_return, greedy_success_rate
+    from rl_train.evaluation import greedy_success_rate
 
-    agent, _ = setup("grpo", max_model_len=48)
     tok = tiny_tokenizer()
     tok.chat_template = TINY_TOOL_CHAT_TEMPLATE
+    config = DemoConfig(algo="grpo", group_size=4, max_output_tokens=1, max_model_len=48)
+    agent = build_agent(config, tiny_model(len(tok), seed=0), tok)
 
     def env_factory() -> ToolEnvWrapper:
         return ToolEnvWrapper(SecretDigitEnv(), tok, functools.partial(secret_digit_rows, digits="01"),
                               max_tool_calls=1, pad_id=tok.eos_token_id, max_model_len=48,
-                              max_output_tokens=2, parser=parse_compact_tool_calls,
+                              max_output_tokens=1, parser=parse_compact_tool_calls,
                               reward_fn=secret_digit_reward)  # fmt: skip
 
     finetune_llm_multiturn([agent], max_turns=2, env_factory=env_factory, max_steps=2,
                            evaluation_interval=2, batch_size=2, group_size=4, run_dir=tmp_path,
-                           verbose=False)  # fmt: skip
+                           verbose=False, tensorboard=False, plot=False)  # fmt: skip
     assert agent.steps >= 2
-    assert greedy_success_rate(agent, env_factory, 4, seed=0, success=0.0) == 1.0
-    assert greedy_success_rate(agent, env_factory, 4, seed=0, success=1.01) == 0.0
-    rate = greedy_success_rate(agent, env_factory, 4, seed=0, success=0.1)
-    assert 0.0 <= rate <= 1.0 and rate * 4 == int(rate * 4)
-    assert greedy_return(agent, env_factory, 4, seed=0) >= 0.1 * rate
+    assert greedy_success_rate(agent, env_factory, 2, seed=0, success=0.0) == 1.0
+    assert greedy_success_rate(agent, env_factory, 2, seed=0, success=1.01) == 0.0
