@@ -378,3 +378,12 @@ def test_vec_env_rolls_out_tool_episodes() -> None:
         text = tok.apply_chat_template(env.messages, tools=env.schemas, tokenize=False)
         assert text.startswith("tools:peek\nsecret?\n!<eos>=")
         assert env.trajectory().input_ids.tolist() == encode(tok, text)
+
+
+def test_call_reward_pays_turns_whose_calls_all_ran() -> None:
+    w = wrap(call_reward=0.25, max_model_len=4096)
+    w.reset(seed=1)
+    assert act(w, call("add", a=1, b=2))[1] == 0.25
+    assert act(w, call("divide", a=1, b=0))[1] == 0.0  # raised
+    assert act(w, call("mul", a=1, b=0))[1] == 0.0  # unknown
+    assert w.trajectory().turn_rewards.tolist() == [0.25, 0.0, 0.0]
