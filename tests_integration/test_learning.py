@@ -109,3 +109,68 @@ def test_multiturn_guess_the_number_improves_with_turn_level_credit(
     after = _greedy_return(agent, env_factory, 32, seed=10**6)
     assert before < 0
     assert after >= 0.1, (before, after)
+
+
+def test_tool_calling_secret_digit_learns_with_grpo(tmp_path: Path) -> None:
+    """Issue 22: the built-in tool task (rl_envs.tools.SecretDigitEnv). The answer is a secret
+    digit drawn per episode that only the `peek` tool reveals; a guess without peeking earns
+    nothing. GRPO takes the greedy success rate (exact secret after a peek) from 0.0 to >= 0.8
+    on unseen seeds, through the compact tool-call syntax and the tiny tool chat template."""
+    import functools
+
+    from rl_envs import ToolEnvWrapper
+    from rl_envs.tools import (
+        TINY_TOOL_CHAT_TEMPLATE,
+        SecretDigitEnv,
+        parse_compact_tool_calls,
+        secret_digit_reward,
+        secret_digit_rows,
+    )
+    from rl_train import finetune_llm_multiturn
+    from rl_train.evaluation import greedy_success_rate
+
+    tok = tiny_tokenizer()
+    tok.chat_template = TINY_TOOL_CHAT_TEMPLATE
+    rows = functools.partial(secret_digit_rows, digits="0123456789")
+
+    def env_factory() -> ToolEnvWrapper:
+        return ToolEnvWrapper(
+            SecretDigitEnv(),
+            tok,
+            rows,
+            max_tool_calls=1,
+            pad_id=tok.eos_token_id,
+            max_model_len=48,
+            max_output_tokens=1,
+            parser=parse_compact_tool_calls,
+            reward_fn=secret_digit_reward,
+        )
+
+    # lr 5e-4 (half the demo's): at 1e-3 the greedy rate reaches 1.0 and then falls back when
+    # the call token "!" takes over the answer turn too (measured: 1.0 at step 40, 0.3 at 50)
+    config = DemoConfig(
+        algo="grpo", seed=0, group_size=16, max_output_tokens=1, max_model_len=48, lr=5e-4
+    )
+    agent = build_agent(config, tiny_model(len(tok), seed=0), tok)
+    assert greedy_success_rate(agent, env_factory, 40, seed=10**6) <= 0.1
+    rates = []
+    for chunk in range(6):  # at most 150 steps of 4 tasks x 16 episodes
+        finetune_llm_multiturn(
+            [agent],
+            max_turns=2,
+            env_factory=env_factory,
+            max_steps=25,
+            evaluation_interval=1000,
+            batch_size=4,
+            group_size=16,
+            seed=chunk * 10_000,
+            run_dir=tmp_path,
+            verbose=False,
+            tensorboard=False,
+            plot=False,
+        )
+        rates.append(greedy_success_rate(agent, env_factory, 40, seed=10**6))
+        if len(rates) >= 2 and min(rates[-2:]) >= 0.8:
+            break  # two evaluations in a row: learned, and it holds
+    print(f"greedy success every 25 steps: {rates}")
+    assert min(rates[-2:]) >= 0.8, rates

@@ -139,3 +139,37 @@ def test_crash_in_the_middle_of_a_checkpoint_keeps_the_previous_one(tmp_path: Pa
                            run_dir=tmp_path, resume=True, verbose=False, plot=False)  # fmt: skip
     assert latest_checkpoint(tmp_path).name == "step_00000006"  # type: ignore[union-attr]
     assert [r["step"] for r in MetricsLogger.read(tmp_path / "metrics.jsonl")] == list(range(1, 7))
+
+
+def test_tool_episodes_train_and_greedy_success_rate(tmp_path: Path) -> None:
+    """ToolEnvWrapper episodes (issue 22) run through finetune_llm_multiturn; the success rate
+    counts greedy episodes whose return reaches the threshold."""
+    import functools
+
+    from rl_envs import ToolEnvWrapper
+    from rl_envs.tools import (
+        TINY_TOOL_CHAT_TEMPLATE,
+        SecretDigitEnv,
+        parse_compact_tool_calls,
+        secret_digit_reward,
+        secret_digit_rows,
+    )
+    from rl_train.evaluation import greedy_success_rate
+
+    tok = tiny_tokenizer()
+    tok.chat_template = TINY_TOOL_CHAT_TEMPLATE
+    config = DemoConfig(algo="grpo", group_size=4, max_output_tokens=1, max_model_len=48)
+    agent = build_agent(config, tiny_model(len(tok), seed=0), tok)
+
+    def env_factory() -> ToolEnvWrapper:
+        return ToolEnvWrapper(SecretDigitEnv(), tok, functools.partial(secret_digit_rows, digits="01"),
+                              max_tool_calls=1, pad_id=tok.eos_token_id, max_model_len=48,
+                              max_output_tokens=1, parser=parse_compact_tool_calls,
+                              reward_fn=secret_digit_reward)  # fmt: skip
+
+    finetune_llm_multiturn([agent], max_turns=2, env_factory=env_factory, max_steps=2,
+                           evaluation_interval=2, batch_size=2, group_size=4, run_dir=tmp_path,
+                           verbose=False, tensorboard=False, plot=False)  # fmt: skip
+    assert agent.steps >= 2
+    assert greedy_success_rate(agent, env_factory, 2, seed=0, success=0.0) == 1.0
+    assert greedy_success_rate(agent, env_factory, 2, seed=0, success=1.01) == 0.0

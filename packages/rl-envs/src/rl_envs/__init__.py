@@ -1,9 +1,11 @@
 """rl-envs: datasets and text environments as the token-level batches RL trains on.
 
 :class:`ReasoningGym` (question/answer datasets, single turn), :class:`TokenObservationWrapper`
-and :class:`SyncMultiTurnVecEnv` (multi-turn text environments), built-in tasks generated
-locally (:mod:`rl_envs.tasks`), reward helpers (:mod:`rl_envs.rewards`) and the AgileRL, TRL and
-verl reward-function conventions (:mod:`rl_envs.reward_functions`).
+and :class:`SyncMultiTurnVecEnv` (multi-turn text environments), :class:`ToolEnvWrapper`
+(tool-calling episodes of TRL ``environment_factory``-style classes, :mod:`rl_envs.tools`),
+built-in tasks generated locally (:mod:`rl_envs.tasks`), reward helpers
+(:mod:`rl_envs.rewards`) and the AgileRL, TRL and verl reward-function conventions
+(:mod:`rl_envs.reward_functions`).
 """
 
 from importlib import import_module
@@ -20,6 +22,7 @@ if TYPE_CHECKING:
     )
     from rl_envs.reasoning import PromptBatch, ReasoningGym, RewardFunctionError, render_prompt
     from rl_envs.reward_functions import detect_reward_style, verl_reward
+    from rl_envs.tools import ToolCall, ToolCallParseError, ToolEnvWrapper
 
 # Public name -> (submodule, attribute): loaded on first access (PEP 562), so importing the
 # package (or a light submodule of it) does not import torch or the model libraries.
@@ -30,6 +33,9 @@ _LAZY: dict[str, tuple[str, str]] = {
     "SyncMultiTurnVecEnv": ("rl_envs.multiturn", "SyncMultiTurnVecEnv"),
     "TextEnv": ("rl_envs.multiturn", "TextEnv"),
     "TokenObservationWrapper": ("rl_envs.multiturn", "TokenObservationWrapper"),
+    "ToolCall": ("rl_envs.tools", "ToolCall"),
+    "ToolCallParseError": ("rl_envs.tools", "ToolCallParseError"),
+    "ToolEnvWrapper": ("rl_envs.tools", "ToolEnvWrapper"),
     "Trajectory": ("rl_envs.multiturn", "Trajectory"),
     "TrajectoryBatch": ("rl_envs.multiturn", "TrajectoryBatch"),
     "detect_reward_style": ("rl_envs.reward_functions", "detect_reward_style"),
@@ -46,6 +52,9 @@ __all__ = [
     "SyncMultiTurnVecEnv",
     "TextEnv",
     "TokenObservationWrapper",
+    "ToolCall",
+    "ToolCallParseError",
+    "ToolEnvWrapper",
     "Trajectory",
     "TrajectoryBatch",
     "__version__",

@@ -194,7 +194,7 @@ class TokenObservationWrapper:
         self.apply_chat_template = bool(apply_chat_template and tokenizer.chat_template)
         self.system_prompt = system_prompt
         self.strict_chat_template_boundary = strict_chat_template_boundary
-        self._messages: list[dict[str, str]] = []
+        self._messages: list[dict[str, Any]] = []
         self._ids: list[int] = []
         self._action: list[bool] = []
         self._turns: list[int] = []
@@ -223,12 +223,27 @@ class TokenObservationWrapper:
 
     # -- rendering -----------------------------------------------------------------------------
 
-    def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+    def _render(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
         return str(
             self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=generation_prompt
+                messages,
+                tokenize=False,
+                add_generation_prompt=generation_prompt,
+                **self._template_kwargs(),
             )
         )
+
+    def _template_kwargs(self) -> dict[str, Any]:
+        """Extra ``apply_chat_template`` arguments (subclasses: ``tools=``)."""
+        return {}
+
+    def _prompt_messages(self, observation: Any) -> list[dict[str, Any]]:
+        """The messages of the first observation (subclasses: a message list)."""
+        return [{"role": "user", "content": observation}]
+
+    def _reply_messages(self, observation: Any) -> list[dict[str, Any]]:
+        """The messages of the environment's reply (subclasses: tool messages)."""
+        return [{"role": "user", "content": observation}]
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -249,7 +264,7 @@ class TokenObservationWrapper:
             common += 1
         return after[common:]
 
-    def _reply_tokens(self, action_text: str, ended_with_eos: bool, observation: str) -> list[int]:
+    def _reply_tokens(self, action_text: str, ended_with_eos: bool, observation: Any) -> list[int]:
         """Tokens between the action and the next generation: closing marker + reply."""
         if not self.apply_chat_template:
             return self._encode(observation)
@@ -265,7 +280,7 @@ class TokenObservationWrapper:
         eos_text = str(self.tokenizer.eos_token)
         if ended_with_eos and closing.startswith(eos_text):
             closing = closing[len(eos_text) :]  # the policy generated the closing EOS itself
-        self._messages.append({"role": "user", "content": observation})
+        self._messages.extend(self._reply_messages(observation))
         after = self._render(self._messages, generation_prompt=True)
         return self._encode(closing + self._suffix(with_action, after, "the reply"))
 
@@ -290,7 +305,7 @@ class TokenObservationWrapper:
         if self.system_prompt is not None:
             self._messages.append({"role": "system", "content": self.system_prompt})
         if self.apply_chat_template:
-            self._messages.append({"role": "user", "content": observation})
+            self._messages.extend(self._prompt_messages(observation))
             text = self._render(self._messages, generation_prompt=True)
         else:
             text = (self.system_prompt + "\n" if self.system_prompt else "") + observation

@@ -14,7 +14,7 @@ from rl_envs import SyncMultiTurnVecEnv
 
 from rl_train.collective import global_mean
 
-__all__ = ["greedy_accuracy", "greedy_return", "population_fitness"]
+__all__ = ["greedy_accuracy", "greedy_return", "greedy_success_rate", "population_fitness"]
 
 
 def greedy_accuracy(agent: Any, env: Any) -> float:
@@ -62,6 +62,40 @@ def population_fitness(agents: Sequence[Any], env: Any, loop: int = 1) -> float:
     return float(max(fitness))
 
 
+def _greedy_returns(
+    agent: Any, env_factory: Callable[[], Any], episodes: int, seed: int
+) -> torch.Tensor:
+    vec = SyncMultiTurnVecEnv(env_factory, batch_size=episodes, group_size=1)
+
+    def policy(obs: list[dict[str, Any]]) -> list[torch.Tensor]:
+        result = agent.get_action(obs, training=False)
+        return [
+            c[0, o["input_ids"].shape[1] :] for c, o in zip(result.completion_ids, obs, strict=True)
+        ]
+
+    return vec.rollout(policy, seed=seed).returns
+
+
+def greedy_success_rate(
+    agent: Any, env_factory: Callable[[], Any], episodes: int, seed: int, success: float = 1.0
+) -> float:
+    """Fraction of greedy multi-turn episodes whose return reaches ``success``.
+
+    Args:
+        agent: An rl-algos agent.
+        env_factory: Builds one :class:`rl_envs.TokenObservationWrapper` (or a
+            :class:`rl_envs.ToolEnvWrapper`).
+        episodes: Episodes (one per task, seeded from ``seed``).
+        seed: Seed of the tasks.
+        success: The return that counts as solved.
+
+    Returns:
+        The solved fraction.
+    """
+    returns = _greedy_returns(agent, env_factory, episodes, seed)
+    return float((returns >= success).float().mean())
+
+
 def greedy_return(agent: Any, env_factory: Callable[[], Any], episodes: int, seed: int) -> float:
     """Mean episode return of greedy play on ``episodes`` fresh multi-turn episodes.
 
@@ -74,12 +108,4 @@ def greedy_return(agent: Any, env_factory: Callable[[], Any], episodes: int, see
     Returns:
         The mean undiscounted return.
     """
-    vec = SyncMultiTurnVecEnv(env_factory, batch_size=episodes, group_size=1)
-
-    def policy(obs: list[dict[str, Any]]) -> list[torch.Tensor]:
-        result = agent.get_action(obs, training=False)
-        return [
-            c[0, o["input_ids"].shape[1] :] for c, o in zip(result.completion_ids, obs, strict=True)
-        ]
-
-    return float(vec.rollout(policy, seed=seed).returns.mean())
+    return float(_greedy_returns(agent, env_factory, episodes, seed).mean())

@@ -1,0 +1,502 @@
+"""Tool-calling episodes: TRL's ``environment_factory`` convention as token-level trajectories.
+
+An *environment* is any object with ``reset(**row) -> str | None``; its other public methods
+are the tools the model may call (schema from the signature and docstring by
+``transformers.utils.get_json_schema``), and an optional ``get_reward() -> float`` scores the
+episode. :class:`ToolEnvWrapper` drives one episode through the tokenizer's tool-calling chat
+template (``apply_chat_template(messages, tools=schemas)``):
+
+1. the prompt is the row's ``"prompt"`` (a string or a list of ``{"role", "content"}``
+   messages); a string returned by ``reset`` is appended to its last user message (TRL);
+2. each action is parsed for tool calls (``parser``; :func:`parse_hermes_tool_calls` by
+   default, :func:`parse_compact_tool_calls` for tiny character vocabularies); every call is
+   run and answered with ``{"role": "tool", "name": ..., "content": ...}``;
+3. the episode ends (terminated) at the first action without a tool call: its reward is
+   ``environment.get_reward()`` if defined, else ``reward_fn(completion, environment, **row)``
+   (the final answer's text; TRL hands reward functions the environments too).
+
+Errors never end an episode: a tool that raises, an unknown tool name, arguments that do not
+fit the signature and an unparseable call are all answered with a tool message
+``"error: <what went wrong>"`` and the model gets another turn. After ``max_tool_calls`` turns
+with calls, a further call is not run: the episode is *truncated*
+(``info["truncated_by"] == "max_tool_calls"``) and scored as it stands.
+
+Token-in/token-out as in :class:`~rl_envs.multiturn.TokenObservationWrapper`: the policy's
+tokens are kept exactly as generated; only the tool messages and the next generation prompt are
+tokenised (the rendered text after the previous rendering), so the trajectory's ids equal the
+tokenisation of ``apply_chat_template(messages, tools=schemas)`` for the whole conversation
+whenever the policy's tokens are the tokenisation of its text. Assistant turns are stored as
+their raw text (the call syntax included; no ``tool_calls`` field), so the template reproduces
+exactly what the model wrote.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import random
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rl_envs.multiturn import TokenObservationWrapper
+
+__all__ = [
+    "TINY_TOOL_CHAT_TEMPLATE",
+    "SecretDigitEnv",
+    "ToolCall",
+    "ToolCallParseError",
+    "ToolEnvWrapper",
+    "parse_compact_tool_calls",
+    "parse_hermes_tool_calls",
+    "secret_digit_reward",
+    "secret_digit_rows",
+    "tool_methods",
+    "tool_schemas",
+]
+
+#: Methods of an environment that are never tools.
+RESERVED = frozenset({"reset", "get_reward"})
+
+TINY_TOOL_CHAT_TEMPLATE: str = (
+    "{%- if tools -%}{{ 'tools:' }}"
+    "{%- for tool in tools -%}{{ (',' if not loop.first else '') + tool['function']['name'] }}"
+    "{%- endfor -%}{{ '\\n' }}{%- endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}{{ message['content'] + eos_token }}"
+    "{%- elif message['role'] == 'tool' -%}{{ '=' + message['content'] }}"
+    "{%- else -%}{{ message['content'] + '\\n' }}{%- endif -%}"
+    "{%- endfor -%}"
+)
+"""A compact tool-calling chat template for character tokenizers (``rl_train.tiny``).
+
+``tools:name1,name2\\n`` (the tools header, names only), then per message: system and user
+``content\\n``, tool ``=content``, assistant ``content<eos>``. There are no role markers and
+the generation prompt is empty: the model's turn follows the last message directly (after a
+tool call, the result is the last thing it sees). Prefix-stable, and the assistant's closing
+marker is the EOS token itself."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed call: ``tool(*args, **arguments)``."""
+
+    name: str
+    """The tool's (method's) name."""
+    arguments: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments (JSON ``"arguments"``)."""
+    args: tuple[Any, ...] = ()
+    """Positional arguments (the compact syntax)."""
+
+
+class ToolCallParseError(ValueError):
+    """The action holds a call that cannot be parsed (answered with an error tool message)."""
+
+
+ToolCallParser = Callable[[str, Mapping[str, Callable[..., Any]]], list[ToolCall]]
+"""``parser(text, tools) -> calls`` (empty: the text is a final answer); raises
+:class:`ToolCallParseError` for a malformed call."""
+
+_HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+
+
+def parse_hermes_tool_calls(text: str, tools: Mapping[str, Callable[..., Any]]) -> list[ToolCall]:
+    """Calls written as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
+
+    The Hermes / Qwen2.5 convention (TRL's default): one JSON object per tag; a missing closing
+    tag at the end of the text is tolerated (generation cut by the budget).
+
+    Args:
+        text: The decoded action.
+        tools: Unused (the names are checked when the calls run).
+
+    Returns:
+        The calls in order; empty when the text holds no ``<tool_call>`` tag.
+
+    Raises:
+        ToolCallParseError: a tag whose body is not ``{"name": str, "arguments": object}``.
+    """
+    del tools
+    calls = []
+    for body in _HERMES.findall(text):
+        try:
+            payload = json.loads(body)
+        except json.JSONDecodeError as exc:
+            raise ToolCallParseError(f"the tool call is not valid JSON ({exc.msg})") from None
+        if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
+            raise ToolCallParseError('a tool call must be {"name": ..., "arguments": {...}}')
+        arguments = payload.get("arguments", {})
+        if isinstance(arguments, str):  # some models emit the arguments JSON-encoded
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError:
+                raise ToolCallParseError("the tool call's arguments are not valid JSON") from None
+        if not isinstance(arguments, dict):
+            raise ToolCallParseError("the tool call's arguments must be a JSON object")
+        calls.append(ToolCall(payload["name"], dict(arguments)))
+    return calls
+
+
+_COMPACT = re.compile(r"!([a-z_][a-z0-9_]*)?(?:\((.*)\))?\s*", re.DOTALL)
+
+
+def parse_compact_tool_calls(text: str, tools: Mapping[str, Callable[..., Any]]) -> list[ToolCall]:
+    """One call written as ``!name(arg1,arg2)``, for tiny character vocabularies.
+
+    The text is a call when it starts with ``!``. ``name`` may be shortened to any prefix that
+    names exactly one tool, and left out when the environment has a single tool; the
+    parenthesised, comma-separated positional arguments are optional (strings; the tool's
+    annotations ``int``/``float`` convert them when it runs). ``"!"`` alone calls the only
+    tool without arguments.
+
+    Args:
+        text: The decoded action.
+        tools: The environment's tools by name.
+
+    Returns:
+        ``[ToolCall]`` for a call, ``[]`` for a final answer (text not starting with ``!``).
+
+    Raises:
+        ToolCallParseError: a malformed call, an ambiguous or unknown name.
+    """
+    if not text.startswith("!"):
+        return []
+    match = _COMPACT.fullmatch(text)
+    if match is None:
+        raise ToolCallParseError(f"cannot parse the call {text!r}; write !name(arg1,arg2)")
+    prefix, body = match.group(1) or "", match.group(2)
+    names = [n for n in tools if n.startswith(prefix)]
+    if prefix in tools:
+        names = [prefix]
+    if len(names) != 1:
+        known = ", ".join(tools)
+        what = "unknown" if not names else "ambiguous"
+        raise ToolCallParseError(f"{what} tool name {prefix!r}; tools: {known}")
+    args = () if not body else tuple(a.strip() for a in body.split(","))
+    return [ToolCall(names[0], args=args)]
+
+
+def tool_methods(environment: Any) -> dict[str, Callable[..., Any]]:
+    """The public methods of ``environment`` that are tools (all but ``reset``/``get_reward``).
+
+    Args:
+        environment: An ``environment_factory``-style object.
+
+    Returns:
+        ``{name: bound method}`` in definition order of the class.
+    """
+    out: dict[str, Callable[..., Any]] = {}
+    for cls in reversed(type(environment).__mro__[:-1]):  # base classes first, not `object`
+        for name in vars(cls):
+            if name.startswith("_") or name in RESERVED:
+                continue
+            value = getattr(environment, name)
+            if inspect.ismethod(value):
+                out.setdefault(name, value)
+    return out
+
+
+def tool_schemas(environment: Any) -> list[dict[str, Any]]:
+    """The JSON schemas of the tools (``transformers.utils.get_json_schema``, TRL's way).
+
+    Args:
+        environment: An ``environment_factory``-style object.
+
+    Returns:
+        ``[{"type": "function", "function": {"name", "description", "parameters"}}]``.
+
+    Raises:
+        ValueError: a tool without a docstring or type hints (the error names the tool).
+    """
+    from transformers.utils.chat_template_utils import get_json_schema
+
+    schemas = []
+    for name, method in tool_methods(environment).items():
+        try:
+            schemas.append(get_json_schema(method))
+        except Exception as exc:
+            raise ValueError(
+                f"tool {name!r} needs a docstring with an Args section and type hints for its "
+                f"schema ({type(exc).__name__}: {exc})"
+            ) from exc
+    return schemas
+
+
+_CONVERT: dict[Any, Callable[[str], Any]] = {int: int, float: float, "int": int, "float": float}
+
+
+def _run(call: ToolCall, tools: Mapping[str, Callable[..., Any]]) -> tuple[str, bool]:
+    """``(content of the tool message, ok)`` for one call; never raises."""
+    tool = tools.get(call.name)
+    if tool is None:
+        return f"error: unknown tool {call.name!r}; tools: {', '.join(tools)}", False
+    try:
+        bound = inspect.signature(tool).bind(*call.args, **call.arguments)
+    except TypeError as exc:
+        return f"error: bad arguments for {call.name}: {exc}", False
+    try:
+        params = inspect.signature(tool).parameters
+        for key, value in list(bound.arguments.items()):
+            convert = _CONVERT.get(params[key].annotation)
+            if convert is not None and isinstance(value, str):
+                bound.arguments[key] = convert(value)
+        result = tool(*bound.args, **bound.kwargs)
+    except Exception as exc:  # the model sees the error and goes on
+        return f"error: {type(exc).__name__}: {exc}", False
+    return str(result), True
+
+
+class _ToolSession:
+    """The text side of one tool episode (the wrapper's ``env``).
+
+    Its observations are message lists (``_prompt_messages`` / ``_reply_messages`` take them
+    as they are).
+    """
+
+    def __init__(self, owner: ToolEnvWrapper) -> None:
+        self.owner = owner
+
+    def reset(self, seed: int | None = None) -> tuple[Any, dict[str, Any]]:
+        return self.owner._start(seed)
+
+    def step(self, action: str) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        return self.owner._act(action)
+
+
+class ToolEnvWrapper(TokenObservationWrapper):
+    """A tool-calling episode of an ``environment_factory``-style object, as tokens.
+
+    See the module docstring for the protocol. Rewards: ``call_reward`` (default 0) on turns
+    with tool calls that all ran, 0 on turns with a failed call, the episode's score on the
+    last turn (also when it is truncated). ``info`` of each step holds
+    ``"tool_calls"`` (calls so far) and ``"tool_errors"`` (failed calls so far).
+
+    Args:
+        environment: The environment (``reset(**row)``, tools, optional ``get_reward()``).
+        tokenizer: A tokenizer whose chat template renders ``tools`` and ``tool`` messages.
+        rows: The tasks: a sequence of rows (``reset(seed)`` takes row ``seed % len(rows)``)
+            or ``rows(seed) -> row``. Each row is passed to ``environment.reset(**row)`` and
+            must hold ``"prompt"``.
+        max_tool_calls: Turns with tool calls before the episode is truncated
+            (``max_turns = max_tool_calls + 1``).
+        pad_id: Padding id, stripped from the end of actions.
+        max_model_len: Longest conversation in tokens.
+        max_output_tokens: Most tokens per action.
+        parser: ``parser(text, tools) -> [ToolCall]``; :func:`parse_hermes_tool_calls` by
+            default, :func:`parse_compact_tool_calls` for character vocabularies.
+        reward_fn: ``reward_fn(completion, environment, **row) -> float``, used when the
+            environment has no ``get_reward`` (``completion``: the final answer's text, ``""``
+            when the episode was truncated; passed positionally, so a row column may be called
+            ``answer``).
+        system_prompt: An optional system message in front of the prompt.
+        call_reward: Reward of each turn whose tool calls all ran without error (shaping for
+            small models, best with per-turn advantages; 0 by default, as in TRL).
+    """
+
+    def __init__(
+        self,
+        environment: Any,
+        tokenizer: Any,
+        rows: Sequence[Mapping[str, Any]] | Callable[[int], Mapping[str, Any]],
+        *,
+        max_tool_calls: int,
+        pad_id: int,
+        max_model_len: int,
+        max_output_tokens: int,
+        parser: ToolCallParser = parse_hermes_tool_calls,
+        reward_fn: Callable[..., float] | None = None,
+        system_prompt: str | None = None,
+        call_reward: float = 0.0,
+    ) -> None:
+        if max_tool_calls < 0:
+            raise ValueError(f"`max_tool_calls` must be >= 0, got {max_tool_calls}")
+        if not callable(getattr(environment, "reset", None)):
+            raise ValueError(
+                "`environment` needs a reset(**row) method (TRL's environment_factory convention)"
+            )
+        has_reward = callable(getattr(environment, "get_reward", None))
+        if reward_fn is None and not has_reward:
+            raise ValueError(
+                "`environment` has no get_reward() method: pass "
+                "reward_fn=fn(completion, environment, **row)"
+            )
+        if not tokenizer.chat_template:
+            raise ValueError(
+                "the tokenizer has no chat template; tool calls need one that renders `tools` "
+                "and tool messages (for character tokenizers: TINY_TOOL_CHAT_TEMPLATE)"
+            )
+        if not callable(rows) and len(rows) == 0:
+            raise ValueError("`rows` is empty: pass at least one row with a 'prompt'")
+        self.environment = environment
+        self.rows = rows
+        self.max_tool_calls = max_tool_calls
+        self.parser = parser
+        self.reward_fn = reward_fn
+        self.call_reward = float(call_reward)
+        self.tools = tool_methods(environment)
+        self.schemas = tool_schemas(environment)
+        self._row: dict[str, Any] = {}
+        self._calls = self._errors = 0
+        self._scored = False
+        self._answer = self._last_text = ""
+        super().__init__(
+            _ToolSession(self),
+            tokenizer,
+            max_turns=max_tool_calls + 1,
+            pad_id=pad_id,
+            max_model_len=max_model_len,
+            max_output_tokens=max_output_tokens,
+            apply_chat_template=True,
+            system_prompt=system_prompt,
+        )
+
+    # -- chat template hooks ---------------------------------------------------------------------
+
+    def _template_kwargs(self) -> dict[str, Any]:
+        return {"tools": self.schemas} if self.schemas else {}
+
+    def _prompt_messages(self, observation: Any) -> list[dict[str, Any]]:
+        return list(observation)
+
+    def _reply_messages(self, observation: Any) -> list[dict[str, Any]]:
+        return list(observation)
+
+    # -- the episode -----------------------------------------------------------------------------
+
+    def _start(self, seed: int | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        index = random.randrange(2**31) if seed is None else seed
+        row = dict(self.rows(index) if callable(self.rows) else self.rows[index % len(self.rows)])
+        if "prompt" not in row:
+            raise ValueError(f"row {index} has no 'prompt' (columns: {sorted(row)})")
+        prompt = row["prompt"]
+        messages = (
+            [{"role": "user", "content": prompt}]
+            if isinstance(prompt, str)
+            else [dict(m) for m in prompt]
+        )
+        extra = self.environment.reset(**row)
+        if extra is not None:
+            last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+            messages[last]["content"] = str(messages[last]["content"]) + str(extra)
+        self._row, self._calls, self._errors = row, 0, 0
+        self._scored, self._answer = False, ""
+        return messages, {"row": row}
+
+    def _score(self) -> float:
+        self._scored = True
+        if callable(getattr(self.environment, "get_reward", None)):
+            return float(self.environment.get_reward())
+        assert self.reward_fn is not None
+        return float(self.reward_fn(self._answer, self.environment, **self._row))
+
+    def _info(self) -> dict[str, Any]:
+        return {"tool_calls": self._calls, "tool_errors": self._errors}
+
+    def _act(self, text: str) -> tuple[list[dict[str, Any]], float, bool, bool, dict[str, Any]]:
+        try:
+            calls = self.parser(text, self.tools)
+            replies: list[dict[str, Any]] | None = None
+        except ToolCallParseError as exc:
+            calls, replies = [], [{"role": "tool", "name": "error", "content": f"error: {exc}"}]
+        self._last_text = text
+        if not calls and replies is None:  # a final answer
+            self._answer = text
+            return [], self._score(), True, False, self._info()
+        if self._calls >= self.max_tool_calls:
+            info = {**self._info(), "truncated_by": "max_tool_calls"}
+            return [], self._score(), False, True, info
+        self._calls += 1
+        errors = self._errors
+        if replies is None:
+            replies = []
+            for call in calls:
+                content, ok = _run(call, self.tools)
+                self._errors += not ok
+                replies.append({"role": "tool", "name": call.name, "content": content})
+        else:
+            self._errors += 1
+        reward = self.call_reward if self._errors == errors else 0.0
+        return replies, reward, False, False, self._info()
+
+    def step(
+        self, action: torch.Tensor | Sequence[int]
+    ) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        """Apply the policy's tokens ``[T]``: run its tool calls, or score its final answer."""
+        before = len(self._messages)
+        obs, reward, terminated, truncated, info = super().step(action)
+        if self.done and not self._scored:  # cut by max_model_len: score as it stands
+            reward = self._score()
+            self._rewards[-1] = reward
+        if self.done:  # the conversation as tokenised: the last action, no reply after it
+            del self._messages[before:]
+            self._messages.append({"role": "assistant", "content": self._last_text})
+        return obs, reward, terminated, truncated, info
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The conversation so far (a copy), as the trajectory's tokens render it."""
+        return [dict(m) for m in self._messages]
+
+
+class SecretDigitEnv:
+    """The built-in tool task: the answer is a secret digit only the ``peek`` tool reveals.
+
+    Each row holds a ``secret`` digit (drawn per episode, so it cannot be memorised) and the
+    prompt ``"secret?"``; the model must call ``peek`` (``"!"`` in the compact syntax) and copy
+    the tool's answer. Scored by :func:`secret_digit_reward`.
+    """
+
+    def __init__(self) -> None:
+        self.secret = ""
+        self.peeks = 0
+
+    def reset(self, secret: str, **row: Any) -> str | None:
+        """Start an episode with the row's ``secret``."""
+        del row
+        self.secret, self.peeks = str(secret), 0
+        return None
+
+    def peek(self) -> str:
+        """Reveal the secret digit.
+
+        Returns:
+            The secret digit.
+        """
+        self.peeks += 1
+        return self.secret
+
+
+def secret_digit_reward(completion: str, environment: SecretDigitEnv, **row: Any) -> float:
+    """The built-in tool task's score (a ``reward_fn`` of :class:`ToolEnvWrapper`).
+
+    Args:
+        completion: The final answer.
+        environment: The episode's :class:`SecretDigitEnv`.
+        **row: The task's row (unused: the environment holds the secret).
+
+    Returns:
+        1 for exactly the secret after a ``peek``; 0.5 for the secret followed by more text
+        (after a ``peek``); else 0 (a guess without a ``peek`` earns nothing, right or not).
+    """
+    del row
+    if not environment.peeks or not completion.startswith(environment.secret):
+        return 0.0
+    return 1.0 if completion == environment.secret else 0.5
+
+
+def secret_digit_rows(seed: int, *, digits: str = "0123456789") -> dict[str, Any]:
+    """Row ``seed`` of the built-in tool task: ``{"prompt": "secret?", "secret": <digit>}``.
+
+    Args:
+        seed: The task's seed (the secret is drawn from ``random.Random(seed)``).
+        digits: The possible secrets (fewer make the copying faster to learn).
+
+    Returns:
+        The row (``ToolEnvWrapper``'s ``rows=functools.partial(secret_digit_rows, digits=..)``).
+    """
+    if not digits:
+        raise ValueError("`digits` must hold at least one possible secret")
+    return {"prompt": "secret?", "secret": random.Random(seed).choice(digits)}
