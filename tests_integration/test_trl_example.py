@@ -162,3 +162,50 @@ def test_trl_example_trains_through_rl_train_run(tmp_path: Path, monkeypatch: An
         "trl_example:reward_correct",
         "trl_example:reward_digit",
     ]
+
+
+#: TRL's trainer part of the example, as its docs write it; only the import differs
+#: (``from trl import GRPOConfig, GRPOTrainer``) and the model is a local path, since nothing
+#: can be downloaded (TRL takes a hub id or a path alike).
+TRL_TRAINER = """
+from rl_train.trl import GRPOConfig, GRPOTrainer
+
+training_args = GRPOConfig(
+    output_dir="runs/trl-script",
+    learning_rate=1e-3,
+    per_device_train_batch_size=64,
+    num_generations=8,
+    max_completion_length=2,
+    max_steps=40,
+    logging_steps=10,
+    report_to="none",
+)
+trainer = GRPOTrainer(
+    model=MODEL_PATH,
+    reward_funcs=[reward_correct, reward_digit],
+    args=training_args,
+    train_dataset=dataset,
+)
+result = trainer.train()
+"""
+
+
+def test_trl_example_with_trls_trainer_calls(tmp_path: Path, monkeypatch: Any) -> None:
+    """The whole TRL script, ``GRPOConfig``/``GRPOTrainer``/``train()`` included, with only
+    ``from trl import ...`` replaced by ``from rl_train.trl import ...``."""
+    monkeypatch.chdir(tmp_path)
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tiny_model(len(tokenizer), seed=0).save_pretrained("model")
+    tokenizer.save_pretrained("model")
+    script = textwrap.dedent(TRL_EXAMPLE) + TRL_TRAINER.replace("MODEL_PATH", repr("model"))
+    namespace: dict[str, Any] = {"__name__": "trl_script"}
+    exec(compile(script, "trl_script.py", "exec"), namespace)
+    result = namespace["result"]
+    rewards = _rewards(Path("runs/trl-script"))
+    assert result.global_step == 40 and len(rewards) == 40
+    assert all(math.isfinite(r) for r in rewards) and math.isfinite(result.training_loss)
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    assert last > first + 0.1, (first, last, rewards)
+    namespace["trainer"].save_model("saved")
+    assert (Path("saved") / "model.safetensors").is_file()
