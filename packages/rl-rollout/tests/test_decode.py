@@ -113,3 +113,15 @@ def test_lean_equals_generate_without_padding(temperature: float) -> None:
     lean = HFEngine(model, tok).generate(prompts, params)
     slow = HFEngine(model, tok, decode="generate").generate(prompts, params)
     assert_identical(lean, slow)
+
+
+def test_nan_scores_raise_like_multinomial() -> None:
+    model, tok = tiny("qwen2", seed=1)
+
+    def nan_hook(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(scores, float("nan"))
+
+    params = SamplingParams(max_new_tokens=3, n=2, seed=0, logits_processor=nan_hook)
+    for decode in ("lean", "generate"):
+        with pytest.raises(RuntimeError, match="probability tensor contains"):
+            HFEngine(model, tok, decode=decode).generate(PROMPTS, params)  # type: ignore[arg-type]

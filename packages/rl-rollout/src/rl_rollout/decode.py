@@ -103,7 +103,8 @@ def _cpu_multinomial(probs: torch.Tensor, generator: torch.Generator | None = No
     per element; its serial per-element loop is about half of a decode step's sampling time
     on a small model. This is the same computation, vectorised (float32 ``q`` equal bit for bit:
     checked over millions of draws, and at run time by :func:`cpu_multinomial_is_exact`).
-    It also skips the kernel's validity check (a host sync): ``probs`` come from a softmax.
+    The kernel's validity check (a host sync per step) is left to :func:`lean_decode`, which
+    checks every step's ``probs`` at once after the loop.
     """
     uniform = torch.rand(probs.shape, dtype=torch.float64, generator=generator)
     q = torch.log1p(-uniform).neg_().to(probs.dtype)
@@ -181,6 +182,7 @@ def lean_decode(
     eos = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
     unfinished = torch.ones(rows, dtype=torch.long, device=device)
     context = input_ids
+    invalid = torch.zeros((), dtype=torch.bool, device=device)
     tokens: list[torch.Tensor] = []
     logprobs: list[torch.Tensor] = []
     extra = {} if positions is None else {"position_ids": positions}
@@ -191,6 +193,7 @@ def lean_decode(
         if do_sample:
             probs = torch.nn.functional.softmax(scores, dim=-1)
             chosen = sample(probs)
+            invalid = invalid | (probs < 0).any() | probs.isnan().any()
         else:
             chosen = torch.argmax(scores, dim=-1)
         chosen = chosen * unfinished + pad_token_id * (1 - unfinished)
@@ -207,5 +210,7 @@ def lean_decode(
             positions = positions[:, -1:] + 1
             extra = {"position_ids": positions}
         out = model(input_ids=chosen[:, None], attention_mask=mask, **extra, **fixed)
+    if bool(invalid):  # torch.multinomial's own check, once for all steps
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
     generated = torch.stack(tokens, dim=1)
     return generated, torch.stack(logprobs, dim=1) if record_logprobs else None
