@@ -7,7 +7,6 @@ A random model rarely emits EOS by itself, so EOS and stop strings are steered w
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -441,15 +440,16 @@ CHUNK_PROMPTS = ["hello", "ab", "what is 2+3?", "xyz", "count: 1 2 3"]  # 5, 2, 
 
 
 def spy_generate(model: PreTrainedModel, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Records the keyword arguments of every ``model.generate`` call (the real one still runs)."""
+    """Records each generation call of the engine (one per chunk; the real one still runs),
+    whether it goes through ``model.generate`` or the lean loop: prompts and ``n``."""
     calls: list[dict[str, Any]] = []
-    real: Callable[..., Any] = model.generate  # type: ignore[assignment]
+    real = HFEngine._generate_chunk
 
-    def generate(*args: Any, **kwargs: Any) -> Any:
-        calls.append(kwargs)
-        return real(*args, **kwargs)
+    def chunk(self: HFEngine, prompts: list[list[int]], params: SamplingParams) -> Any:
+        calls.append({"prompts": len(prompts), "num_return_sequences": params.n})
+        return real(self, prompts, params)
 
-    monkeypatch.setattr(model, "generate", generate)
+    monkeypatch.setattr(HFEngine, "_generate_chunk", chunk)
     return calls
 
 

@@ -11,6 +11,7 @@ exact processing that was sampled from, for trainer-side recomputation) and
 
 from importlib.metadata import version as _version
 
+from rl_rollout.decode import lean_decode, supports_lean_decode
 from rl_rollout.engine import (
     Engine,
     HFEngine,
@@ -53,8 +54,10 @@ __all__ = [
     "copy_named_tensors",
     "encode_prompts",
     "get_engine",
+    "lean_decode",
     "process_logits",
     "register_engine",
+    "supports_lean_decode",
     "value_guided_decoding",
     "value_guided_logits",
 ]

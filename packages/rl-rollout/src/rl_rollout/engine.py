@@ -8,6 +8,7 @@ from typing import Any, Literal, Protocol, cast
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from rl_rollout.decode import lean_decode, supports_lean_decode
 from rl_rollout.params import SamplingParams, process_logits
 from rl_rollout.result import RolloutResult, assemble_result
 
@@ -167,22 +168,25 @@ class _Processor(LogitsProcessor):
         self.logprobs: list[torch.Tensor] = []
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        width = self.prompt_mask.shape[1]
-        step = input_ids.shape[1] - width
+        step = input_ids.shape[1] - self.prompt_mask.shape[1]
         if self.record and self.previous is not None:
             self.logprobs.append(self.previous.gather(1, input_ids[:, -1:]).squeeze(1))
+        processed = self.process(input_ids, scores, step)
+        if self.record:
+            self.previous = torch.log_softmax(processed.float(), dim=-1)
+        return processed
+
+    def process(self, input_ids: torch.Tensor, scores: torch.Tensor, step: int) -> torch.Tensor:
+        """:func:`process_logits` of [rows, V] ``scores`` after context [rows, t] at ``step``."""
         mask = None  # only the repetition penalty reads which context tokens are padding
         if self.params.repetition_penalty != 1.0:
             generated = torch.ones(
                 input_ids.shape[0], step, dtype=torch.bool, device=input_ids.device
             )
             mask = torch.cat([self.prompt_mask, generated], dim=1)
-        processed = process_logits(
+        return process_logits(
             scores, input_ids, self.params, input_mask=mask, step=step, eos_token_ids=self.eos
         )
-        if self.record:
-            self.previous = torch.log_softmax(processed.float(), dim=-1)
-        return processed
 
     def finish(self, last_tokens: torch.Tensor) -> torch.Tensor:
         """[rows, steps] recorded log-probs, the last step's gathered from ``last_tokens``."""
@@ -215,6 +219,11 @@ class HFEngine:
             model partitioned by DeepSpeed ZeRO-3 (every process must call ``generate``
             the same number of times). Sampling arguments are refused: use
             :class:`SamplingParams`.
+        decode: ``"lean"`` (the default) samples with :func:`rl_rollout.decode.lean_decode`,
+            token for token what ``generate`` gives under the same seed without its per-token
+            Python cost, wherever that is exact: a decoder-only model that
+            :func:`~rl_rollout.decode.supports_lean_decode`, no ``stop`` strings and no
+            ``generate_kwargs``; otherwise, and with ``"generate"``, ``model.generate``.
     """
 
     def __init__(
@@ -227,7 +236,10 @@ class HFEngine:
         token_budget: int | None = None,
         truncation: Literal["error", "left"] = "error",
         generate_kwargs: dict[str, Any] | None = None,
+        decode: Literal["lean", "generate"] = "lean",
     ) -> None:
+        if decode not in ("lean", "generate"):
+            raise ValueError(f"`decode` must be 'lean' or 'generate', got {decode!r}")
         if truncation not in ("error", "left"):
             raise ValueError(f"`truncation` must be 'error' or 'left', got {truncation!r}")
         if prompts_per_batch is not None and prompts_per_batch < 1:
@@ -241,6 +253,7 @@ class HFEngine:
         self.token_budget = token_budget
         self.truncation = truncation
         self.generate_kwargs = dict(generate_kwargs or {})
+        self.decode = decode
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs a pad and an eos token")
         self.pad_id = int(tokenizer.pad_token_id)
@@ -313,15 +326,38 @@ class HFEngine:
         if params.stop:
             kwargs.update(stop_strings=list(params.stop), tokenizer=self.tokenizer)
         devices = [device] if device.type == "cuda" else []
+        lean = self.uses_lean_decode(params)
         with torch.random.fork_rng(devices=devices):
             if params.seed is not None:
                 torch.manual_seed(params.seed)
+            if lean:
+                completion, logprobs = lean_decode(
+                    self.model,
+                    ids.repeat_interleave(params.n, dim=0),
+                    mask.repeat_interleave(params.n, dim=0),
+                    max_new_tokens=params.max_new_tokens,
+                    process=processor.process,
+                    do_sample=not params.greedy,
+                    eos_token_ids=eos,
+                    pad_token_id=self.pad_id,
+                    record_logprobs=params.return_logprobs,
+                )
+                return completion.cpu(), None if logprobs is None else logprobs.cpu()
             with torch.no_grad():
                 out = self.model.generate(**kwargs)
         sequences = out if isinstance(out, torch.Tensor) else out.sequences
         completion = sequences[:, width:]
         logprobs = processor.finish(completion[:, -1]) if params.return_logprobs else None
         return completion.cpu(), None if logprobs is None else logprobs.cpu()
+
+    def uses_lean_decode(self, params: SamplingParams) -> bool:
+        """Whether ``params`` are sampled with the lean loop (see ``decode``) or ``generate``."""
+        return (
+            self.decode == "lean"
+            and not params.stop
+            and not self.generate_kwargs
+            and supports_lean_decode(self.model)
+        )
 
     def generate(self, prompts: Prompts, params: SamplingParams) -> RolloutResult:
         """Sample ``params.n`` completions for each prompt; see :class:`RolloutResult`."""
