@@ -69,6 +69,8 @@ def _run(algo: str, variant: str) -> dict[str, Any]:
     torch.set_num_threads(threads)
     config = DemoConfig(algo=algo, steps=BUDGET, evaluation_interval=EVERY).run_config()
     staleness = {"async_s1": 1, "async_s2": 2}.get(variant)
+    if staleness is not None:  # the docs' setting for stale batches (docs/tutorials/async.md)
+        config.agent["vllm_importance_sampling_correction"] = True
     built = build(config, distributed=False)
     clock = _Clock()
 
