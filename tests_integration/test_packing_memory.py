@@ -22,7 +22,7 @@ SCRIPT = Path(__file__).resolve().parent / "scripts" / "packing_memory_cap.py"
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and RLIMIT_DATA: Linux")
 def test_token_budget_trains_where_padded_runs_out_of_memory() -> None:
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300, check=False
+        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=900, check=False
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
