@@ -135,6 +135,16 @@ def test_zero3_full_finetuning_equals_one_process(tmp_path: Path) -> None:
     assert_matches_one_process(tmp_path, atol=5e-5, full_finetune=True, lora_config=None)
 
 
+@pytest.mark.parametrize("stage", [2, 3])
+def test_packed_token_budget_equals_one_padded_process(tmp_path: Path, stage: int) -> None:
+    """Padding-free training under DeepSpeed (issue 20): packed rows in token-budget
+    micro-batches (the ranks need different numbers of them; every rank runs as many as the one
+    that needs the most, which ZeRO-3's collective forwards require) equal one padded process
+    on the global batch."""
+    launch(tmp_path, stage, "packed")
+    assert_matches_one_process(tmp_path)
+
+
 def test_rl_train_run_with_a_deepspeed_config_under_torchrun(tmp_path: Path) -> None:
     """The command line as users launch it: ``torchrun -m rl_train run CONFIG deepspeed_config=``."""
     import json

@@ -29,10 +29,24 @@ def test_algorithm_learns_successor_digit(algo: str, tmp_path: Path) -> None:
     _learns_successor_digit(algo, tmp_path)
 
 
-@pytest.mark.parametrize("algo", ["grpo", "reinforce", "ppo"])
+#: With packing: one case per agent class in the integration run, the other presets and GRPO
+#: variants in the slow run (``nox -s slow``). Measured (2 cores): gspo, cispo, dr_grpo, rloo,
+#: reinforce_pp pass (10-200 s each on a quiet box). DAPO is left out: packed, it reached >= 0.9
+#: during training but ended at 0.85 at step 450, the wobble its padded run also shows after
+#: converging (see BUDGET); packing changes its updates by float rounding only.
+PACKED_ALGOS = [
+    *(pytest.param(a) for a in ("grpo", "reinforce", "ppo")),
+    *(
+        pytest.param(a, marks=pytest.mark.slow)
+        for a in ("gspo", "cispo", "dr_grpo", "rloo", "reinforce_pp")
+    ),
+]
+
+
+@pytest.mark.parametrize("algo", PACKED_ALGOS)
 def test_algorithm_learns_with_sequence_packing(algo: str, tmp_path: Path) -> None:
     """The table holds with padding-free training: packed rows in micro-batches of at most
-    48 tokens (issue 20); one case per agent class."""
+    48 tokens (issue 20)."""
     _learns_successor_digit(algo, tmp_path, use_sequence_packing=True, micro_batch_tokens=48)
 
 

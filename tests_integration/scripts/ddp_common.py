@@ -15,6 +15,9 @@ STEPS = 3
 L = 14
 #: The DeepSpeed runs' extra agent arguments: 2 micro-batches per rank's minibatch (6 rows).
 DS_AGENT = {"micro_batch_size_per_gpu": 4, "max_output_tokens": 6}
+#: Padding-free training (issue 20): packed rows in micro-batches of at most 20 tokens, so the
+#: ranks' rows (lengths 6..14) need different numbers of micro-batches.
+PACKED_AGENT = {"use_sequence_packing": True, "micro_batch_tokens": 20}
 
 
 def make_agent(**kw: Any) -> GRPO:

@@ -13,7 +13,9 @@ one optimizer step per call (on-policy: no old-log-prob forward).
 
 Both agents start from identical weights and receive the same updates. ``tokens/s`` counts
 real tokens (prompt + completion) per second of ``learn()``; medians of 3 timed calls after one
-warm-up. ``peak_extra_MiB``: on CUDA the peak allocated memory of the warm-up call above what
+warm-up, the variants' calls interleaved round by round (order alternating), so a change of
+the machine's load hits both; ``round_ratios`` are the per-round packed / padded times and
+``load_avg_1min`` the 1-minute load average before and after the timed rounds. ``peak_extra_MiB``: on CUDA the peak allocated memory of the warm-up call above what
 was allocated before it; on CPU (full runs only) the peak resident memory of one call in a
 fresh process per (case, variant) above the resident memory before it (Linux:
 ``/proc/self/clear_refs`` resets the peak; a call on short rows first pays the one-time
@@ -30,12 +32,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from harness import Row, measure, with_ratios
+from harness import Row, Timing, measure, with_ratios
 from peft import LoraConfig
 from rl_algos import GRPO
 from rl_testing.models import tiny_qwen2
 
 B, G, PROMPT_LEN, ROWS_PER_MB, SEED = 8, 8, 16, 16, 0
+VARIANTS = ("padded", "packed")
 N = B * G
 
 
@@ -137,7 +140,9 @@ def run(quick: bool) -> list[Row]:
         experiences, tokens = _experience(max_len, ragged, device)
         case = f"{'ragged 8' if ragged else 'uniform ' + str(max_len)}..{max_len} N={N}"
         losses: dict[str, float] = {}
-        for variant in ("padded", "packed"):
+        calls, peaks, samples = {}, {}, {}
+        load = [round(os.getloadavg()[0], 2)]
+        for variant in VARIANTS:
             agent = _agent(device, **_options(variant, budget))
 
             def call(
@@ -145,17 +150,32 @@ def run(quick: bool) -> list[Row]:
             ) -> None:
                 out[name] = agent.learn(exp)["loss"]
 
-            peak = _cuda_peak_extra_mib(call, device)  # also the warm-up
-            timing = measure(call, repeats=repeats, warmup=0, device=device)
-            del agent
+            calls[variant] = call
+            peaks[variant] = _cuda_peak_extra_mib(call, device)  # also the warm-up
+            samples[variant] = []
+        # interleaved rounds (the machine is shared: load varies), the order alternating
+        for r in range(repeats):
+            for variant in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+                samples[variant].append(measure(calls[variant], repeats=1, warmup=0).samples[0])
+        load.append(round(os.getloadavg()[0], 2))
+        calls.clear()
+        for variant in VARIANTS:
+            peak = peaks[variant]
             if peak is None and not quick:
                 peak = _peak_extra_mib(max_len, ragged, variant, device)
+            timing = Timing(samples[variant])
             extra: dict[str, Any] = {
                 "tokens": tokens,
                 "padded_tokens": N * (PROMPT_LEN + max_len),
                 "tokens_per_s": round(tokens / timing.median),
                 "loss": f"{losses[variant]:.5g}",
+                "load_avg_1min": load,
             }
+            if variant != "padded":
+                extra["round_ratios"] = [
+                    round(a / b, 3)
+                    for a, b in zip(samples[variant], samples["padded"], strict=True)
+                ]
             if peak is not None:
                 extra["peak_extra_MiB"] = peak
             rows.append(Row("packing", case, variant, timing, extra=extra))

@@ -134,6 +134,7 @@ def test_packed_hidden_states_equal_padded(arch: str, attn: str) -> None:
     for b, role in [
         (ragged_batch(), "actor"),
         (ragged_batch(runs), "actor"),
+        (ragged_batch(runs[:3]), "actor"),  # no padding once trimmed: the unpadded path
         (ragged_batch(), "reference"),
         (ragged_batch(), "critic"),
     ]:
@@ -169,11 +170,20 @@ PACKED_CASES = [
     pytest.param("GRPO", {}, {}, id="grpo"),
     pytest.param("GRPO", {}, {"micro_batch_size_per_gpu": 2}, id="grpo-rows2"),
     pytest.param("GRPO", {}, {"micro_batch_tokens": 14}, id="grpo-tokens14"),
+    # one row per forward: every micro-batch takes the unpadded path (no padding to pack)
+    pytest.param("GRPO", {}, {"micro_batch_size_per_gpu": 1}, id="grpo-rows1"),
     pytest.param("GRPO", {"use_liger_loss": True}, {"micro_batch_tokens": 20}, id="grpo-fused"),
     pytest.param(
         "GRPO", {"update_epochs": 2, "lr": 0.0}, {"micro_batch_tokens": 16}, id="grpo-scored-old"
     ),
     pytest.param("GRPO", {"full_finetune": True}, {"micro_batch_tokens": 14}, id="grpo-full"),
+    pytest.param("GSPO", {}, {"micro_batch_tokens": 14}, id="gspo-tokens14"),
+    pytest.param("CISPO", {}, {"micro_batch_size_per_gpu": 4}, id="cispo-rows4"),
+    # the GRPO presets (rl_algos.presets): GRPO with other defaults
+    pytest.param("dr_grpo", {}, {"micro_batch_tokens": 14}, id="dr_grpo-tokens14"),
+    pytest.param("dapo", {}, {"micro_batch_tokens": 14}, id="dapo-tokens14"),
+    pytest.param("rloo", {}, {}, id="rloo"),
+    pytest.param("reinforce_pp", {}, {"micro_batch_size_per_gpu": 2}, id="reinforce_pp-rows2"),
     pytest.param("LLMREINFORCE", {}, {"micro_batch_tokens": 14}, id="reinforce"),
     pytest.param("LLMPPO", {}, {}, id="ppo-critic-adapter"),
     pytest.param("LLMPPO", {}, {"micro_batch_tokens": 13}, id="ppo-critic-adapter-tokens"),
@@ -198,6 +208,10 @@ def assert_grads_close(got: dict[str, torch.Tensor], expected: dict[str, torch.T
 
 def _agent(algo: str, options: dict[str, Any]) -> Any:
     kw = dict(options)
+    if algo.islower():  # a preset: GRPO with the preset's defaults under the options
+        from rl_algos.presets import get_preset
+
+        kw, algo = get_preset(algo).resolve({"group_size": tl.GROUP_SIZE, **kw}), "GRPO"
     if kw.get("full_finetune"):
         kw["lora_config"] = None
         return tl.make_agent(algo, perturb_seed=None, **kw)
@@ -250,3 +264,20 @@ def test_packed_ilql_learn_equals_padded(full: bool, packed_options: dict[str, A
     assert_grads_close(
         {n: pack_params[n].grad for n in names}, {n: pad_params[n].grad for n in names}
     )
+
+
+def test_packed_learn_equals_padded_on_runs_of_equal_lengths() -> None:
+    """Micro-batches whose rows all have one length skip packing (the same forward without its
+    padding columns); mixed ones pack: both equal the padded update."""
+    runs = tuple(((tl.BOS_ID, 9 + n), (30 + n,) * (2 if n < 3 else 4)) for n in range(6))
+    batch = ragged_batch(runs)
+    padded = _agent("GRPO", {})
+    for options in ({"micro_batch_size_per_gpu": 3}, {"micro_batch_size_per_gpu": 4}):
+        packed = _agent("GRPO", {**options, "use_sequence_packing": True})
+        m_pad, m_pack = padded.learn(batch.experiences()), packed.learn(batch.experiences())
+        assert m_pack["loss"] == pytest.approx(m_pad["loss"], **SAME_LOSS_TOL)
+        names = _trainable(padded)
+        g_pad = tl.agent_grads(padded.policy, names)
+        assert max(float(g.abs().max()) for g in g_pad.values()) > 1e-4, "degenerate test case"
+        assert_grads_close(tl.agent_grads(packed.policy, names), g_pad)
+        padded = _agent("GRPO", {})

@@ -186,9 +186,12 @@ def packed_hidden_states(
             "attn_implementation='sdpa' (or a flash-attention one), or pass "
             "use_sequence_packing=False"
         )
-    rows = pack_rows(input_ids, attention_mask)
-    if rows.num_tokens == 0:
+    lengths = row_lengths(attention_mask)
+    if not bool((lengths > 0).any()):
         raise ValueError("every row of the micro-batch is empty (attention_mask all 0)")
+    if bool((lengths == lengths[0]).all()):
+        return _unpadded_hidden_states(policy, input_ids, attention_mask, int(lengths[0]), role)
+    rows = pack_rows(input_ids, attention_mask)
     extra: dict[str, Any] = {
         "cu_seq_lens_q": rows.cu_seqlens,
         "cu_seq_lens_k": rows.cu_seqlens,
@@ -212,6 +215,22 @@ def packed_hidden_states(
         for c, value in zip(configs, saved, strict=True):
             c._attn_implementation_internal = value
     return unpack(hidden, rows)
+
+
+def _unpadded_hidden_states(
+    policy: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, length: int, role: str
+) -> torch.Tensor:
+    """[M, L, H]: rows that all hold ``length`` real tokens need no packing.
+
+    Their first ``length`` columns are an ``[M, length]`` batch without padding, which is
+    exactly what packing would compute (the padded forward of those columns); the rest is
+    zeros, as :func:`unpack` leaves it.
+    """
+    hidden: torch.Tensor = policy.hidden_states(
+        input_ids[:, :length], attention_mask[:, :length], role=role
+    )
+    pad = input_ids.shape[1] - length
+    return torch.nn.functional.pad(hidden, (0, 0, 0, pad)) if pad else hidden
 
 
 #: The name :func:`varlen_sdpa_attention` is registered under in transformers.
@@ -276,13 +295,15 @@ def varlen_sdpa_attention(
     groups = query.shape[1] // key.shape[1]
     if groups > 1 and not gqa:
         key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    runs = _runs(cu_seq_lens_q.tolist())
+    sizes = [n * length for _, n, length in runs]
+    # one split per tensor (its backward is one concatenation, where a slice per run would
+    # scatter into a zero [heads, S, d] gradient per run)
+    splits = [torch.split(t[0], sizes, dim=1) for t in (query, key, value)]
     parts = []
-    for start, n, length in _runs(cu_seq_lens_q.tolist()):
+    for (_, n, length), *qkv in zip(runs, *splits, strict=True):
         # n consecutive rows of one length: one batched call on [n, heads, length, d]
-        q, k, v = (
-            t[0, :, start : start + n * length].unflatten(1, (n, length)).transpose(0, 1)
-            for t in (query, key, value)
-        )
+        q, k, v = (t.unflatten(1, (n, length)).transpose(0, 1) for t in qkv)
         out = torch.nn.functional.scaled_dot_product_attention(
             q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa
         )  # [n, heads, length, d]
