@@ -37,7 +37,6 @@ import argparse
 import contextlib
 import http.client
 import importlib
-import inspect
 import json
 import math
 import numbers
@@ -48,6 +47,9 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
+
+from rl_envs._signature import is_batched_reward
+from rl_envs._signature import parameters as _parameters
 
 __all__ = [
     "RemoteReward",
@@ -123,30 +125,6 @@ class RewardRequest:
             completion_ids=None if ids is None else [[int(t) for t in row] for row in ids],
             columns=dict(data.get("columns") or {}),
         )
-
-
-def _parameters(fn: Callable[..., Any]) -> tuple[set[str], bool] | None:
-    """``(named parameters, takes **kwargs)`` of ``fn``; None without a signature."""
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature
-        return None
-    kinds = inspect.Parameter
-    names = {p.name for p in params if p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)}
-    return names, any(p.kind is kinds.VAR_KEYWORD for p in params)
-
-
-def is_batched_reward(fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` is batched (TRL style), read from its signature.
-
-    Batched: it names ``completions``, ``prompts`` or ``completion_ids``, or takes only
-    ``**kwargs``; per sample otherwise (``(completion, answer, question)``, or no signature).
-    """
-    found = _parameters(fn)
-    if found is None:
-        return False
-    names, var_kw = found
-    return bool(names & {"completions", "prompts", "completion_ids"}) or (var_kw and not names)
 
 
 def _number(value: Any, name: str, where: str) -> float | None:

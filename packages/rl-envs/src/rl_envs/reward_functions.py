@@ -43,6 +43,9 @@ from typing import Any
 
 import torch
 
+from rl_envs._signature import is_batched_reward
+from rl_envs._signature import parameters as _parameters
+
 __all__ = [
     "REWARD_STYLES",
     "RewardFunctionError",
@@ -102,22 +105,6 @@ def _name(fn: Any) -> str:
     return str(getattr(fn, "__name__", type(fn).__name__))
 
 
-def _parameters(fn: Any) -> tuple[set[str], bool] | None:
-    """``(named parameters, takes **kwargs)`` of ``fn``, or None if it has no signature."""
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return None
-    kinds = inspect.Parameter
-    names = {
-        p.name
-        for p in signature.parameters.values()
-        if p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)
-    }
-    var_kw = any(p.kind is kinds.VAR_KEYWORD for p in signature.parameters.values())
-    return names, var_kw
-
-
 def detect_reward_style(fn: Callable[..., Any]) -> str:
     """The convention of ``fn``, read from its signature.
 
@@ -134,12 +121,9 @@ def detect_reward_style(fn: Callable[..., Any]) -> str:
     found = _parameters(fn)
     if found is None:
         return "agilerl"
-    names, var_kw = found
-    if "solution_str" in names:
+    if "solution_str" in found[0]:
         return "verl"
-    if names & {"completions", "prompts", "completion_ids"} or (var_kw and not names):
-        return "trl"
-    return "agilerl"
+    return "trl" if is_batched_reward(fn) else "agilerl"
 
 
 def resolve_reward_styles(
