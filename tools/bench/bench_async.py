@@ -7,12 +7,16 @@ process uses one torch thread (the trainer and the worker share 2 cores); the sy
 is measured with one thread too (on an idle 2-core box, two threads for the synchronous
 process is the other fair baseline: ``variant="sync@2t"`` in ``_run``).
 
-Per (algo, variant), one run of up to 375 steps (the synchronous budget of 300 + 25%) that
-stops at the first greedy evaluation (every 25 steps, 40 test prompts) with accuracy >= 0.9:
+Per algo, ``ROUNDS`` interleaved rounds (``--quick``: one, GRPO only); round ``k`` runs sync,
+``max_staleness: 1`` and ``max_staleness: 2`` once each with seed ``k`` (the order rotated by
+round). Each run goes up to 375 steps (the synchronous budget of 300 + 25%) and stops at the
+first greedy evaluation (every 25 steps, 40 test prompts) with accuracy >= 0.9. The async runs
+use the tutorial's settings for stale batches (the rollout-mismatch correction with its cap at
+``ASYNC_IS_CAP``). Per run:
 
 * ``samples/s``: samples learned per second of loop wall time from the end of step 1 to the
   end of the last step, evaluations excluded (the one-time worker start is in step 1);
-* ``p50_samples/s`` / ``p10_samples/s``: the same from the median and the 10th percentile of
+* ``p10_samples/s``: the same from the 10th percentile of
   the per-step wall times (steady state; on a machine shared with other jobs the low
   percentile is the least disturbed estimate);
 * ``to_0.9_s``: the same wall time (evaluations excluded) up to the evaluation that reached
@@ -21,13 +25,18 @@ stops at the first greedy evaluation (every 25 steps, 40 test prompts) with accu
   and transformers, and building its model copy);
 * staleness mean and dropped batches of the async runs.
 
-The "median" column is the seconds per step (wall / steps); a run is one sample, so the IQR
-is 0 and, on a shared machine, the numbers are noisy: repeat the run before trusting a ratio.
+Per variant the row reports medians over the rounds: ``speedup`` (and its range) is the
+median of each round's ratio to that round's synchronous run (paired, so a busy moment of a
+shared machine hits both), ``p10_speedup`` the same from the 10th percentile, ``to_0.9_step``
+each round's step, ``load`` the 1-minute load average after each run. The "median" column is
+the seconds per step.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +53,11 @@ from rl_train.loop import train_loop
 from rl_train.sources import ReasoningSource, Source
 
 TARGET, BUDGET, EVERY = 0.9, 375, 25
+#: Interleaved rounds (round ``k``: every variant once, seed ``k``); ``--quick``: one.
+ROUNDS = 3
+#: The truncation cap of the rollout-mismatch correction recommended for stale batches.
+ASYNC_IS_CAP = 5.0
+SHOWN = ("samples_per_s", "p10_samples_per_s", "to_target_step", "staleness_mean")
 
 
 @dataclass
@@ -64,13 +78,15 @@ class _Clock(Hook):
             state.stop = True
 
 
-def _run(algo: str, variant: str) -> dict[str, Any]:
+def _run(algo: str, variant: str, seed: int = 0) -> dict[str, Any]:
     threads = 2 if variant == "sync@2t" else 1
     torch.set_num_threads(threads)
-    config = DemoConfig(algo=algo, steps=BUDGET, evaluation_interval=EVERY).run_config()
+    demo = DemoConfig(algo=algo, steps=BUDGET, evaluation_interval=EVERY, seed=seed)
+    config = demo.run_config()
     staleness = {"async_s1": 1, "async_s2": 2}.get(variant)
-    if staleness is not None:  # the docs' setting for stale batches (docs/tutorials/async.md)
+    if staleness is not None:  # the docs' settings for stale batches (docs/tutorials/async.md)
         config.agent["vllm_importance_sampling_correction"] = True
+        config.agent["vllm_importance_sampling_cap"] = ASYNC_IS_CAP
     built = build(config, distributed=False)
     clock = _Clock()
 
@@ -110,36 +126,54 @@ def _run(algo: str, variant: str) -> dict[str, Any]:
     }
 
 
+def _round(algo: str, k: int, variants: list[str]) -> dict[str, dict[str, Any]]:
+    """One run of each variant with seed ``k``, in an order rotated by ``k`` (interleaved)."""
+    order = variants[k % len(variants) :] + variants[: k % len(variants)]
+    out = {}
+    for variant in order:
+        result = _run(algo, variant, seed=k)
+        result["load"] = os.getloadavg()[0]
+        out[variant] = result
+        print(algo, f"round {k}", variant, {key: result[key] for key in SHOWN}, flush=True)
+    return out
+
+
 def run(quick: bool) -> list[Row]:
     algos = ["grpo"] if quick else ["grpo", "reinforce"]
-    variants = ["sync", "async_s1"] if quick else ["sync", "async_s1", "async_s2"]
+    variants = ["sync", "async_s1", "async_s2"]
+    rounds = 1 if quick else ROUNDS
     rows: list[Row] = []
     for algo in algos:
-        results = {v: _run(algo, v) for v in variants}
-        base = results["sync"]
-        for variant, r in results.items():
+        results = [_round(algo, k, variants) for k in range(rounds)]
+        for variant in variants:
+            runs = [r[variant] for r in results]
+            speedups = [r[variant]["samples_per_s"] / r["sync"]["samples_per_s"] for r in results]
+            p10 = [
+                r[variant]["p10_samples_per_s"] / r["sync"]["p10_samples_per_s"] for r in results
+            ]
+            reached = [r["to_target_s"] for r in runs if r["to_target_s"] is not None]
             extra = {
-                "samples/s": round(r["samples_per_s"], 1),
-                "speedup": round(r["samples_per_s"] / base["samples_per_s"], 2),
-                "p50_samples/s": round(r["p50_samples_per_s"], 1),
-                "p50_speedup": round(r["p50_samples_per_s"] / base["p50_samples_per_s"], 2),
-                "p10_samples/s": round(r["p10_samples_per_s"], 1),
-                "p10_speedup": round(r["p10_samples_per_s"] / base["p10_samples_per_s"], 2),
-                "to_0.9_s": None if r["to_target_s"] is None else round(r["to_target_s"], 1),
-                "to_0.9_step": r["to_target_step"],
-                "startup_s": round(r["startup_s"], 1),
-                "staleness_mean": round(r["staleness_mean"], 2),
-                "dropped": r["dropped"],
+                "samples/s": round(statistics.median(r["samples_per_s"] for r in runs), 1),
+                "speedup": round(statistics.median(speedups), 2),
+                "speedup_range": (round(min(speedups), 2), round(max(speedups), 2)),
+                "p10_speedup": round(statistics.median(p10), 2),
+                "to_0.9_step": [r["to_target_step"] for r in runs],
+                "to_0.9_s": round(statistics.median(reached), 1) if reached else None,
+                "startup_s": round(statistics.median(r["startup_s"] for r in runs), 1),
+                "staleness_mean": round(statistics.median(r["staleness_mean"] for r in runs), 2),
+                "dropped": sum(r["dropped"] for r in runs),
+                "load": [round(r["load"], 1) for r in runs],
             }
-            ratio = base["seconds_per_step"] and r["seconds_per_step"] / base["seconds_per_step"]
+            seconds = [r["seconds_per_step"] for r in runs]
+            base = statistics.median(r["sync"]["seconds_per_step"] for r in results)
             rows.append(
                 Row(
                     "async",
                     f"demo {algo}",
                     variant,
-                    Timing([r["seconds_per_step"]]),
+                    Timing(seconds),
                     baseline="sync",
-                    ratio_to_baseline=ratio,
+                    ratio_to_baseline=statistics.median(seconds) / base,
                     extra=extra,
                 )
             )

@@ -45,6 +45,7 @@ from rl_train.rollout_worker import (
     StopWorker,
     WorkerFailed,
     WorkerStart,
+    actor_named_parameters,
     weight_update,
     worker_main,
 )
@@ -144,6 +145,7 @@ class AsyncReasoningSource:
         self.dropped_total = 0
         self.last_end: float | None = None
         self.first = True
+        self.named: list[tuple[str, torch.nn.Parameter]] | None = None
 
     # -- Source ----------------------------------------------------------------------------------
 
@@ -269,10 +271,11 @@ class AsyncReasoningSource:
         self.process.start()
         self.first = True
         self.version = step
+        self.named = actor_named_parameters(agent)  # looked up once: updates are in place
         self._push(agent, step)
 
     def _push(self, agent: Any, version: int) -> int:
-        update = weight_update(agent, version)
+        update = weight_update(agent, version, self.named)
         self.inbox.put(update)
         return update.tensor_bytes
 

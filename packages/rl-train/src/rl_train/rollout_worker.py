@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from rl_algos.batch import stack_rows
 
 from rl_train.sources import Episodes, MultiTurnSource
 
@@ -48,6 +49,7 @@ __all__ = [
     "WeightUpdate",
     "WorkerFailed",
     "WorkerStart",
+    "actor_named_parameters",
     "actor_tensors",
     "apply_weights",
     "weight_update",
@@ -118,14 +120,19 @@ class StopWorker:
 
 @dataclass(frozen=True)
 class Rollout:
-    """One batch as ``learn`` takes it: ``get_action``'s blocks and ``env.step``'s rewards."""
+    """One batch as ``learn`` takes it: ``get_action``'s samples, collated, and the rewards.
 
-    completion_ids: list[torch.Tensor]
-    """B x [G, L_b] prompt + completion."""
-    action_masks: list[torch.Tensor]
-    """B x [G, L_b - 1] bool."""
-    sampling_logprobs: list[torch.Tensor] | None
-    """B x [G, L_b - 1] the sampler's log-probs, or None."""
+    The worker stacks ``get_action``'s per-prompt blocks into right-padded [N, L] tensors
+    exactly as ``learn`` would (:func:`rl_algos.batch.stack_rows`), so the trainer skips that
+    step; a sampler whose blocks are not 2-D tensors sends them as they are.
+    """
+
+    completion_ids: Any
+    """[N, L] prompt + completion, right-padded with the pad id (or B x [G, L_b] blocks)."""
+    action_masks: Any
+    """[N, L - 1] bool (or B x [G, L_b - 1] blocks)."""
+    sampling_logprobs: Any
+    """[N, L - 1] the sampler's log-probs (0 off actions), or None (or B x [G, L_b - 1])."""
     rewards: torch.Tensor
     """[B, G]."""
 
@@ -139,7 +146,7 @@ class RolloutBatch:
     version: int
     """The policy version (updates applied) the batch was sampled with."""
     payload: bytes
-    """The :class:`Rollout` fields, pickled (each list as one :class:`Packed` buffer)."""
+    """The :class:`Rollout` fields, pickled (each tensor as a :class:`Packed` byte string)."""
     env_state: dict[str, Any] | None
     """The environment's iteration state after ``env.step`` (what a checkpoint saves)."""
     num_epochs: int
@@ -156,10 +163,8 @@ class RolloutBatch:
         decoded = _decode(self.payload)
         if isinstance(decoded, Episodes):
             return decoded
-        ids, masks, logps, rewards = decoded
-        return Rollout(
-            ids.unpack(), masks.unpack(), None if logps is None else logps.unpack(), rewards
-        )
+        ids, masks, logps, rewards = (_unwrap(x) for x in decoded)
+        return Rollout(ids, masks, logps, rewards)
 
 
 @dataclass(frozen=True)
@@ -172,11 +177,18 @@ class WorkerFailed:
 
 @dataclass(frozen=True)
 class Packed:
-    """Tensors of one dtype as one flat CPU buffer plus their shapes: one storage to pickle."""
+    """Tensors of one dtype as one flat byte string plus their shapes: cheap to (un)pickle.
+
+    The raw bytes (not a pickled tensor, whose storage pickles through ``torch.save``, about
+    0.15 ms a tensor to load on the demo) keep a batch's decode and a weight push at a few
+    tens of microseconds.
+    """
 
     shapes: tuple[tuple[int, ...], ...]
     """Each tensor's shape, in order."""
-    flat: torch.Tensor
+    dtype: torch.dtype
+    """The tensors' dtype."""
+    data: bytes
     """The tensors' values, concatenated (a copy: later in-place updates do not reach it)."""
 
     @staticmethod
@@ -184,13 +196,19 @@ class Packed:
         """Pack ``tensors`` (all of one dtype)."""
         shapes = tuple(tuple(t.shape) for t in tensors)
         if not tensors:
-            return Packed(shapes, torch.empty(0))
-        return Packed(shapes, torch.cat([t.detach().cpu().reshape(-1) for t in tensors]))
+            return Packed(shapes, torch.float32, b"")
+        dtype = tensors[0].dtype
+        flat = torch.cat([t.detach().cpu().reshape(-1) for t in tensors])
+        return Packed(shapes, dtype, flat.view(torch.uint8).numpy().tobytes())
 
     def unpack(self) -> list[torch.Tensor]:
-        """The tensors (views of :attr:`flat`)."""
+        """The tensors (views of one writable buffer)."""
+        if self.data:
+            flat = torch.frombuffer(bytearray(self.data), dtype=torch.uint8).view(self.dtype)
+        else:
+            flat = torch.empty(0, dtype=self.dtype)
         sizes = [math.prod(s) for s in self.shapes]
-        chunks = self.flat.split(sizes) if sizes else ()
+        chunks = flat.split(sizes) if sizes else ()
         return [c.view(s) for c, s in zip(chunks, self.shapes, strict=True)]
 
 
@@ -203,6 +221,16 @@ def _decode(payload: bytes) -> Any:
     return pickle.loads(payload)  # our own worker's or trainer's bytes
 
 
+def actor_named_parameters(agent: Any) -> list[tuple[str, torch.nn.Parameter]]:
+    """The actor's trainable parameters by name in ``agent.policy.causal_lm`` (LoRA: adapters).
+
+    The list to hand :func:`weight_update` at every push (it stays valid while the agent's
+    parameters are updated in place, as the optimizer does).
+    """
+    trainable = {id(p) for p in agent.actor_parameters()}
+    return [(n, p) for n, p in agent.policy.causal_lm.named_parameters() if id(p) in trainable]
+
+
 def actor_tensors(agent: Any) -> dict[str, torch.Tensor]:
     """The actor's trainable tensors by name in ``agent.policy.causal_lm`` (LoRA: adapters only).
 
@@ -213,24 +241,28 @@ def actor_tensors(agent: Any) -> dict[str, torch.Tensor]:
         ``{name: detached CPU tensor}``: every weight when fully fine-tuned, else the actor
         adapter's LoRA weights.
     """
-    trainable = {id(p) for p in agent.actor_parameters()}
-    return {
-        name: p.detach().cpu()
-        for name, p in agent.policy.causal_lm.named_parameters()
-        if id(p) in trainable
-    }
+    return {name: p.detach().cpu() for name, p in actor_named_parameters(agent)}
 
 
-def weight_update(agent: Any, version: int) -> WeightUpdate:
-    """The :class:`WeightUpdate` of ``agent``'s actor at ``version``."""
-    tensors = actor_tensors(agent)
-    size = sum(t.numel() * t.element_size() for t in tensors.values())
-    groups: dict[str, tuple[list[str], list[torch.Tensor]]] = {}
-    for name, t in tensors.items():
-        names, values = groups.setdefault(str(t.dtype), ([], []))
+def weight_update(
+    agent: Any, version: int, named: Sequence[tuple[str, torch.Tensor]] | None = None
+) -> WeightUpdate:
+    """The :class:`WeightUpdate` of ``agent``'s actor at ``version``.
+
+    Args:
+        agent: An rl-algos agent.
+        version: The policy version (updates applied).
+        named: :func:`actor_named_parameters` of ``agent``, computed once (None: look them up).
+    """
+    if named is None:
+        named = actor_named_parameters(agent)
+    size = sum(t.numel() * t.element_size() for _, t in named)
+    groups: dict[torch.dtype, tuple[list[str], list[torch.Tensor]]] = {}
+    for name, t in named:
+        names, values = groups.setdefault(t.dtype, ([], []))
         names.append(name)
         values.append(t)
-    packed = {k: (names, Packed.of(values)) for k, (names, values) in groups.items()}
+    packed = {str(k): (names, Packed.of(values)) for k, (names, values) in groups.items()}
     return WeightUpdate(version, _encode(packed), size)
 
 
@@ -304,17 +336,39 @@ def _put(outbox: Any, batch: RolloutBatch, inbox: _Inbox) -> None:
             inbox.poll(None)
 
 
+def _collate(blocks: Any, name: str, pad: float | bool, dtype: torch.dtype) -> Any:
+    """``blocks`` (B x [G, L_b]) as one right-padded [N, L] :class:`Packed` tensor.
+
+    :func:`rl_algos.batch.stack_rows`, the stacking ``learn`` does, so the trainer's batch is
+    the same, bit for bit. Anything else (None, rows that are not 2-D tensors) is returned
+    as it is.
+    """
+    if not (
+        isinstance(blocks, list | tuple)
+        and blocks
+        and all(isinstance(b, torch.Tensor) and b.dim() == 2 for b in blocks)
+    ):
+        return blocks
+    return Packed.of([stack_rows(name, blocks, pad, dtype)])
+
+
+def _unwrap(value: Any) -> Any:
+    """A :class:`Packed` single tensor back as the tensor; anything else as it is."""
+    if isinstance(value, Packed) and len(value.shapes) == 1:
+        return value.unpack()[0]
+    return value
+
+
 def _sample(agent: Any, env: Any, prompts: Any) -> tuple[bytes, Any]:
     """One batch of ``prompts``: ``get_action`` and ``env.step``; the payload, next prompts."""
     result = agent.get_action(prompts)
     prompts, rewards = env.step(result.completion_ids)
-    logps = result.sampling_logprobs
     payload = _encode(
         (
-            Packed.of(result.completion_ids),
-            Packed.of(result.action_masks),
-            None if logps is None else Packed.of(logps),
-            rewards,
+            _collate(result.completion_ids, "completion_ids", agent.pad_token_id, torch.long),
+            _collate(result.action_masks, "action_masks", False, torch.bool),
+            _collate(result.sampling_logprobs, "sampling_logps", 0.0, torch.float32),
+            Packed.of([rewards]) if isinstance(rewards, torch.Tensor) else rewards,
         )
     )
     return payload, prompts
