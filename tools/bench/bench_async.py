@@ -11,8 +11,8 @@ Per algo, ``ROUNDS`` interleaved rounds (``--quick``: one, GRPO only); round ``k
 ``max_staleness: 1`` and ``max_staleness: 2`` once each with seed ``k`` (the order rotated by
 round). Each run goes up to 375 steps (the synchronous budget of 300 + 25%) and stops at the
 first greedy evaluation (every 25 steps, 40 test prompts) with accuracy >= 0.9. The async runs
-use the tutorial's settings for stale batches (the rollout-mismatch correction with its cap at
-``ASYNC_IS_CAP``). Per run:
+use the tutorial's setting for stale batches (the agent's ``clip_against_sampler``: the
+clipped ratio against the sampler's log-probs). Per run:
 
 * ``samples/s``: samples learned per second of loop wall time from the end of step 1 to the
   end of the last step, evaluations excluded (the one-time worker start is in step 1);
@@ -55,8 +55,6 @@ from rl_train.sources import ReasoningSource, Source
 TARGET, BUDGET, EVERY = 0.9, 375, 25
 #: Interleaved rounds (round ``k``: every variant once, seed ``k``); ``--quick``: one.
 ROUNDS = 3
-#: The truncation cap of the rollout-mismatch correction recommended for stale batches.
-ASYNC_IS_CAP = 5.0
 SHOWN = ("samples_per_s", "p10_samples_per_s", "to_target_step", "staleness_mean")
 
 
@@ -85,8 +83,7 @@ def _run(algo: str, variant: str, seed: int = 0) -> dict[str, Any]:
     config = demo.run_config()
     staleness = {"async_s1": 1, "async_s2": 2}.get(variant)
     if staleness is not None:  # the docs' settings for stale batches (docs/tutorials/async.md)
-        config.agent["vllm_importance_sampling_correction"] = True
-        config.agent["vllm_importance_sampling_cap"] = ASYNC_IS_CAP
+        config.agent["clip_against_sampler"] = True
     built = build(config, distributed=False)
     clock = _Clock()
 

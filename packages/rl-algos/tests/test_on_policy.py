@@ -124,3 +124,27 @@ def test_reading_unscored_old_logprobs_names_the_fix() -> None:
     scores = rl_algos.Scores(None, None)
     with pytest.raises(ValueError, match="needs_old_logprobs=True"):
         scores.old()
+
+
+def test_clip_against_sampler_takes_the_old_logprobs_from_the_sampler() -> None:
+    # clip_against_sampler: the sampler's log-probs are the old ones (no forward, no mismatch
+    # weights), so the clipped ratio is pi / sampler. Sampled by the trainer's own weights, the
+    # step is the scored on-policy one; sampled by a policy e times less likely on every action,
+    # the clip cuts the positive-advantage tokens and the step changes.
+    batch = tl.make_batch()
+    scored = _agent("GRPO", True)
+    m_scored = scored.learn(batch.experiences())
+    own = scored.seen[0].old_logprobs
+    mask = torch.as_tensor(batch.masks, dtype=torch.bool)
+    same = _agent("GRPO", False, clip_against_sampler=True)
+    m_same = same.learn(batch.experiences(), sampling_logps=own.clone())
+    assert torch.equal(same.seen[0].old_logprobs, own)
+    assert m_same["loss"] == pytest.approx(m_scored["loss"], **SAME_LOSS_TOL)
+    names = tl.trainable_names(same)
+    torch.testing.assert_close(
+        tl.agent_grads(same.policy, names), tl.agent_grads(scored.policy, names), **SAME_GRAD_TOL
+    )
+    far = _agent("GRPO", False, clip_against_sampler=True)
+    m_far = far.learn(batch.experiences(), sampling_logps=own - mask.float())
+    assert m_same["clip_fraction"] == 0.0 < m_far["clip_fraction"]
+    assert m_far["loss"] != pytest.approx(m_same["loss"], rel=1e-3)

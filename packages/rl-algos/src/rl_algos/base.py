@@ -375,8 +375,9 @@ class LLMAlgorithm:
         learner step accumulated over micro-batches (``micro_batch_size_per_gpu`` rows,
         ``micro_batch_tokens`` tokens) with global normalisers (the summed micro-batch
         losses equal the minibatch loss).
-        Phase 3 skips the old log-probs when the update is :meth:`on_policy` (one epoch of
-        one minibatch) and the parts do not read them: they are the loss's own, detached
+        Phase 3 takes the old log-probs from the sampler with ``clip_against_sampler``, and
+        skips them when the update is :meth:`on_policy` (one epoch of one minibatch) and the
+        parts do not read them: they are the loss's own, detached
         (ratio 1, as TRL's GRPO with ``num_iterations == 1``), and a mismatch correction
         weighs each micro-batch by its own log-probs (the fused loss needs them scored).
 
@@ -392,6 +393,7 @@ class LLMAlgorithm:
             batch,
             with_reference=self.config.beta > 0,
             with_old=parts.needs_old_logprobs or not self.on_policy(batch),
+            old_from_sampler=self.config.clip_against_sampler,
         )
         with torch.no_grad():
             estimates = parts.estimate(batch, scores)  # 4. advantages
@@ -404,9 +406,9 @@ class LLMAlgorithm:
 
     def _corrects(self, batch: Batch) -> bool:
         """Whether phase 5 weights the batch by old / sampler probabilities."""
-        return (
-            batch.sampling_logprobs is not None and self.config.vllm_importance_sampling_correction
-        )
+        cfg = self.config
+        correct = cfg.vllm_importance_sampling_correction and not cfg.clip_against_sampler
+        return batch.sampling_logprobs is not None and correct
 
     def on_policy(self, batch: Batch) -> bool:
         """Whether ``learn(batch)`` is one optimizer step (see :meth:`learn`, phase 3)."""

@@ -229,6 +229,12 @@ class AgentConfig:
     """Correct for sampler/trainer mismatch when sampling log-probs reach ``learn()``."""
     vllm_importance_sampling_cap: float = 2.0
     """Cap of the truncated importance weight (:func:`rl_losses.rollout_correction`)."""
+    clip_against_sampler: bool = False
+    """Take the clipped surrogate's ratio against the sampler's log-probs (the behaviour policy
+    that sampled the batch, when ``sampling_logps`` reach ``learn()``) instead of the trainer's
+    own before the update (AReaL's ``use_decoupled_loss=False``): the clip then also bounds how
+    far an update moves the policy from the one that sampled a stale batch, and the mismatch
+    correction is off (its weights would be 1). For asynchronous runs with stale batches."""
     kl_kind: KLKind = "k3"
     """KL estimator (:func:`rl_losses.kl_estimate`)."""
     skip_nonfinite: bool = False

@@ -146,13 +146,19 @@ class Scorer:
 
 
 def score_batch(
-    scorer: Scorer, batch: Batch, with_reference: bool, with_old: bool = True
+    scorer: Scorer,
+    batch: Batch,
+    with_reference: bool,
+    with_old: bool = True,
+    old_from_sampler: bool = False,
 ) -> Scores:
     """The batch's :class:`Scores` (no grad).
 
     The actor's log-probs unless ``with_old`` is False (an on-policy update, see
     :attr:`Scores.old_logprobs`), and the reference's when ``with_reference``. The rows run in
-    the forwards of :meth:`Scorer.row_groups` (all at once without a token budget).
+    the forwards of :meth:`Scorer.row_groups` (all at once without a token budget). With
+    ``old_from_sampler`` and sampling log-probs in the batch, those are the old log-probs
+    (the behaviour policy's; no forward).
     """
     groups = scorer.row_groups(batch.attention_mask)
 
@@ -163,8 +169,9 @@ def score_batch(
             out[rows] = scorer.logprobs(ids, attn, mask, role)
         return out
 
+    sampler = batch.sampling_logprobs if old_from_sampler else None
     with torch.no_grad():
-        old = score("actor") if with_old else None
+        old = sampler if sampler is not None else score("actor") if with_old else None
         ref = None
         if with_reference and "reference" in scorer.policy.roles:
             ref = score("reference")

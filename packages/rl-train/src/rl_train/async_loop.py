@@ -158,11 +158,14 @@ class AsyncReasoningSource:
                 "LoRA adapters; drop engine_url (the worker's own engine syncs the adapters "
                 "only) or fine-tune fully"
             )
-        if self.config.max_staleness > 0 and not agents[0].vllm_importance_sampling_correction:
+        cfg = agents[0].config
+        corrected = cfg.vllm_importance_sampling_correction or cfg.clip_against_sampler
+        if self.config.max_staleness > 0 and not corrected:
             warnings.warn(
-                "async training with max_staleness > 0 and "
-                "vllm_importance_sampling_correction=False learns from stale samples as if "
-                "they were on-policy; set the agent's vllm_importance_sampling_correction=True",
+                "async training with max_staleness > 0, vllm_importance_sampling_correction="
+                "False and clip_against_sampler=False learns from stale samples as if they "
+                "were on-policy; set the agent's clip_against_sampler=True (recommended) or "
+                "vllm_importance_sampling_correction=True",
                 RuntimeWarning,
                 stacklevel=2,
             )
