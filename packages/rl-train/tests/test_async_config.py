@@ -6,6 +6,7 @@ The runs with a real rollout worker process are in ``tests_integration/test_asyn
 from __future__ import annotations
 
 import functools
+import warnings
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,17 @@ def test_the_python_api_refuses_what_async_cannot_train() -> None:
     )
     with pytest.raises(ValueError, match=r"rollout server takes full weights.*LoRA"):
         remote.start([lora], None)
+
+
+def test_stale_batches_without_a_correction_warn_and_clip_against_sampler_counts() -> None:
+    source = AsyncReasoningSource(
+        functools.partial(rollout_pieces, DemoConfig().run_config()), AsyncConfig(max_staleness=1)
+    )
+    agent = _agent()
+    agent.config.vllm_importance_sampling_correction = False
+    with pytest.warns(RuntimeWarning, match="clip_against_sampler=True"):
+        source.start([agent], None)
+    agent.config.clip_against_sampler = True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        source.start([agent], None)  # the clip against the sampler handles stale batches
