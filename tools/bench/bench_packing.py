@@ -7,13 +7,18 @@ to ``L = 16 + MAX``; ``MAX`` is ``BENCH_PACKING_MAX_LEN`` (default 512). Model: 
 8192; SDPA attention), LoRA r=8 on every linear layer, a frozen reference adapter (beta 0.04),
 one optimizer step per call (on-policy: no old-log-prob forward).
 
-* ``padded``: micro-batches of 16 rows (``16 * L`` tokens per forward, padding included).
+* ``padded``: ``use_sequence_packing=False``, micro-batches of 16 rows (``16 * L`` tokens per
+  forward, padding included).
 * ``packed``: ``use_sequence_packing=True, micro_batch_tokens=16 * L``: the same token budget
   per forward, filled with real tokens only.
+* ``default``: the default ``use_sequence_packing=None`` ("auto": packs where it can) with
+  micro-batches of 16 rows, what a user who sets nothing but the micro-batch size gets.
+
+``BENCH_PACKING_CASES`` picks the cases (``ragged,uniform``, the default, or one of them).
 
 Both agents start from identical weights and receive the same updates. ``tokens/s`` counts
 real tokens (prompt + completion) per second of ``learn()``; medians of 3 timed calls after one
-warm-up, the variants' calls interleaved round by round (order alternating), so a change of
+warm-up, the variants' calls interleaved round by round (order rotating), so a change of
 the machine's load hits both; ``round_ratios`` are the per-round packed / padded times and
 ``load_avg_1min`` the 1-minute load average before and after the timed rounds. ``peak_extra_MiB``: on CUDA the peak allocated memory of the warm-up call above what
 was allocated before it; on CPU (full runs only) the peak resident memory of one call in a
@@ -38,7 +43,7 @@ from rl_algos import GRPO
 from rl_testing.models import tiny_qwen2
 
 B, G, PROMPT_LEN, ROWS_PER_MB, SEED = 8, 8, 16, 16, 0
-VARIANTS = ("padded", "packed")
+VARIANTS = ("padded", "packed", "default")
 N = B * G
 
 
@@ -82,6 +87,8 @@ def _status_kib(field: str) -> int:
 
 def _options(variant: str, budget: int) -> dict[str, Any]:
     if variant == "padded":
+        return {"use_sequence_packing": False, "micro_batch_size_per_gpu": ROWS_PER_MB}
+    if variant == "default":
         return {"micro_batch_size_per_gpu": ROWS_PER_MB}
     return {"use_sequence_packing": True, "micro_batch_tokens": budget}
 
@@ -136,7 +143,11 @@ def run(quick: bool) -> list[Row]:
     repeats = 1 if quick else 3
     budget = ROWS_PER_MB * (PROMPT_LEN + max_len)
     rows: list[Row] = []
-    for ragged in (True, False):
+    cases = os.environ.get("BENCH_PACKING_CASES", "ragged,uniform").split(",")
+    unknown = sorted(set(cases) - {"ragged", "uniform"})
+    if unknown:
+        raise ValueError(f"BENCH_PACKING_CASES: unknown {unknown}; use ragged and/or uniform")
+    for ragged in [c == "ragged" for c in ("ragged", "uniform") if c in cases]:
         experiences, tokens = _experience(max_len, ragged, device)
         case = f"{'ragged 8' if ragged else 'uniform ' + str(max_len)}..{max_len} N={N}"
         losses: dict[str, float] = {}
@@ -153,9 +164,9 @@ def run(quick: bool) -> list[Row]:
             calls[variant] = call
             peaks[variant] = _cuda_peak_extra_mib(call, device)  # also the warm-up
             samples[variant] = []
-        # interleaved rounds (the machine is shared: load varies), the order alternating
-        for r in range(repeats):
-            for variant in VARIANTS if r % 2 == 0 else VARIANTS[::-1]:
+        # interleaved rounds (the machine is shared: load varies)
+        for r in range(repeats):  # rotate the order: each variant goes first once in 3 rounds
+            for variant in VARIANTS[r % 3 :] + VARIANTS[: r % 3]:
                 samples[variant].append(measure(calls[variant], repeats=1, warmup=0).samples[0])
         load.append(round(os.getloadavg()[0], 2))
         calls.clear()

@@ -70,12 +70,39 @@ def test_pack_and_unpack_round_trip() -> None:
     assert values.grad is not None and bool((values.grad == 1).all())
 
 
-def test_pack_rejects_left_padding_and_bad_shapes() -> None:
-    ids = torch.tensor([[0, 5, 6], [7, 8, 0]])
-    with pytest.raises(ValueError, match="right-padded rows"):
-        pack_rows(ids, (ids != 0).long())
+def test_pack_keeps_left_padded_rows_and_rejects_holes_and_bad_shapes() -> None:
+    """A left-padded row packs its contiguous span; each token keeps its column as position
+    (the padded forward's default positions 0..L-1). Holes and mismatched shapes raise."""
+    ids = torch.tensor([[0, 5, 6], [7, 8, 0], [0, 9, 0]])
+    rows = pack_rows(ids, (ids != 0).long())
+    assert rows.input_ids.tolist() == [[5, 6, 7, 8, 9]]
+    assert rows.position_ids.tolist() == [[1, 2, 0, 1, 1]]
+    assert rows.lengths.tolist() == [2, 2, 1] and rows.cu_seqlens.tolist() == [0, 2, 4, 5]
+    assert torch.equal(unpack(rows.input_ids[0], rows), ids)
+    holes = torch.tensor([[5, 0, 6]])
+    with pytest.raises(ValueError, match="one contiguous span"):
+        pack_rows(holes, (holes != 0).long())
     with pytest.raises(ValueError, match="same"):
-        pack_rows(ids, torch.ones(2, 2, dtype=torch.long))
+        pack_rows(ids, torch.ones(3, 2, dtype=torch.long))
+
+
+def test_packing_blocker_names_what_stops_packing() -> None:
+    from rl_testing.models import tiny_causal_lm
+
+    model, _ = tiny_causal_lm("qwen2", seed=0, attn_implementation="sdpa")  # type: ignore[call-overload]
+    spans = torch.tensor([[0, 1, 1, 1], [1, 1, 0, 0]])
+    assert packing.packing_blocker(model, spans) is None
+    assert "holes" in str(packing.packing_blocker(model, torch.tensor([[1, 0, 1, 0]])))
+    assert "empty" in str(packing.packing_blocker(model, torch.zeros(2, 4, dtype=torch.long)))
+    model.config.sliding_window, model.config.use_sliding_window = 2, True
+    assert "sliding window (2)" in str(packing.packing_blocker(model, spans))
+    model.config.sliding_window = 3
+    assert packing.packing_blocker(model, spans) is None  # rows within the window
+    model.config._attn_implementation = "flex_attention"
+    # row 1 starts (column 1) where row 0 ends: flex would read one sequence
+    assert "flex_attention" in str(packing.packing_blocker(model, torch.tensor([[1, 0], [0, 1]])))
+    model.config._attn_implementation = "my_kernel"
+    assert "'my_kernel' cannot confine" in str(packing.packing_blocker(model, spans))
 
 
 def test_token_budget_groups_fit_balance_and_errors() -> None:
@@ -139,7 +166,27 @@ def test_packed_hidden_states_equal_padded(arch: str, attn: str) -> None:
         (ragged_batch(), "critic"),
     ]:
         _check_packed_hidden(policy, b, role)
+    _check_left_padded_hidden(policy)
     assert packing.attention_implementation(model) == attn  # restored after the forward
+
+
+def _check_left_padded_hidden(policy: Any) -> None:
+    """Left-padded rows (each row's span shifted right): packed equals padded at every real
+    token, positions included (the padded forward's default 0..L-1)."""
+    b = ragged_batch()
+    att = tl.attention_from(b.ids, b.masks)
+    shift = (att.shape[1] - att.sum(1)).tolist()
+    ids, left = torch.full_like(b.ids, tl.PAD_ID), torch.zeros_like(att)
+    for n, s in enumerate(shift):
+        ids[n] = b.ids[n].roll(s)
+        left[n] = att[n].roll(s)
+    assert bool(left[:, 0].eq(0).any()), "no row is left-padded"
+    with torch.no_grad():
+        padded = policy.hidden_states(ids, left, "actor")
+        packed = packing.packed_hidden_states(policy, ids, left, "actor")
+    real = left.bool()
+    torch.testing.assert_close(packed[real], padded[real], **HIDDEN_TOL)
+    assert bool((packed[~real] == 0).all())
 
 
 def _check_packed_hidden(policy: Any, b: tl.Batch, role: str) -> None:
@@ -161,6 +208,55 @@ def test_unsupported_attention_implementation_is_refused() -> None:
     agent.policy.causal_lm.config._attn_implementation = "my_kernel"
     with pytest.raises(ValueError, match=r"'my_kernel'.*use_sequence_packing=False"):
         agent.learn(ragged_batch().experiences())
+
+
+def test_packing_is_the_default_and_equals_padded() -> None:
+    """``use_sequence_packing`` defaults to None ("auto"): every forward of ``learn()`` runs
+    packed (the report counts them) and the update equals the explicit padded one."""
+    from rl_algos import AgentConfig
+
+    assert AgentConfig().use_sequence_packing is None
+    assert AgentConfig(use_sequence_packing="auto").use_sequence_packing is None  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`use_sequence_packing` must be None or 'auto'"):
+        AgentConfig(use_sequence_packing="yes")  # type: ignore[arg-type]
+    batch = ragged_batch()
+    auto = _agent("GRPO", {"micro_batch_tokens": 14, "use_sequence_packing": None})
+    padded = _agent("GRPO", {"micro_batch_tokens": 14})
+    m_auto, m_pad = auto.learn(batch.experiences()), padded.learn(batch.experiences())
+    report = auto.packing_report
+    assert report.packed_forwards >= 2 and report.padded_forwards == 0 and report.reason is None
+    assert padded.packing_report.packed_forwards == 0  # False: never consulted
+    assert m_auto["loss"] == pytest.approx(m_pad["loss"], **SAME_LOSS_TOL)
+    names = _trainable(padded)
+    assert_grads_close(tl.agent_grads(auto.policy, names), tl.agent_grads(padded.policy, names))
+
+
+def test_default_runs_padded_with_one_warning_where_packing_cannot() -> None:
+    """An attention implementation that cannot confine attention: the default trains padded
+    (the same update), warns once, and says why on ``agent.packing_report``."""
+    import warnings
+
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    # a custom kernel (SDPA under another name) that rl_algos cannot know to be packable
+    AttentionInterface.register("my_kernel", sdpa_attention_forward)
+    AttentionMaskInterface.register("my_kernel", sdpa_mask)
+    batch = ragged_batch()
+    auto = _agent("GRPO", {"use_sequence_packing": None})
+    auto.policy.causal_lm.config._attn_implementation = "my_kernel"
+    padded = _agent("GRPO", {})
+    with pytest.warns(RuntimeWarning, match=r"running padded, .*'my_kernel' cannot confine"):
+        m_auto = auto.learn(batch.experiences())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # once: the second learn() is silent
+        auto.learn(batch.experiences())
+    report = auto.packing_report
+    assert report.packed_forwards == 0 and report.padded_forwards >= 2
+    assert report.reason is not None and "'my_kernel'" in report.reason
+    auto.policy.causal_lm.config._attn_implementation = "sdpa"
+    assert m_auto["loss"] == pytest.approx(padded.learn(batch.experiences())["loss"], abs=0)
 
 
 # --------------------------------------------------------------------------- learn(): packed == padded
@@ -207,7 +303,8 @@ def assert_grads_close(got: dict[str, torch.Tensor], expected: dict[str, torch.T
 
 
 def _agent(algo: str, options: dict[str, Any]) -> Any:
-    kw = dict(options)
+    """The agent; padded (``use_sequence_packing=False``) unless ``options`` say otherwise."""
+    kw = {"use_sequence_packing": False, **options}
     if algo.islower():  # a preset: GRPO with the preset's defaults under the options
         from rl_algos.presets import get_preset
 
@@ -248,7 +345,7 @@ def test_packed_ilql_learn_equals_padded(full: bool, packed_options: dict[str, A
 
     batch = ragged_batch(tuple(r for r in RAGGED if r[1]))  # ILQL needs an action per row
     rewards = token_rewards(batch)
-    padded = make_ilql(full)
+    padded = make_ilql(full, use_sequence_packing=False)
     packed = make_ilql(full, use_sequence_packing=True, **packed_options)
     m_pad = padded.learn((batch.ids.clone(), batch.masks.clone(), rewards.clone()))
     m_pack = packed.learn((batch.ids.clone(), batch.masks.clone(), rewards.clone()))

@@ -196,6 +196,8 @@ def test_packing_options_reach_the_agent_from_yaml(
     )
     assert config.agent["use_sequence_packing"] is True
     assert config.agent["micro_batch_tokens"] == 64
+    auto = load_config(EXAMPLES / "qwen2.5-0.5b_gsm8k_grpo.yaml", [])
+    assert auto.agent["use_sequence_packing"] == "auto"  # AgentConfig reads it as None
     code = main(["run", str(EXAMPLES / "grpo_tiny.yaml"), "train.steps=2",
                  "train.evaluation_interval=2", "train.checkpoint_steps=2",
                  f"train.run_dir={tmp_path}", "agent.use_sequence_packing=true",

@@ -52,7 +52,7 @@ from rl_algos.generation import (
 )
 from rl_algos.learner import Learner, StepResult, broadcast_module, summarize
 from rl_algos.objectives import LossTerms, PolicyObjective, fused_objective_loss, policy_loss
-from rl_algos.packing import RowSplit, split_rows
+from rl_algos.packing import PackingReport, RowSplit, split_rows
 from rl_algos.scoring import Scorer, score_batch
 
 __all__ = ["AgentParts", "Batch", "LLMAlgorithm"]
@@ -204,6 +204,7 @@ class LLMAlgorithm:
         self.fitness: list[float] = []
         self.scores: list[float] = []
         self.mutation_history: list[dict[str, Any]] = []
+        self.packing_report = PackingReport()  # what use_sequence_packing=None chose
         broadcast_module(self.policy)
         self.learner = self.build_learner()
 
@@ -284,10 +285,10 @@ class LLMAlgorithm:
     @property
     def scorer(self) -> Scorer:
         """How this agent scores tokens now (its policy, temperature and ZeRO stage)."""
-        cfg = self.config
-        split = RowSplit(micro_batch_tokens=cfg.micro_batch_tokens)
-        chunk, packing = cfg.fused_logprobs_chunk_rows, cfg.use_sequence_packing
-        return Scorer(self.policy, cfg.temperature, chunk, self.learner.zero_stage, packing, split)
+        cfg, split = self.config, RowSplit(micro_batch_tokens=self.config.micro_batch_tokens)
+        packing, chunk = cfg.use_sequence_packing, cfg.fused_logprobs_chunk_rows
+        zero, report = self.learner.zero_stage, self.packing_report
+        return Scorer(self.policy, cfg.temperature, chunk, zero, packing, split, report)
 
     def _deepspeed(self) -> Any:
         """The DeepSpeed engine, built on first use (get_action, learn, checkpoints); or None."""

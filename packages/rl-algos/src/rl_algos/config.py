@@ -200,9 +200,13 @@ class AgentConfig:
     (``rl_algos.packing.token_budget_groups``), also in the no-grad scoring passes; None: no
     budget. A row longer than the budget raises. With ``micro_batch_size_per_gpu`` both limits
     hold."""
-    use_sequence_packing: bool = False
+    use_sequence_packing: bool | None = None
     """Run each forward's rows as one packed sequence (no padding; per-row positions and
-    attention, ``rl_algos.packing``). Same loss and gradients as padded, to float rounding."""
+    attention, ``rl_algos.packing``). Same loss and gradients as padded, to float rounding.
+    None (the default, also ``"auto"``): packed wherever the attention implementation can
+    confine attention to each row and each row's tokens are one span, else padded with a
+    warning (``agent.packing_report``); True: always packed (raises where it cannot);
+    False: always padded."""
     max_output_tokens: int | None = None
     """Generated tokens per completion (None: half of ``max_model_len``)."""
     min_output_tokens: int = 0
@@ -260,6 +264,13 @@ class AgentConfig:
         mb = self.micro_batch_size_per_gpu
         if mb is not None and mb < 1:
             raise ValueError(f"`micro_batch_size_per_gpu` must be >= 1, got {mb}")
+        if self.use_sequence_packing == "auto":  # type: ignore[comparison-overlap]
+            self.use_sequence_packing = None  # YAML / command line spelling of the default
+        if self.use_sequence_packing not in (None, True, False):
+            raise ValueError(
+                "`use_sequence_packing` must be None or 'auto' (pack where possible), True or "
+                f"False, got {self.use_sequence_packing!r}"
+            )
         budget = self.micro_batch_tokens
         if budget is not None and (isinstance(budget, bool) or budget < 1):
             raise ValueError(

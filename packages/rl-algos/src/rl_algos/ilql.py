@@ -291,7 +291,7 @@ class ILQL(LLMAlgorithm):
         cfg = self.config
         split = RowSplit(micro_batch_tokens=cfg.micro_batch_tokens)
         chunk, packing = cfg.fused_logprobs_chunk_rows, cfg.use_sequence_packing
-        return Scorer(self.policy, 1.0, chunk, 0, packing, split)
+        return Scorer(self.policy, 1.0, chunk, 0, packing, split, self.packing_report)
 
     # -- data ------------------------------------------------------------------------------------
 

@@ -4,9 +4,11 @@ Shapes: ``M`` rows of a micro-batch, ``L`` tokens per right-padded row, ``T = L 
 predictions (shifted by one against ``input_ids``), ``S`` packed tokens (the sum of the rows'
 real lengths), ``H`` hidden size. Masks are True (or 1) where a token counts.
 
-**Packing.** :func:`pack_rows` concatenates the real tokens of ``M`` right-padded rows into one
-sequence ``[1, S]`` whose ``position_ids`` restart at 0 on every row. The model is called with
-``attention_mask=None``, those ``position_ids`` (RoPE restarts per row) and the rows' cumulative
+**Packing.** :func:`pack_rows` concatenates the real tokens of ``M`` padded rows into one
+sequence ``[1, S]``; each token keeps the position the padded forward gives it (its column:
+``position_ids`` restart at 0 on every right-padded row; a left-padded row keeps its offset, as
+the padded forward's default ``0..L-1`` positions do). The model is called with
+``attention_mask=None``, those ``position_ids`` (RoPE per row) and the rows' cumulative
 lengths ``cu_seq_lens_q/k`` (transformers' ``FlashAttentionKwargs``, passed down to every
 attention call). Attention stays inside each row, by implementation:
 
@@ -27,6 +29,12 @@ attention call). Attention stays inside each row, by implementation:
 (zeros on padding), so every consumer (the fused log-prob head, the value heads, the losses)
 reads exactly the tensors of the padded forward at the positions its mask selects.
 
+**The default** (``use_sequence_packing=None``, "auto"): :class:`PackingReport` packs a forward
+when :func:`packing_blocker` finds nothing against it (a packable attention implementation,
+each row's attention one contiguous span) and otherwise runs it padded, with one warning per
+reason and the counts and last reason on the report (``agent.packing_report``).
+``use_sequence_packing=True`` raises where auto falls back; ``False`` never packs.
+
 **Token budgets.** :func:`token_budget_groups` splits rows into micro-batches of at most
 ``micro_batch_tokens`` real tokens, balanced by the sum of squared lengths (attention grows with
 ``L^2``): rows longest first, each into the micro-batch of least cost it still fits in.
@@ -35,8 +43,9 @@ reads exactly the tensors of the padded forward at the positions its mask select
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,9 +54,11 @@ __all__ = [
     "FLASH_IMPLEMENTATIONS",
     "PACKABLE_IMPLEMENTATIONS",
     "PackedRows",
+    "PackingReport",
     "RowSplit",
     "pack_rows",
     "packed_hidden_states",
+    "packing_blocker",
     "row_lengths",
     "split_rows",
     "token_budget_groups",
@@ -91,12 +102,14 @@ class PackedRows:
         return int(self.input_ids.shape[1])
 
 
-def row_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
-    """[M] long: tokens per row of a right-padded ``attention_mask`` [M, L].
+def row_spans(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(starts, lengths)``, both [M] long: each row's real tokens ``attention_mask`` [M, L].
+
+    A row's real tokens must be one contiguous span (right padding, left padding, or both);
+    an empty row has start 0 and length 0.
 
     Raises:
-        ValueError: A row whose mask is not a prefix of ones (left padding or holes): packing
-            keeps exactly the first ``len`` tokens of each row.
+        ValueError: A row whose mask has holes (0 between two 1s).
     """
     if attention_mask.dim() != 2:
         raise ValueError(
@@ -104,18 +117,30 @@ def row_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
         )
     real = attention_mask.bool()
     lengths = real.sum(1)
+    starts = real.long().argmax(1)  # the first real token (0 for an empty row)
     positions = torch.arange(real.shape[1], device=real.device)
-    if not bool((real == (positions[None] < lengths[:, None])).all()):
+    span = (positions[None] >= starts[:, None]) & (positions[None] < (starts + lengths)[:, None])
+    if not bool((real == span).all()):
         raise ValueError(
-            "packing needs right-padded rows (`attention_mask` 1 on a prefix of each row, then "
-            "0): left-padded rows or masks with holes cannot be packed; right-pad the batch or "
-            "pass use_sequence_packing=False"
+            "packing needs each row's `attention_mask` to be one contiguous span of 1s (right- "
+            "or left-padded): masks with holes cannot be packed; pass use_sequence_packing="
+            "False (or None, the default, which then runs such batches padded)"
         )
-    return lengths.long()
+    return starts.long(), lengths.long()
+
+
+def row_lengths(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[M] long: tokens per row of a padded ``attention_mask`` [M, L] (see :func:`row_spans`)."""
+    return row_spans(attention_mask)[1]
 
 
 def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedRows:
-    """The :class:`PackedRows` of right-padded ``input_ids`` [M, L] and ``attention_mask``."""
+    """The :class:`PackedRows` of padded ``input_ids`` [M, L] and ``attention_mask``.
+
+    Each row's real tokens (one contiguous span, :func:`row_spans`) keep their column as
+    position: ``0..len - 1`` for a right-padded row, ``start..start + len - 1`` for a
+    left-padded one, the positions of the padded forward (transformers' default ``0..L-1``).
+    """
     if input_ids.shape != attention_mask.shape:
         raise ValueError(
             f"`input_ids` {tuple(input_ids.shape)} and `attention_mask` "
@@ -123,7 +148,7 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedRo
         )
     M, L = input_ids.shape
     lengths = row_lengths(attention_mask)
-    real = torch.arange(L, device=input_ids.device)[None] < lengths[:, None]  # [M, L]
+    real = attention_mask.bool()  # [M, L], one span per row
     index = real.reshape(-1).nonzero().squeeze(1)  # [S], row-major: row by row
     positions = torch.arange(L, device=input_ids.device).expand(M, L)
     nonempty = lengths[lengths > 0]
@@ -164,32 +189,29 @@ def attention_implementation(model: Any) -> str:
 def packed_hidden_states(
     policy: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, role: str = "actor"
 ) -> torch.Tensor:
-    """[M, L, H] last hidden states of right-padded rows, computed as one packed sequence.
+    """[M, L, H] last hidden states of padded rows, computed as one packed sequence.
 
     Equal (to float rounding) to ``policy.hidden_states(input_ids, attention_mask, role)`` at
     every real token; zeros on the padding.
 
     Args:
         policy: An :class:`rl_adapters.PolicyModel`.
-        input_ids: [M, L] right-padded.
-        attention_mask: [M, L], 1 on a prefix of each row.
+        input_ids: [M, L] padded (right, left or both).
+        attention_mask: [M, L], 1 on one contiguous span of each row.
         role: ``"actor"``, ``"reference"`` or ``"critic"``.
 
     Raises:
-        ValueError: An attention implementation transformers cannot pack (the message names it).
+        ValueError: What :func:`packing_blocker` finds (the message names it and the fix).
     """
-    impl = attention_implementation(policy.causal_lm)
-    if impl not in PACKABLE_IMPLEMENTATIONS:
+    reason = packing_blocker(policy.causal_lm, attention_mask)
+    if reason is not None:
         raise ValueError(
-            f"use_sequence_packing=True needs one of the attention implementations "
-            f"{PACKABLE_IMPLEMENTATIONS}, the model runs {impl!r}: load it with "
-            "attn_implementation='sdpa' (or a flash-attention one), or pass "
-            "use_sequence_packing=False"
+            f"use_sequence_packing=True cannot pack this forward: {reason}; pass "
+            "use_sequence_packing=False, or None (the default: packs where it can, else padded)"
         )
-    lengths = row_lengths(attention_mask)
-    if not bool((lengths > 0).any()):
-        raise ValueError("every row of the micro-batch is empty (attention_mask all 0)")
-    if bool((lengths == lengths[0]).all()):
+    impl = attention_implementation(policy.causal_lm)
+    starts, lengths = row_spans(attention_mask)
+    if bool((lengths == lengths[0]).all()) and not bool(starts.any()):
         return _unpadded_hidden_states(policy, input_ids, attention_mask, int(lengths[0]), role)
     rows = pack_rows(input_ids, attention_mask)
     extra: dict[str, Any] = {
@@ -231,6 +253,89 @@ def _unpadded_hidden_states(
     )
     pad = input_ids.shape[1] - length
     return torch.nn.functional.pad(hidden, (0, 0, 0, pad)) if pad else hidden
+
+
+def packing_blocker(model: Any, attention_mask: torch.Tensor) -> str | None:
+    """Why the rows ``attention_mask`` [M, L] cannot run packed through ``model``, or None.
+
+    Packing is exact when the attention implementation confines attention to each row
+    (:data:`PACKABLE_IMPLEMENTATIONS`), each row's real tokens are one contiguous span
+    (:func:`row_spans`; left padding is fine), some row is not empty, and, for SDPA/eager,
+    no row is longer than a sliding window the model applies. ``flex_attention`` finds the
+    rows from the ``position_ids`` (a restart): a left-padded row whose first position
+    continues the previous row's would merge with it, so that layout is refused too.
+    """
+    impl = attention_implementation(model)
+    if impl not in PACKABLE_IMPLEMENTATIONS:
+        return (
+            f"the model's attention implementation {impl!r} cannot confine attention to each "
+            f"packed row (packable: {', '.join(PACKABLE_IMPLEMENTATIONS)}; load the model with "
+            "attn_implementation='sdpa' or a flash-attention one)"
+        )
+    try:
+        starts, lengths = row_spans(attention_mask)
+    except ValueError:
+        return "a row's attention_mask is not one contiguous span of 1s (holes)"
+    if not bool((lengths > 0).any()):
+        return "every row of the micro-batch is empty (attention_mask all 0)"
+    window = _sliding_window(model)
+    if impl in ("sdpa", "eager") and window is not None and int(lengths.max()) > window:
+        return (
+            f"a row of {int(lengths.max())} tokens is longer than the model's sliding window "
+            f"({window}), which packed SDPA does not apply (flash-attention does)"
+        )
+    if impl == "flex_attention" and bool(starts.any()):
+        ends = (starts + lengths)[lengths > 0]
+        if bool((starts[lengths > 0][1:] == ends[:-1]).any()):
+            return (
+                "flex_attention finds packed rows by their restarting position_ids, and a "
+                "left-padded row here continues the previous row's positions"
+            )
+    return None
+
+
+def _sliding_window(model: Any) -> int | None:
+    """The sliding window a model's attention applies (None: none)."""
+    config = getattr(model, "config", None)
+    config = getattr(config, "get_text_config", lambda: config)()
+    window = getattr(config, "sliding_window", None)
+    if not window or getattr(config, "use_sliding_window", True) is False:
+        return None
+    return int(window)
+
+
+@dataclass
+class PackingReport:
+    """What the default ``use_sequence_packing=None`` ("auto") did, forward by forward.
+
+    :meth:`choose` packs a forward when :func:`packing_blocker` finds nothing against it, and
+    otherwise runs it padded: it warns once per reason (a ``RuntimeWarning``) and records
+    the reason, so a run never falls back silently. Read it as
+    ``agent.packing_report``.
+    """
+
+    packed_forwards: int = 0
+    """Forwards that ran packed."""
+    padded_forwards: int = 0
+    """Forwards that ran padded because packing was not possible."""
+    reason: str | None = None
+    """Why the last padded forward could not be packed (None: every forward packed)."""
+    warned: set[str] = field(default_factory=set)
+    """The reasons already warned about."""
+
+    def choose(self, model: Any, attention_mask: torch.Tensor) -> bool:
+        """Whether to pack the forward of ``attention_mask`` [M, L] through ``model``."""
+        reason = packing_blocker(model, attention_mask)
+        if reason is None:
+            self.packed_forwards += 1
+            return True
+        self.padded_forwards += 1
+        self.reason = reason
+        if reason not in self.warned:
+            self.warned.add(reason)
+            message = f"use_sequence_packing=None (auto): running padded, {reason}"
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        return False
 
 
 #: The name :func:`varlen_sdpa_attention` is registered under in transformers.
@@ -276,7 +381,8 @@ def varlen_sdpa_attention(
     boundaries ``cu_seq_lens_q`` [M + 1]. Returns ``([1, S, heads, d], None)``.
 
     Raises:
-        ValueError: Without ``cu_seq_lens_q``, with a mask, or with sliding-window attention.
+        ValueError: Without ``cu_seq_lens_q``, with a mask, or with a row longer than a
+            sliding window (a shorter row attends causally to all of itself either way).
     """
     del module, kwargs
     if cu_seq_lens_q is None or attention_mask is not None or query.shape[0] != 1:
@@ -284,7 +390,9 @@ def varlen_sdpa_attention(
             f"{VARLEN_SDPA} runs packed rows only: one sequence [1, S] with cu_seq_lens_q and "
             "no attention mask (rl_algos.packing.packed_hidden_states sets them)"
         )
-    if sliding_window is not None:
+    if sliding_window is not None and max(
+        b - a for a, b in itertools.pairwise(cu_seq_lens_q.tolist())
+    ) > int(sliding_window):
         raise ValueError(
             "sliding-window attention cannot be packed with SDPA here: pass "
             "use_sequence_packing=False (or use flash-attention on CUDA)"

@@ -17,7 +17,7 @@ from rl_kernels import fused_logprobs
 
 from rl_algos.batch import Batch, Scores
 from rl_algos.distributed import gathered
-from rl_algos.packing import RowSplit, packed_hidden_states, split_rows
+from rl_algos.packing import PackingReport, RowSplit, packed_hidden_states, split_rows
 
 __all__ = ["Scorer", "score_batch"]
 
@@ -34,10 +34,13 @@ class Scorer:
     """Rows per chunk of the fused head (None: rl-kernels' memory-budget choice)."""
     zero_stage: int = 0
     """DeepSpeed ZeRO stage (3: the head is partitioned and gathered per call)."""
-    packing: bool = False
-    """Run the rows of each forward as one packed sequence (:mod:`rl_algos.packing`)."""
+    packing: bool | None = False
+    """Run the rows of each forward as one packed sequence (:mod:`rl_algos.packing`): True
+    always (raises where it cannot), None where it can (:attr:`report` decides), False never."""
     split: RowSplit = field(default_factory=RowSplit)
     """How the no-grad passes (:func:`score_batch`, critic values) cut the batch."""
+    report: PackingReport = field(default_factory=PackingReport)
+    """With ``packing=None``: chooses per forward and records the fallbacks (the agent's)."""
 
     def hidden_states(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, role: str = "actor"
@@ -47,7 +50,10 @@ class Scorer:
         Shifted by one: position ``t`` predicts token ``t + 1``. Packed (:attr:`packing`):
         computed as one ``[1, S]`` sequence and scattered back (zeros on the padding).
         """
-        if self.packing:
+        packing = self.packing
+        if packing is None:
+            packing = self.report.choose(self.policy.causal_lm, attention_mask)
+        if packing:
             return packed_hidden_states(self.policy, input_ids, attention_mask, role)[:, :-1]
         hidden: torch.Tensor = self.policy.hidden_states(input_ids, attention_mask, role=role)
         return hidden[:, :-1]
