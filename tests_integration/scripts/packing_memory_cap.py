@@ -4,7 +4,8 @@ Run as a fresh process (``python packing_memory_cap.py``); prints one JSON line.
 long-context case: a GRPO batch of ``N = 8`` completions, one of them ``LONG`` tokens and the
 others short, right-padded to ``L = PROMPT + LONG``.
 
-* ``padded``: a fixed micro-batch of 8 rows: one forward over ``8 * L`` tokens, padding included.
+* ``padded``: ``use_sequence_packing=False`` (the opt-out; packing is the default), a fixed
+  micro-batch of 8 rows: one forward over ``8 * L`` tokens, padding included.
 * ``budget``: ``use_sequence_packing=True, micro_batch_tokens=L``: the long row alone in one
   micro-batch, the short rows packed in another; the same update (the unit tests check the
   equality), a fraction of the activations.
@@ -79,7 +80,7 @@ def _peak_extra_mib(agent: GRPO, batch: Any) -> float:
 
 def main() -> None:
     torch.set_num_threads(1)
-    padded = _agent(micro_batch_size_per_gpu=N)
+    padded = _agent(use_sequence_packing=False, micro_batch_size_per_gpu=N)  # the opt-out
     budget = _agent(use_sequence_packing=True, micro_batch_tokens=L)
     for agent in (padded, budget):
         agent.learn(_batch(SHORT))
