@@ -16,25 +16,31 @@ Dr. GRPO included: its loss normaliser, the constant ``max_length_norm`` =
 layouts), but RL at lr 1e-3 amplifies rounding into different trajectories, and Dr. GRPO sits
 on a knife edge there. Its advantages are only centred (no division by the group's reward
 std, which is <= 0.5 for 0/1 rewards), so a nearly solved group still pushes, and after
-converging it overshoots whatever the layout. Measured at lr 1e-3 (accuracy at the evaluations
-of steps 175-300; seed = DemoConfig and model seed; 2026-11-24):
+converging it overshoots whatever the layout (lr 1e-3, below). At lr 7e-4 it converges a
+little later and then holds 1.0, in both layouts and both seeds, so the table gives Dr. GRPO
+lr 7e-4 (``LR``) within the same 300 steps. Measured (accuracy at the evaluations of steps
+175-300; seed = DemoConfig and model seed; 2026-11-24; the lr 7e-4 default rows from runs of
+450 steps, which stayed at 1.0 to the end):
 
-=====================  ====  ==========================================  ======
-Dr. GRPO, lr 1e-3      seed  steps 175, 200, 225, 250, 275, 300           passes
-=====================  ====  ==========================================  ======
-default (packed)       0     0.45, 0.825, 1.0, 0.825, 0.825, 0.825       yes
-default (packed)       1     0.55, 0.525, 0.85, 1.0, 0.95, 0.95          yes
-padded (opt-out)       0     0.45, 0.975, 1.0, 1.0, 1.0, 1.0             yes
-padded (opt-out)       1     0.55, 0.525, 0.85, 1.0, 1.0, 1.0            yes
-packed, 48-token mbs   0     0.45, 0.75, 0.85, 0.675, 0.85, 0.85         no
-packed, 48-token mbs   1     0.55, 0.525, 0.85, 1.0, 1.0, 1.0            yes
-=====================  ====  ==========================================  ======
+=========================  ====  ==========================================  ======
+Dr. GRPO                   seed  steps 175, 200, 225, 250, 275, 300           passes
+=========================  ====  ==========================================  ======
+lr 7e-4 default (packed)   0     0.0, 0.0, 0.525, 0.9, 1.0, 1.0              yes
+lr 7e-4 default (packed)   1     0.0, 0.325, 0.825, 0.975, 1.0, 1.0          yes
+lr 7e-4 padded (opt-out)   0     0.0, 0.0, 0.7, 0.85, 1.0, 1.0               yes
+lr 7e-4 padded (opt-out)   1     0.0, 0.325, 0.725, 0.975, 1.0, 1.0         yes
+lr 1e-3 default (packed)   0     0.45, 0.825, 1.0, 0.825, 0.825, 0.825       barely
+lr 1e-3 default (packed)   1     0.55, 0.525, 0.85, 1.0, 0.95, 0.95          yes
+lr 1e-3 padded (opt-out)   0     0.45, 0.975, 1.0, 1.0, 1.0, 1.0             yes
+lr 1e-3 padded (opt-out)   1     0.55, 0.525, 0.85, 1.0, 1.0, 1.0            yes
+lr 1e-3 48-token mbs       0     0.45, 0.75, 0.85, 0.675, 0.85, 0.85         no
+lr 1e-3 48-token mbs       1     0.55, 0.525, 0.85, 1.0, 1.0, 1.0            yes
+=========================  ====  ==========================================  ======
 
 Other settings were worse: lr 2e-3 (seed 0) peaks at 0.575 packed and 0.725 padded; lr 5e-4
-learns too slowly for 300 steps (seed 0: 0.325 at 275, 0.875 at 300; seed 1: 0.525 at 300;
-also the integration run's dr_grpo case failed at 5e-4). So Dr. GRPO keeps the table's lr
-1e-3 and budget: default and padded pass on both seeds; the token-budget variant (seed 0
-stalls at 0.85, as the lead measured to step 450) leaves Dr. GRPO out.
+learns too slowly for 300 steps (seed 0: 0.875 at 300; seed 1: 0.525). The token-budget
+variant leaves Dr. GRPO out (not measured at lr 7e-4; at 1e-3 seed 0 stalls at 0.85, as
+measured before to step 450).
 """
 
 from __future__ import annotations
@@ -55,6 +61,8 @@ AFTER = 0.8
 # 300), and at lr 1e-3 it wobbles after converging (after issue 19's on-policy learn(), whose
 # ratio is exactly 1: 1.0 at 300-375, 0.85 at 400, 1.0 at 425-450), so it gets PPO's budget
 BUDGET = {"ppo": 450, "dapo": 450}
+#: lr; the demo's 1e-3 for the others. Dr. GRPO: the module docstring's table.
+LR = {"dr_grpo": 7e-4}
 
 
 @pytest.mark.parametrize("algo", ALGOS)
@@ -94,7 +102,7 @@ def test_algorithm_learns_with_token_budget_micro_batches(algo: str, tmp_path: P
 
 
 def _learns_successor_digit(algo: str, tmp_path: Path, **options: object) -> None:
-    config = DemoConfig(algo=algo, seed=0)
+    config = DemoConfig(algo=algo, seed=0, lr=LR.get(algo, DemoConfig.lr))
     tok = tiny_tokenizer()
     env = build_env(config, tok)
     agent = build_agent(config, tiny_model(len(tok), seed=0), tok)
