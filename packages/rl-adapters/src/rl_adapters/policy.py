@@ -340,6 +340,23 @@ class PolicyModel(nn.Module):
         with sites.merged("actor"):
             yield
 
+    @contextlib.contextmanager
+    def lean_lora(self, enabled: bool = True) -> Iterator[None]:
+        """Run the body (training forwards and backwards) through the lean LoRA forward.
+
+        Each plain LoRA linear layer computes ``x W^T + b + s (x A^T) B^T`` as one autograd
+        node that accumulates in place (:class:`rl_adapters.lean_lora.LeanLora`) instead of
+        peft's five operations and their full-size temporaries; values and gradients equal
+        peft's to float rounding. Role switches and activation checkpointing inside the body
+        work as outside. A no-op with ``enabled=False``, in full fine-tuning and under ZeRO-3.
+        """
+        sites = self.lora_sites() if enabled else None
+        if sites is None:
+            yield
+            return
+        with sites.lean():
+            yield
+
     def trainable_parameters(self, role: str | None = None) -> list[nn.Parameter]:
         """Parameters an optimizer should update: all (None), the actor's, or the critic's."""
         if role is not None and role not in ("actor", "critic"):

@@ -11,12 +11,14 @@ those layers:
   layer's output, nothing added);
 * :meth:`LoraSites.active`: each layer's public ``set_adapter(role)``, then back to the actor
   with the trainable flags put back from a list recorded once;
+* :meth:`LoraSites.lean`: for training, each plain LoRA ``Linear`` wrapped in a
+  :class:`~rl_adapters.lean_lora.LeanLora` (one autograd node, in-place accumulation);
 * :meth:`LoraSites.merged`: for generation, each plain LoRA ``Linear`` is replaced by a linear
   layer holding ``W + scaling * B @ A`` (peft's ``get_delta_weight``), so sampling runs at the
   speed of the bare model. The base weight ``W`` is never written: the merged weight is a new
   tensor, dropped on exit, so leaving the context restores the model bit for bit.
 
-All three are context managers that put every layer back on exit, also on an exception.
+All four are context managers that put every layer back on exit, also on an exception.
 """
 
 from __future__ import annotations
@@ -88,16 +90,20 @@ class LoraSites:
 
     @contextlib.contextmanager
     def _swapped(self, replacements: Sequence[tuple[LoraSite, nn.Module]]) -> Iterator[None]:
-        """Hang each replacement where its site's LoRA layer hangs; put the layers back after."""
-        done: list[LoraSite] = []
+        """Hang each replacement where its site's LoRA layer hangs; put back what hung there.
+
+        What hung there is the LoRA layer, or a :class:`~rl_adapters.lean_lora.LeanLora` around
+        it when the switch runs inside :meth:`lean`.
+        """
+        done: list[tuple[LoraSite, nn.Module]] = []
         try:
             for site, module in replacements:
+                done.append((site, getattr(site.parent, site.name)))
                 setattr(site.parent, site.name, module)
-                done.append(site)
             yield
         finally:
-            for site in done:
-                setattr(site.parent, site.name, site.layer)
+            for site, previous in reversed(done):
+                setattr(site.parent, site.name, previous)
 
     @contextlib.contextmanager
     def bypassed(self) -> Iterator[None]:
@@ -121,6 +127,26 @@ class LoraSites:
                 site.layer.set_adapter(restore)
             for p in self.trainable:
                 p.requires_grad_(True)
+
+    @contextlib.contextmanager
+    def lean(self) -> Iterator[None]:
+        """Train through :class:`~rl_adapters.lean_lora.LeanLora`: one autograd node per layer.
+
+        Each plain LoRA linear layer (:func:`~rl_adapters.lean_lora.lean_eligible`) currently
+        hanging in its parent is wrapped for the body; the forward and its backward (also an
+        activation-checkpointing recomputation inside the body) compute what the peft layer
+        computes, to float rounding, with fewer full-size temporaries. Role switches inside
+        the body work as outside (the wrapper follows the layer's active adapter).
+        """
+        from rl_adapters.lean_lora import LeanLora, lean_eligible
+
+        replacements: list[tuple[LoraSite, nn.Module]] = [
+            (site, LeanLora(site.layer))
+            for site in self.sites
+            if getattr(site.parent, site.name) is site.layer and lean_eligible(site.layer)
+        ]
+        with self._swapped(replacements):
+            yield
 
     def mergeable(self, adapter: str) -> list[LoraSite]:
         """Sites whose ``adapter`` can be merged: plain LoRA over an ``nn.Linear``.

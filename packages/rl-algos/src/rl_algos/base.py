@@ -475,7 +475,8 @@ class LLMAlgorithm:
             def loss_fn(mb: MicroBatch, norm: Normalizers = norm) -> LossTerms | None:
                 return self._micro_loss(mb, norm, parts, fused)
 
-            self._apply(self.learner.step(mbs, loss_fn, norm, self._where()), metrics)
+            with self.policy.lean_lora():  # one autograd node per LoRA layer (rl_adapters)
+                self._apply(self.learner.step(mbs, loss_fn, norm, self._where()), metrics)
         return metrics
 
     def _micro_loss(

@@ -406,7 +406,10 @@ class ILQL(LLMAlgorithm):
             mbs = self.micro_batches(batch, None, estimates, rows)
             norm = self.learner.normalizers(batch.mask[rows], None)
             before = self.steps
-            step = self.learner.step(mbs, partial(self.micro_loss, norm=norm), norm, self._where())
+            with self.policy.lean_lora():  # one autograd node per LoRA layer
+                step = self.learner.step(
+                    mbs, partial(self.micro_loss, norm=norm), norm, self._where()
+                )
             self._apply(step, metrics)
             if self.steps > before and self.heads.maybe_sync(self.steps):  # 3. targets
                 syncs += 1

@@ -1,0 +1,149 @@
+r"""A lean training forward for plain LoRA linear layers: one autograd node, no temporaries.
+
+peft's LoRA ``Linear.forward`` computes
+
+.. math:: y = x W^\top + b + s \, (x A^\top) B^\top
+
+as five operations (the base linear, ``lora_A``, ``lora_B``, ``* scaling``, ``+``), each a
+separate autograd node, and two of them make a new ``[T, out]`` tensor besides the output
+(``B``'s output, then its scaled copy); the backward makes two more (the scaled gradient and
+the ``lora_A`` input gradient, then their sum). On CPU those full-size temporaries, not the
+rank-r matmuls, dominate a LoRA layer's cost (about a third of a LoRA step on the peer
+benchmark's 20M-parameter model). :class:`LoraLinearFunction` computes the same thing as one
+autograd node that accumulates in place (``torch.addmm_``):
+
+* forward: ``out = x W^T + b``; ``u = x A^T`` ``[T, r]``; ``out += s u B^T``;
+* backward (``g = dL/dy``): ``gu = s g B`` ``[T, r]``; ``dB = s g^T u``; ``dA = gu^T x``;
+  ``dx = g W + gu A``.
+
+The base weight and bias must be frozen (LoRA training): they get no gradient. The outputs
+equal peft's bit for bit when ``s`` is a power of two (such a scale is exact and the sums are
+taken in the same order), to float rounding otherwise; the gradients to float rounding (the
+input gradient ``g W + gu A`` is summed inside the node, not by autograd across the layers
+that read ``x``). :class:`LeanLora` hangs in the model in
+place of a peft layer (see :meth:`rl_adapters.roles.LoraSites.lean`) and falls back to the
+peft layer's own forward for anything this does not cover (dropout in training mode, variants
+such as DoRA, a LoRA bias, several active adapters, mixed dtypes, autocast, a merged layer).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["LeanLora", "LoraLinearFunction", "lean_eligible"]
+
+
+class LoraLinearFunction(torch.autograd.Function):
+    """One plain LoRA linear layer as one autograd node: ``x W^T + b + s (x A^T) B^T``.
+
+    Shapes: ``x`` [..., in], ``W`` [out, in] and ``b`` [out] or None (frozen), ``A`` [r, in],
+    ``B`` [out, r]; returns [..., out].
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        lora_a: torch.Tensor,
+        lora_b: torch.Tensor,
+        scaling: float,
+    ) -> torch.Tensor:
+        """[..., out]: ``out = x W^T + b``, then ``out += s (x A^T) B^T`` in place."""
+        x2 = x.reshape(-1, x.shape[-1])
+        out = nn.functional.linear(x2, weight, bias)
+        u = torch.mm(x2, lora_a.t())
+        out.addmm_(u, lora_b.t(), alpha=scaling)
+        ctx.save_for_backward(x2, u, weight, lora_a, lora_b)
+        ctx.scaling = scaling
+        ctx.in_shape = x.shape
+        return out.view(*x.shape[:-1], out.shape[-1])
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """Gradients of ``x``, ``A`` and ``B`` (the frozen base gets none)."""
+        x2, u, weight, lora_a, lora_b = ctx.saved_tensors
+        s = ctx.scaling
+        need_x, _, _, need_a, need_b, _ = ctx.needs_input_grad
+        g = grad.reshape(-1, grad.shape[-1])
+        gu = torch.mm(g, lora_b).mul_(s)  # [T, r]
+        grad_b = torch.mm(g.t(), u).mul_(s) if need_b else None
+        grad_a = torch.mm(gu.t(), x2) if need_a else None
+        grad_x = None
+        if need_x:
+            grad_x = torch.mm(g, weight).addmm_(gu, lora_a).view(ctx.in_shape)
+        return grad_x, None, None, grad_a, grad_b, None
+
+
+def _dropout_is_identity(dropout: nn.Module) -> bool:
+    if isinstance(dropout, nn.Identity):
+        return True
+    return isinstance(dropout, nn.Dropout) and (dropout.p == 0.0 or not dropout.training)
+
+
+def lean_eligible(layer: Any) -> bool:
+    """Whether a peft LoRA layer's base is a plain floating-point ``nn.Linear`` (not ZeRO-3).
+
+    The static half of the check (done when the layer is swapped); :class:`LeanLora` checks
+    the rest (active adapter, dropout, frozen base, dtypes) at every call.
+    """
+    base = getattr(layer, "base_layer", None)
+    if type(base) is not nn.Linear or getattr(layer, "fan_in_fan_out", False):
+        return False
+    return base.weight.is_floating_point() and not hasattr(base.weight, "ds_id")
+
+
+class LeanLora(nn.Module):
+    """Stands in for a peft LoRA ``Linear``: :class:`LoraLinearFunction` where it applies.
+
+    Applies when the layer is neither merged nor disabled, exactly one adapter is active and
+    it is plain LoRA (no variant, no LoRA bias), its dropout is the identity (``p = 0`` or eval
+    mode), the base weight and bias are frozen, the input, base and adapter weights share one
+    dtype, autocast is off and no extra arguments are passed. Otherwise the peft layer's own
+    forward runs.
+    """
+
+    def __init__(self, layer: Any) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def _adapter(self, x: torch.Tensor) -> str | None:
+        layer = self.layer
+        if layer.disable_adapters or layer.merged or torch.is_autocast_enabled():
+            return None
+        active = layer.active_adapters
+        if len(active) != 1:
+            return None
+        name = active[0]
+        if name not in layer.lora_A or name in layer.lora_variant:
+            return None
+        if layer.lora_bias.get(name, False) or not _dropout_is_identity(layer.lora_dropout[name]):
+            return None
+        base = layer.base_layer
+        if base.weight.requires_grad or (base.bias is not None and base.bias.requires_grad):
+            return None  # a trained base needs its own gradient
+        dtypes = {x.dtype, base.weight.dtype, layer.lora_A[name].weight.dtype}
+        dtypes.add(layer.lora_B[name].weight.dtype)
+        return name if len(dtypes) == 1 else None
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """[..., out] what the peft layer computes for [..., in] ``x``."""
+        name = None if args or kwargs else self._adapter(x)
+        if name is None:
+            out: torch.Tensor = self.layer(x, *args, **kwargs)
+            return out
+        layer = self.layer
+        base = layer.base_layer
+        y: torch.Tensor = LoraLinearFunction.apply(
+            x,
+            base.weight,
+            base.bias,
+            layer.lora_A[name].weight,
+            layer.lora_B[name].weight,
+            float(layer.scaling[name]),
+        )
+        return y

@@ -1,0 +1,150 @@
+"""The lean LoRA training forward (rl_adapters.lean_lora) against peft's own LoRA forward.
+
+Inside ``PolicyModel.lean_lora()`` every plain LoRA linear layer runs as one autograd node;
+its values must equal peft's (bit for bit with a power-of-two scale, to float32 rounding
+otherwise) and so must the gradients of the adapter weights (to rounding), anything it does not cover must
+fall back to peft's forward, and the model must come back with the same modules on exit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import adapters_testlib as tl
+import pytest
+import torch
+from peft import LoraConfig
+from rl_adapters import PolicyModel
+from rl_adapters.lean_lora import LeanLora, LoraLinearFunction
+
+ROUNDING: dict[str, float] = {"rtol": 1e-5, "atol": 1e-6}
+
+
+def _policy(lora: LoraConfig | None = None, **kw: Any) -> tuple[PolicyModel, Any]:
+    model = tl.base("qwen2")
+    policy = PolicyModel(model, lora_config=lora or tl.lora(), **kw)
+    tl.perturb(policy.trainable_parameters("actor"), seed=1)  # B != 0: the delta counts
+    return policy, model
+
+
+def _loss_and_grads(policy: PolicyModel, model: Any, lean: bool) -> tuple[Any, ...]:
+    ids, mask = tl.batch(tl.vocab_size(model))
+    params = policy.trainable_parameters("actor")
+    for p in params:
+        p.grad = None
+    with policy.lean_lora(enabled=lean):
+        logits = policy.logits(ids, mask)
+        tl.lm_loss(logits, ids, mask).backward()
+    return (logits.detach(), *[p.grad.clone() for p in params])
+
+
+def _lean_layers(model: torch.nn.Module) -> int:
+    return sum(isinstance(m, LeanLora) for m in model.modules())
+
+
+@pytest.mark.parametrize(("alpha", "exact"), [(8, True), (6, False)])
+def test_lean_forward_and_gradients_equal_peft(alpha: int, exact: bool) -> None:
+    # r = 4: alpha 8 gives scaling 2 (exact in float), alpha 6 gives 1.5 (rounding differs)
+    policy, model = _policy(tl.lora(r=4, alpha=alpha))
+    seen: list[int] = []
+    hook = torch.nn.Module.register_forward_hook  # count the lean layers that really ran
+    handles = []
+    with policy.lean_lora():
+        assert _lean_layers(model) == len(policy.lora_sites() or ())
+        for m in model.modules():
+            if isinstance(m, LeanLora):
+                handles.append(hook(m, lambda *_: seen.append(1)))
+        lean = _loss_and_grads(policy, model, lean=True)
+    for h in handles:
+        h.remove()
+    assert seen and _lean_layers(model) == 0
+    plain = _loss_and_grads(policy, model, lean=False)
+    assert len(lean) == len(plain) > 1
+    # the logits bit for bit with a power-of-two scale; the gradients to rounding (the input
+    # gradient of a layer is summed in another order: g W + g_u A inside the node)
+    torch.testing.assert_close(lean[0], plain[0], **(tl.EXACT if exact else ROUNDING))
+    for a, b in zip(lean[1:], plain[1:], strict=True):
+        torch.testing.assert_close(a, b, **ROUNDING)
+
+
+def test_function_gradients_against_float64_autograd() -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    w, b = (
+        torch.randn(4, 6, generator=gen, dtype=torch.float64),
+        torch.randn(4, dtype=torch.float64),
+    )
+    a = torch.randn(3, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    bb = torch.randn(4, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(
+        lambda x, a, bb: LoraLinearFunction.apply(x, w, b, a, bb, 0.7), (x, a, bb)
+    )
+    y = LoraLinearFunction.apply(x, w, b, a, bb, 0.7)
+    torch.testing.assert_close(y, x @ w.T + b + 0.7 * (x @ a.T) @ bb.T)
+
+
+def test_lean_falls_back_to_peft_where_it_does_not_apply() -> None:
+    # dropout in training mode, a DoRA variant, a disabled adapter: peft's own forward runs
+    policy, model = _policy(tl.lora(r=4, alpha=8))
+    dora_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], use_dora=True)
+    dora, _ = _policy(dora_config)
+    ids, mask = tl.batch(tl.vocab_size(model))
+    calls: list[str] = []
+
+    def spy(layer: Any) -> None:
+        original = layer.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            calls.append("peft")
+            return original(*args, **kwargs)
+
+        layer.forward = forward
+
+    for p in (policy, dora):
+        for site in p.lora_sites().sites:  # type: ignore[union-attr]
+            spy(site.layer)
+    with policy.lean_lora():
+        policy.logits(ids, mask)
+    assert not calls  # plain LoRA, eval-mode dropout: all lean
+    with dora.lean_lora():
+        dora.logits(ids, mask)
+    assert calls  # DoRA: peft's forward
+    calls.clear()
+    first = policy.lora_sites().sites[0].layer  # type: ignore[union-attr]
+    first.lora_dropout["actor"] = torch.nn.Dropout(0.5).train()
+    with policy.lean_lora():
+        policy.logits(ids, mask)
+    assert calls == ["peft"]  # only the layer whose dropout is live
+
+
+def test_lean_nests_with_role_switches_and_restores_the_model() -> None:
+    policy, model = _policy(reference="base", critic=True)
+    tree = [(n, id(m)) for n, m in model.named_modules()]
+    ids, mask = tl.batch(tl.vocab_size(model))
+    with torch.no_grad():
+        ref = policy.logits(ids, mask, role="reference")
+        critic = policy.values(ids, mask)
+
+    class BoomError(Exception):
+        pass
+
+    def body() -> None:
+        lean = _lean_layers(model)
+        with torch.no_grad():
+            torch.testing.assert_close(policy.logits(ids, mask, role="reference"), ref)
+            assert _lean_layers(model) == lean  # the bypass put the lean layers back
+            torch.testing.assert_close(policy.values(ids, mask), critic, **ROUNDING)
+        raise BoomError
+
+    with pytest.raises(BoomError), policy.lean_lora():
+        body()
+    assert [(n, id(m)) for n, m in model.named_modules()] == tree
+
+
+def test_lean_under_activation_checkpointing_recomputes_the_same_gradients() -> None:
+    policy, model = _policy(tl.lora(r=4, alpha=8), gradient_checkpointing=True)
+    lean = _loss_and_grads(policy, model, lean=True)
+    plain = _loss_and_grads(policy, model, lean=False)
+    torch.testing.assert_close(lean[0], plain[0], **tl.EXACT)
+    for a, b in zip(lean[1:], plain[1:], strict=True):
+        torch.testing.assert_close(a, b, **ROUNDING)
