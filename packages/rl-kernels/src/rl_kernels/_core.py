@@ -31,7 +31,7 @@ def chunk_logits(
 
 
 def softmax_(
-    z: torch.Tensor, targets: torch.Tensor, with_entropy: bool
+    z: torch.Tensor, targets: torch.Tensor, with_entropy: bool, normalize: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
     r"""Log-prob of ``targets``, log-sum-exp, entropy and probabilities of a logits chunk.
 
@@ -42,6 +42,9 @@ def softmax_(
         probabilities overwrite ``z``. With it, ``z`` is overwritten by the log-probabilities
         :math:`z - \mathrm{lse}` (finite even where :math:`p` underflows, and free of the
         cancellation of :math:`\mathrm{lse} - \sum p z` on peaked rows) and ``p`` is a new tile.
+        ``normalize=False`` (only without ``with_entropy``) skips the division by the row sums,
+        a full pass over the tile, for a caller that reads only ``logp`` and ``lse``: ``p``
+        then holds :math:`e^{z - \max z}`.
     """
     z_target = z.gather(1, targets[:, None]).squeeze(1)
     top = z.amax(dim=1)
@@ -49,7 +52,8 @@ def softmax_(
     p = torch.exp(z) if with_entropy else z.exp_()
     total = p.sum(dim=1)
     log_total = torch.log(total)
-    p.div_(total[:, None])
+    if normalize or with_entropy:
+        p.div_(total[:, None])
     lse = top + log_total
     entropy = None
     if with_entropy:

@@ -36,12 +36,13 @@ class _FusedLogProbs(torch.autograd.Function):
         logp = hidden.new_empty(m, dtype=cd)
         lse = hidden.new_empty(m, dtype=cd)
         ent = hidden.new_empty(m if with_entropy else 0, dtype=cd)
+        check_finite_rows(hidden)  # once, not per chunk
         for s in range(0, m, chunk):
             e = min(s + chunk, m)
             h = hidden[s:e].to(cd)
-            check_finite_rows(h)
             z = chunk_logits(h, w, b, temperature)
-            lp, ls, en, probs = softmax_(z, targets[s:e], with_entropy)
+            # the probabilities are dropped here (the backward recomputes them): no division
+            lp, ls, en, probs = softmax_(z, targets[s:e], with_entropy, normalize=False)
             logp[s:e], lse[s:e] = lp, ls
             if en is not None:
                 ent[s:e] = en
