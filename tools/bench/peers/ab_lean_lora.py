@@ -58,10 +58,10 @@ def main() -> int:
     from rl_algos import GRPO
     from run_ours import matmul_peak
 
-    with tempfile.TemporaryDirectory() as tmp:
-        build(shape, Path(tmp))
-        torch.manual_seed(SEED)
-        model = load_model(Path(tmp))
+    tmp = tempfile.TemporaryDirectory()  # kept for the run: peft reads the model's config
+    build(shape, Path(tmp.name))
+    torch.manual_seed(SEED)
+    model = load_model(Path(tmp.name))
     lora = LoraConfig(
         r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=LORA_TARGETS
     )
@@ -105,6 +105,7 @@ def main() -> int:
                 f"MFU ({a}), LoRA-exact: {flops / med[a] / peak:.1%} median, "
                 f"{flops / low[a] / peak:.1%} fastest (peak {peak / 1e9:.1f} GFLOP/s)"
             )
+    tmp.cleanup()
     return 0
 
 
