@@ -17,6 +17,7 @@ reads and writes it) plus composed parts:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import random
 from collections.abc import Callable, Sequence
@@ -471,10 +472,7 @@ class LLMAlgorithm:
             mbs = self.micro_batches(batch, scores, estimates, rows)
             turn_mask = None if estimates.turn_mask is None else estimates.turn_mask[rows]
             norm = self.learner.normalizers(torch.cat([mb.mask for mb in mbs]), turn_mask)
-
-            def loss_fn(mb: MicroBatch, norm: Normalizers = norm) -> LossTerms | None:
-                return self._micro_loss(mb, norm, parts, fused)
-
+            loss_fn = functools.partial(self._micro_loss, norm=norm, parts=parts, fused=fused)
             with self.policy.lean_lora():  # one autograd node per LoRA layer (rl_adapters)
                 self._apply(self.learner.step(mbs, loss_fn, norm, self._where()), metrics)
         return metrics
