@@ -175,3 +175,45 @@ def test_a_deep_copy_switches_its_own_layers() -> None:
     assert isinstance(sites, LoraSites)
     own = {id(m) for m in clone.modules()}
     assert all(id(s.layer) in own and id(s.parent) in own for s in sites.sites)
+
+
+def test_unmergeable_reference_adapter_runs_itself_without_gradient() -> None:
+    # DoRA layers cannot be merged: the frozen reference forward must still run the reference
+    # adapter in them (not the actor, the layers' active adapter outside the switch)
+    dora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], use_dora=True)
+    policy, model = _policy("qwen2", lora_config=dora)
+    ids, mask = tl.batch(tl.vocab_size(model))
+    expected = _peft_logits(policy, model, "reference", ids, mask)
+    actor = _peft_logits(policy, model, "actor", ids, mask)
+    policy._restore()
+    flags = tl.grad_flags(model, policy.value_head)
+    with torch.no_grad():
+        got = policy.logits(ids, mask, role="reference")
+    assert not torch.allclose(expected, actor)  # the two adapters differ
+    torch.testing.assert_close(got, expected, **tl.EXACT)
+    assert tl.grad_flags(model, policy.value_head) == flags
+
+
+def test_a_zero_reference_delta_runs_the_base_model_until_it_changes() -> None:
+    model = tl.base("qwen2")
+    policy = PolicyModel(model, lora_config=tl.lora())  # the reference: a copy of a fresh actor
+    sites = policy.lora_sites()
+    assert sites is not None and sites.delta_is_zero("reference")
+    tl.perturb(policy.trainable_parameters("actor"), seed=1)  # the actor moves, not the reference
+    assert sites.delta_is_zero("reference") and not sites.delta_is_zero("actor")
+    ids, mask = tl.batch(tl.vocab_size(model))
+    base = tl.base_logits("qwen2", ids, mask)
+    with torch.no_grad():  # W + s * 0 @ A is W: the bypass is exact
+        torch.testing.assert_close(policy.logits(ids, mask, role="reference"), base, **tl.EXACT)
+    policy.sync_reference()  # written in place: the cached answer is recomputed
+    assert not sites.delta_is_zero("reference")
+    expected = _peft_logits(policy, model, "reference", ids, mask)
+    policy._restore()
+    with torch.no_grad():
+        got = policy.logits(ids, mask, role="reference")
+    assert not torch.allclose(got, base)
+    torch.testing.assert_close(got, expected, **ROUNDING)
+    with torch.no_grad():  # zeroed again (e.g. a loaded checkpoint): the bypass is back
+        for p in tl.adapter_params(model, "reference").values():
+            p.zero_()
+    assert sites.delta_is_zero("reference")

@@ -306,7 +306,9 @@ class PolicyModel(nn.Module):
                 with sites.bypassed():
                     yield
             elif role == "reference" and not torch.is_grad_enabled():
-                with sites.merged(role):  # frozen: its delta merged, at base-model speed
+                # frozen: the base model where its delta is exactly zero (a reference copied
+                # from a fresh actor), else its delta merged; both at base-model speed
+                with sites.bypassed() if sites.delta_is_zero(role) else sites.merged(role):
                     yield
             else:
                 with sites.active(role):

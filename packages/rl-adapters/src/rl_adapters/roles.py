@@ -8,7 +8,8 @@ those layers:
 
 * :meth:`LoraSites.bypassed`: each LoRA layer is replaced in its parent by its own base layer,
   so the forward is the base model's, exactly (what ``disable_adapter()`` computes: the base
-  layer's output, nothing added);
+  layer's output, nothing added); also what a frozen adapter whose delta is exactly zero
+  computes (:meth:`LoraSites.delta_is_zero`: peft's ``B = 0`` initialisation);
 * :meth:`LoraSites.active`: each layer's public ``set_adapter(role)``, then back to the actor
   with the trainable flags put back from a list recorded once;
 * :meth:`LoraSites.lean`: for training, each plain LoRA ``Linear`` wrapped in a
@@ -18,7 +19,11 @@ those layers:
   speed of the bare model. The base weight ``W`` is never written: the merged weight is a new
   tensor, dropped on exit, so leaving the context restores the model bit for bit.
 
-All four are context managers that put every layer back on exit, also on an exception.
+All four are context managers that put every layer back on exit, also on an exception. A
+swap writes the parent's ``_modules`` entry directly (what ``nn.Module.__setattr__`` ends up
+doing for a module already registered under that name, without its checks: a few microseconds
+per layer and switch), and the :class:`~rl_adapters.lean_lora.LeanLora` wrappers are built
+once per site.
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ class LoraSites:
                     sites.append(LoraSite(parent, name, child))
         self.sites = tuple(sites)
         self.trainable = tuple(trainable)
+        self._lean: dict[int, nn.Module] = {}  # site index -> its LeanLora wrapper, built once
+        self._zero: dict[str, tuple[tuple[tuple[int, int], ...], bool]] = {}  # delta_is_zero
 
     def __len__(self) -> int:
         return len(self.sites)
@@ -98,12 +105,13 @@ class LoraSites:
         done: list[tuple[LoraSite, nn.Module]] = []
         try:
             for site, module in replacements:
-                done.append((site, getattr(site.parent, site.name)))
-                setattr(site.parent, site.name, module)
+                children = site.parent._modules
+                done.append((site, children[site.name]))  # type: ignore[arg-type]
+                children[site.name] = module
             yield
         finally:
             for site, previous in reversed(done):
-                setattr(site.parent, site.name, previous)
+                site.parent._modules[site.name] = previous
 
     @contextlib.contextmanager
     def bypassed(self) -> Iterator[None]:
@@ -140,11 +148,13 @@ class LoraSites:
         """
         from rl_adapters.lean_lora import LeanLora, lean_eligible
 
-        replacements: list[tuple[LoraSite, nn.Module]] = [
-            (site, LeanLora(site.layer))
-            for site in self.sites
-            if getattr(site.parent, site.name) is site.layer and lean_eligible(site.layer)
-        ]
+        replacements: list[tuple[LoraSite, nn.Module]] = []
+        for k, site in enumerate(self.sites):
+            if site.parent._modules[site.name] is not site.layer or not lean_eligible(site.layer):
+                continue
+            if k not in self._lean:
+                self._lean[k] = LeanLora(site.layer)
+            replacements.append((site, self._lean[k]))
         with self._swapped(replacements):
             yield
 
@@ -171,19 +181,47 @@ class LoraSites:
                 out.append(site)
         return out
 
+    def delta_is_zero(self, adapter: str) -> bool:
+        """Whether ``adapter`` changes nothing: every layer mergeable, every ``lora_B`` zero.
+
+        Then ``W + scaling * B @ A = W`` exactly, and :meth:`bypassed` computes what
+        :meth:`merged` would, without building the merged weights. That is the state of a
+        reference adapter copied from a freshly initialised actor (peft sets ``B = 0``) until
+        the first :meth:`~rl_adapters.PolicyModel.sync_reference`. The answer is cached and
+        recomputed when any ``lora_B`` weight of the adapter is replaced or written in place
+        (its identity and ``Tensor._version``, which every in-place write bumps).
+        """
+        mergeable = self.mergeable(adapter)
+        if not self.sites or len(mergeable) != len(self.sites):
+            return False
+        weights = [site.layer.lora_B[adapter].weight for site in mergeable]
+        key = tuple((id(w), w._version) for w in weights)
+        cached = self._zero.get(adapter)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        zero = not any(bool(w.detach().any()) for w in weights)
+        self._zero[adapter] = (key, zero)
+        return zero
+
     @contextlib.contextmanager
     def merged(self, adapter: str = "actor") -> Iterator[None]:
         """Run with ``adapter`` merged into new base weights (inference only, no gradient).
 
         Each mergeable layer (:meth:`mergeable`) is replaced by a linear layer with weight
-        ``W + scaling * B @ A``; the others run unchanged. ``W`` itself is not modified.
+        ``W + scaling * B @ A``; the others run their LoRA forward with ``adapter`` active (as
+        :meth:`active`). ``W`` itself is not modified.
         """
+        mergeable = self.mergeable(adapter)
         replacements: list[tuple[LoraSite, nn.Module]] = []
         with torch.no_grad():
-            for site in self.mergeable(adapter):
+            for site in mergeable:
                 base = site.layer.base_layer
                 delta = site.layer.get_delta_weight(adapter)
                 weight = base.weight + delta.to(base.weight.dtype)
                 replacements.append((site, _MergedLinear(weight, base.bias)))
-        with self._swapped(replacements):
+        rest = len(mergeable) < len(self.sites)
+        with (
+            self.active(adapter) if rest else contextlib.nullcontext(),
+            self._swapped(replacements),
+        ):
             yield
