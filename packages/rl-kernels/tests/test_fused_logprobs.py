@@ -425,6 +425,17 @@ def test_auto_chunk_rows_default_budget() -> None:
     assert rk.auto_chunk_rows(32_000) == (256 * 2**20) // (32_000 * 4)
 
 
+def test_auto_chunk_rows_relative_cap_spares_small_tiles() -> None:
+    small = rk.SMALL_TILE_BYTES // (4 * 1000)  # 262 rows of a 1000-token vocabulary
+    assert small == 262
+    # an eighth of M, unless that tile is under SMALL_TILE_BYTES: then the small tile
+    assert rk.auto_chunk_rows(1000, total_rows=512) == small  # 64 rows otherwise
+    assert rk.auto_chunk_rows(1000, total_rows=100) == small  # more rows than M: one chunk
+    assert rk.auto_chunk_rows(1000, total_rows=8 * 1000) == 1000  # an eighth is larger
+    assert rk.auto_chunk_rows(32_000, total_rows=512) == 64  # 1 MiB is 8 rows here
+    assert rk.auto_chunk_rows(1000, 4000 * 50, total_rows=512) == 50  # the budget still binds
+
+
 def test_auto_chunk_rows_floor_and_cap() -> None:
     assert rk.auto_chunk_rows(10**9, 2**20) == 16  # would be 0 rows
     assert rk.auto_chunk_rows(1, 2**30) == 8192  # would be 2**28 rows
@@ -462,6 +473,59 @@ def test_default_chunking_uses_memory_budget() -> None:
     tol = token_tol(hidden, weight, b)
     assert_close(logp, n_logp, "logprobs", **tol)
     assert_close(ent, n_ent, "entropies", **tol)
+
+
+# --------------------------------------------------------------------------- kept probabilities
+
+
+@pytest.mark.parametrize(("m", "h", "v"), [(37, 16, 97), (64, 32, 1001)])
+@pytest.mark.parametrize("chunk_rows", [7, None])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("bias", [False, True])
+def test_kept_probabilities_give_the_recomputed_gradients(
+    m: int, h: int, v: int, chunk_rows: int | None, temperature: float, bias: bool
+) -> None:
+    """A small problem keeps its probabilities for the backward: same values and gradients."""
+    g = gen("kept", m, h, v, chunk_rows, temperature, bias)
+    hidden, weight, b = make_lm_head(g, (m,), h, v, bias=bias)
+    targets = make_targets(g, (m,), v)
+    coeff = torch.randn(m, generator=g, dtype=F64).float()
+    results = []
+    for budget in (rk.DEFAULT_MEMORY_BUDGET, 8 * m * v * 4 - 1):  # kept; one byte short
+        inputs = [
+            t.detach().clone().requires_grad_(True) for t in (hidden, weight, b) if t is not None
+        ]
+        hb, wb, bb = inputs[0], inputs[1], inputs[2] if bias else None
+        logp = rk.fused_logprobs(hb, wb, targets, bb, temperature, chunk_rows, memory_budget=budget)
+        assert isinstance(logp, torch.Tensor)
+        kept = logp.grad_fn.probs  # type: ignore[union-attr]
+        assert (kept is not None) == (budget == rk.DEFAULT_MEMORY_BUDGET)
+        (coeff * logp).sum().backward(retain_graph=True)
+        first = [t.grad.clone() for t in inputs]  # type: ignore[union-attr]
+        for t in inputs:
+            t.grad = None
+        (coeff * logp).sum().backward()  # a second backward: the kept tiles are unchanged
+        for a, t in zip(first, inputs, strict=True):
+            torch.testing.assert_close(t.grad, a, rtol=0, atol=0)
+        results.append((logp.detach(), first))
+    (kept_lp, kept_grads), (re_lp, re_grads) = results
+    assert_close(kept_lp, re_lp, "logprobs", **TOL32)
+    for a, r in zip(kept_grads, re_grads, strict=True):
+        assert_close(a, r, "gradient", **TOL32)
+    n_logp = naive_logprobs(hidden, weight, targets, b, temperature)[0]
+    assert_close(kept_lp, n_logp, "logprobs", **token_tol(hidden, weight, b))
+
+
+def test_probabilities_are_kept_only_with_a_gradient_and_without_entropy() -> None:
+    g = gen("kept-when")
+    hidden, weight, _ = make_lm_head(g, (20,), 8, 50, bias=False)
+    targets = make_targets(g, (20,), 50)
+    with torch.no_grad():
+        assert rk.fused_logprobs(hidden, weight, targets).grad_fn is None  # type: ignore[union-attr]
+    logp, _ = rk.fused_logprobs(hidden, weight, targets, with_entropy=True)
+    assert logp.grad_fn.probs is None  # type: ignore[union-attr]
+    frozen = rk.fused_logprobs(hidden.detach(), weight.detach(), targets)
+    assert isinstance(frozen, torch.Tensor) and frozen.grad_fn is None
 
 
 # --------------------------------------------------------------------------- memory

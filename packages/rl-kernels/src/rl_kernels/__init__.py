@@ -2,13 +2,15 @@
 
 The largest tensor of LLM RL is the logits, ``N*T x V``. These kernels compute per-token
 log-probs, entropies and the whole token-level policy loss from the last hidden states and the
-lm_head weight, chunk by chunk, so full logits never exist in the forward or the backward pass.
-CPU and CUDA, pure torch.
+lm_head weight, chunk by chunk, so full logits never exist in the forward or the backward pass
+(one exception, bounded: ``fused_logprobs`` keeps a small problem's probabilities, at most an
+eighth of its memory budget, for the backward instead of recomputing them). CPU and CUDA, pure
+torch.
 """
 
 from importlib.metadata import version as _version
 
-from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, auto_chunk_rows
+from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, SMALL_TILE_BYTES, auto_chunk_rows
 from rl_kernels.liger import LigerPolicyLossOutput, liger_policy_loss
 from rl_kernels.logprobs import fused_logprobs
 from rl_kernels.policy import FUSED_OBJECTIVES, FusedPolicyLossOutput, fused_policy_loss
@@ -18,6 +20,7 @@ __version__: str = _version("rl-kernels")
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
     "FUSED_OBJECTIVES",
+    "SMALL_TILE_BYTES",
     "FusedPolicyLossOutput",
     "LigerPolicyLossOutput",
     "__version__",

@@ -27,6 +27,7 @@ class _FusedLogProbs(torch.autograd.Function):
         with_entropy: bool,
         upcast: bool,
         compile_body: bool,
+        keep_probs: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         softmax_, _ = chunk_ops(compile_body)
         cd = compute_dtype(hidden.dtype, upcast)
@@ -37,15 +38,21 @@ class _FusedLogProbs(torch.autograd.Function):
         lse = hidden.new_empty(m, dtype=cd)
         ent = hidden.new_empty(m if with_entropy else 0, dtype=cd)
         check_finite_rows(hidden)  # once, not per chunk
+        # probabilities the caller allows to keep: the backward reads them instead of
+        # recomputing the logits (one GEMM and two passes over each tile fewer)
+        keep = keep_probs and not with_entropy
+        ctx.probs = [] if keep else None
         for s in range(0, m, chunk):
             e = min(s + chunk, m)
             h = hidden[s:e].to(cd)
             z = chunk_logits(h, w, b, temperature)
-            # the probabilities are dropped here (the backward recomputes them): no division
-            lp, ls, en, probs = softmax_(z, targets[s:e], with_entropy, normalize=False)
+            # else the probabilities are dropped here (the backward recomputes them): no division
+            lp, ls, en, probs = softmax_(z, targets[s:e], with_entropy, normalize=keep)
             logp[s:e], lse[s:e] = lp, ls
             if en is not None:
                 ent[s:e] = en
+            if keep:
+                ctx.probs.append(probs)
             del z, probs  # free this tile before the next chunk allocates its own
         ctx.save_for_backward(hidden, weight, bias, targets, lse, ent)
         ctx.temperature, ctx.chunk, ctx.with_entropy, ctx.cd = temperature, chunk, with_entropy, cd
@@ -69,9 +76,16 @@ class _FusedLogProbs(torch.autograd.Function):
         grad_b = torch.zeros_like(b) if (need_b and b is not None) else None
         use_ent = ctx.with_entropy and g_ent is not None and g_ent.numel() > 0
         g_logp = g_logp.to(cd)
-        for s in range(0, hidden.shape[0], chunk):
+        for k, s in enumerate(range(0, hidden.shape[0], chunk)):
             e = min(s + chunk, hidden.shape[0])
             h = hidden[s:e].to(cd)
+            if ctx.probs is not None:  # kept by the forward: no recomputation
+                grad_z = logits_grad_(
+                    ctx.probs[k], None, targets[s:e], g_logp[s:e], None, None, temperature,
+                    inplace=False,
+                )  # fmt: skip
+                _accumulate(grad_z, h, w, grad_h, grad_w, grad_b, s, e)
+                continue
             logits: torch.Tensor | None = chunk_logits(h, w, b, temperature)
             assert logits is not None
             ls = lse[s:e]
@@ -89,19 +103,33 @@ class _FusedLogProbs(torch.autograd.Function):
                 g_ent[s:e].to(cd) if use_ent and g_ent is not None else None,
                 temperature,
             )
-            if grad_h is not None:
-                torch.mm(grad_z, w, out=grad_h[s:e])
-            if grad_w is not None:
-                grad_w.addmm_(grad_z.T, h)
-            if grad_b is not None:
-                grad_b.add_(grad_z.sum(dim=0))
+            _accumulate(grad_z, h, w, grad_h, grad_w, grad_b, s, e)
             del p, grad_z, logits  # free this tile before the next chunk allocates its own
         return (
             grad_h.to(hidden.dtype) if grad_h is not None else None,
             grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(bias.dtype) if grad_b is not None else None,
-            None, None, None, None, None, None,
+            None, None, None, None, None, None, None,
         )  # fmt: skip
+
+
+def _accumulate(
+    grad_z: torch.Tensor,
+    h: torch.Tensor,
+    w: torch.Tensor,
+    grad_h: torch.Tensor | None,
+    grad_w: torch.Tensor | None,
+    grad_b: torch.Tensor | None,
+    s: int,
+    e: int,
+) -> None:
+    """Add one chunk's (rows ``s:e``) share to the input gradients, from its logits gradient."""
+    if grad_h is not None:
+        torch.mm(grad_z, w, out=grad_h[s:e])
+    if grad_w is not None:
+        grad_w.addmm_(grad_z.T, h)
+    if grad_b is not None:
+        grad_b.add_(grad_z.sum(dim=0))
 
 
 def fused_logprobs(
@@ -167,8 +195,13 @@ def fused_logprobs(
     )
     if chunk < 1:
         raise ValueError(f"`chunk_rows` must be >= 1, got {chunk_rows}")
+    cd = compute_dtype(hidden.dtype, upcast)
+    grads = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (hidden, weight, bias)
+    )
+    keep = grads and m * weight.shape[0] * cd.itemsize <= memory_budget // 8
     logp, ent = _FusedLogProbs.apply(
         hidden, weight, bias, targets, float(temperature), int(chunk), with_entropy, upcast,
-        compile,
+        compile, keep,
     )  # fmt: skip
     return (logp, ent) if with_entropy else logp
