@@ -89,7 +89,9 @@ def lean_eligible(layer: Any) -> bool:
     """Whether a peft LoRA layer's base is a plain floating-point ``nn.Linear`` (not ZeRO-3).
 
     The static half of the check (done when the layer is swapped); :class:`LeanLora` checks
-    the rest (active adapter, dropout, frozen base, dtypes) at every call.
+    the rest (active adapter, dropout, frozen base, dtypes) at the first call of each body in
+    each state of the layer (see :meth:`LeanLora.refresh`), and the input dtype and autocast
+    at every call.
     """
     base = getattr(layer, "base_layer", None)
     if type(base) is not nn.Linear or getattr(layer, "fan_in_fan_out", False):
@@ -110,10 +112,37 @@ class LeanLora(nn.Module):
     def __init__(self, layer: Any) -> None:
         super().__init__()
         self.layer = layer
+        # (active adapters, disabled, merged) -> (adapter or None, dtype): see refresh()
+        self._plans: dict[tuple[Any, ...], tuple[str | None, torch.dtype | None]] = {}
+
+    def refresh(self) -> None:
+        """Forget the per-state decisions (done on entering each training body).
+
+        Inside one body the adapter's settings (dropout, trainable flags, dtypes) are taken to
+        stay as they were at its first forward in each state of the layer (active adapters,
+        disabled, merged); role switches change that state and are followed.
+        """
+        self._plans.clear()
 
     def _adapter(self, x: torch.Tensor) -> str | None:
         layer = self.layer
-        if layer.disable_adapters or layer.merged or torch.is_autocast_enabled():
+        if torch.is_autocast_enabled():
+            return None
+        active = layer._active_adapter
+        key = (
+            active if isinstance(active, str) else tuple(active),
+            layer._disable_adapters,
+            len(layer.merged_adapters),
+        )
+        plan = self._plans.get(key)
+        if plan is None:
+            name = self._decide(x)
+            plan = self._plans[key] = (name, x.dtype if name is not None else None)
+        return plan[0] if plan[1] == x.dtype else None
+
+    def _decide(self, x: torch.Tensor) -> str | None:
+        layer = self.layer
+        if layer.disable_adapters or layer.merged:
             return None
         active = layer.active_adapters
         if len(active) != 1:

@@ -154,7 +154,10 @@ class LoraSites:
                 continue
             if k not in self._lean:
                 self._lean[k] = LeanLora(site.layer)
-            replacements.append((site, self._lean[k]))
+            wrapper = self._lean[k]
+            assert isinstance(wrapper, LeanLora)
+            wrapper.refresh()  # settings may have changed since the last body
+            replacements.append((site, wrapper))
         with self._swapped(replacements):
             yield
 

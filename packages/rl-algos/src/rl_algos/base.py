@@ -485,7 +485,7 @@ class LLMAlgorithm:
             terms = fused_objective_loss(parts.objective, self.scorer, mb, norm)
         else:
             lp = self.scorer.logprobs(mb.input_ids, mb.attention_mask, mb.mask)
-            if not bool(torch.isfinite(lp[mb.mask]).all()):  # else the loss would raise
+            if not bool(torch.isfinite(lp).all()):  # 0 off the mask; else the loss raises
                 return None
             mb = self._weigh_on_policy(mb, lp)
             terms = policy_loss(parts.objective, mb, lp, norm)

@@ -187,7 +187,11 @@ def attention_implementation(model: Any) -> str:
 
 
 def packed_hidden_states(
-    policy: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, role: str = "actor"
+    policy: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    role: str = "actor",
+    checked: bool = False,
 ) -> torch.Tensor:
     """[M, L, H] last hidden states of padded rows, computed as one packed sequence.
 
@@ -199,11 +203,13 @@ def packed_hidden_states(
         input_ids: [M, L] padded (right, left or both).
         attention_mask: [M, L], 1 on one contiguous span of each row.
         role: ``"actor"``, ``"reference"`` or ``"critic"``.
+        checked: The caller has just found no :func:`packing_blocker` for these rows (the
+            default's :meth:`PackingReport.choose`): not checked again.
 
     Raises:
         ValueError: What :func:`packing_blocker` finds (the message names it and the fix).
     """
-    reason = packing_blocker(policy.causal_lm, attention_mask)
+    reason = None if checked else packing_blocker(policy.causal_lm, attention_mask)
     if reason is not None:
         raise ValueError(
             f"use_sequence_packing=True cannot pack this forward: {reason}; pass "
@@ -212,7 +218,7 @@ def packed_hidden_states(
     impl = attention_implementation(policy.causal_lm)
     starts, lengths = row_spans(attention_mask)
     if bool((lengths == lengths[0]).all()) and not bool(starts.any()):
-        return _unpadded_hidden_states(policy, input_ids, attention_mask, int(lengths[0]), role)
+        return _unpadded_hidden_states(policy, input_ids, int(lengths[0]), role)
     rows = pack_rows(input_ids, attention_mask)
     extra: dict[str, Any] = {
         "cu_seq_lens_q": rows.cu_seqlens,
@@ -240,17 +246,18 @@ def packed_hidden_states(
 
 
 def _unpadded_hidden_states(
-    policy: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, length: int, role: str
+    policy: Any, input_ids: torch.Tensor, length: int, role: str
 ) -> torch.Tensor:
     """[M, L, H]: rows that all hold ``length`` real tokens need no packing.
 
     Their first ``length`` columns are an ``[M, length]`` batch without padding, which is
-    exactly what packing would compute (the padded forward of those columns); the rest is
-    zeros, as :func:`unpack` leaves it.
+    exactly what packing would compute (the padded forward of those columns, run without an
+    attention mask, as transformers reads a mask of ones); the rest is zeros, as
+    :func:`unpack` leaves it.
     """
-    hidden: torch.Tensor = policy.hidden_states(
-        input_ids[:, :length], attention_mask[:, :length], role=role
-    )
+    # no padding left: no mask either (what transformers assumes without one, exactly;
+    # it skips the mask's inspection)
+    hidden: torch.Tensor = policy.hidden_states(input_ids[:, :length], None, role=role)
     pad = input_ids.shape[1] - length
     return torch.nn.functional.pad(hidden, (0, 0, 0, pad)) if pad else hidden
 

@@ -53,8 +53,10 @@ class Scorer:
         packing = self.packing
         if packing is None:
             packing = self.report.choose(self.policy.causal_lm, attention_mask)
-        if packing:
-            return packed_hidden_states(self.policy, input_ids, attention_mask, role)[:, :-1]
+        if packing:  # checked by choose() already under auto
+            checked = self.packing is None
+            packed = packed_hidden_states(self.policy, input_ids, attention_mask, role, checked)
+            return packed[:, :-1]
         hidden: torch.Tensor = self.policy.hidden_states(input_ids, attention_mask, role=role)
         return hidden[:, :-1]
 
@@ -127,6 +129,7 @@ class Scorer:
                     bias=bias,
                     temperature=self.temperature,
                     chunk_rows=self.chunk_rows,
+                    check_finite=False,  # checked above (non-finite rows became zeros)
                 )
                 assert isinstance(fused, torch.Tensor)
                 picked = fused

@@ -37,10 +37,13 @@ def check_targets(targets: torch.Tensor, vocab_size: int, valid: torch.Tensor | 
     if targets.is_floating_point() or targets.dtype == torch.bool:
         raise ValueError(f"`targets` must be integer token ids, got {targets.dtype}")
     t = targets if valid is None else targets[valid]
-    if t.numel() and (int(t.min()) < 0 or int(t.max()) >= vocab_size):
+    if not t.numel():
+        return
+    low, high = (int(v) for v in torch.aminmax(t))  # one pass
+    if low < 0 or high >= vocab_size:
         raise ValueError(
             f"`targets` must be in [0, V) = [0, {vocab_size}) at valid positions, got values in "
-            f"[{int(t.min())}, {int(t.max())}]"
+            f"[{low}, {high}]"
         )
 
 

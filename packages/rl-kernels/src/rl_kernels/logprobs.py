@@ -28,6 +28,7 @@ class _FusedLogProbs(torch.autograd.Function):
         upcast: bool,
         compile_body: bool,
         keep_probs: bool,
+        check_finite: bool,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         softmax_, _ = chunk_ops(compile_body)
         cd = compute_dtype(hidden.dtype, upcast)
@@ -37,7 +38,8 @@ class _FusedLogProbs(torch.autograd.Function):
         logp = hidden.new_empty(m, dtype=cd)
         lse = hidden.new_empty(m, dtype=cd)
         ent = hidden.new_empty(m if with_entropy else 0, dtype=cd)
-        check_finite_rows(hidden)  # once, not per chunk
+        if check_finite:
+            check_finite_rows(hidden)  # once, not per chunk
         # probabilities the caller allows to keep: the backward reads them instead of
         # recomputing the logits (one GEMM and two passes over each tile fewer)
         keep = keep_probs and not with_entropy
@@ -109,7 +111,7 @@ class _FusedLogProbs(torch.autograd.Function):
             grad_h.to(hidden.dtype) if grad_h is not None else None,
             grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(bias.dtype) if grad_b is not None else None,
-            None, None, None, None, None, None, None,
+            None, None, None, None, None, None, None, None,
         )  # fmt: skip
 
 
@@ -144,6 +146,7 @@ def fused_logprobs(
     upcast: bool = True,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     compile: bool = False,
+    check_finite: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     r"""Per-token log-probs (and entropies) straight from hidden states and the lm_head weight.
 
@@ -174,6 +177,8 @@ def fused_logprobs(
         compile: ``torch.compile`` the per-chunk softmax and gradient (opt-in, meant for
             CUDA; it works on CPU through inductor's C++ backend, but the first call spends
             10-45 s compiling and new shapes recompile).
+        check_finite: Raise on a non-finite row of ``hidden`` (one pass over it); False for a
+            caller that has checked them already.
 
     Returns:
         ``logprobs`` [M], or ``(logprobs [M], entropies [M])`` with ``with_entropy``.
@@ -202,6 +207,6 @@ def fused_logprobs(
     keep = grads and m * weight.shape[0] * cd.itemsize <= memory_budget // 8
     logp, ent = _FusedLogProbs.apply(
         hidden, weight, bias, targets, float(temperature), int(chunk), with_entropy, upcast,
-        compile, keep,
+        compile, keep, check_finite,
     )  # fmt: skip
     return (logp, ent) if with_entropy else logp

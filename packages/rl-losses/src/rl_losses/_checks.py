@@ -42,8 +42,8 @@ def as_mask(mask: torch.Tensor, like_name: str, like: torch.Tensor) -> torch.Ten
 
 def check_finite(name: str, x: torch.Tensor, mask: torch.Tensor) -> None:
     """Raise unless ``x`` is finite wherever ``mask`` is True (masked values are ignored)."""
-    if not x.is_floating_point():
-        return
+    if not x.is_floating_point() or bool(torch.isfinite(x.detach()).all()):
+        return  # the common case in one pass: everything finite, masked or not
     bad = mask & ~torch.isfinite(x.detach())
     if bool(bad.any()):
         first = bad.nonzero()[0].tolist()
