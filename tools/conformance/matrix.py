@@ -565,7 +565,7 @@ EXEMPT = {
     },
     "rl_kernels": {
         "DEFAULT_MEMORY_BUDGET", "FUSED_OBJECTIVES", "FusedPolicyLossOutput",
-        "LigerPolicyLossOutput", "SMALL_TILE_BYTES", "auto_chunk_rows", "fused_logprobs",
+        "LigerPolicyLossOutput", "auto_chunk_rows", "fused_logprobs",
     },
 }  # fmt: skip
 

@@ -425,17 +425,6 @@ def test_auto_chunk_rows_default_budget() -> None:
     assert rk.auto_chunk_rows(32_000) == (256 * 2**20) // (32_000 * 4)
 
 
-def test_auto_chunk_rows_relative_cap_spares_small_tiles() -> None:
-    small = rk.SMALL_TILE_BYTES // (4 * 1000)  # 262 rows of a 1000-token vocabulary
-    assert small == 262
-    # an eighth of M, unless that tile is under SMALL_TILE_BYTES: then the small tile
-    assert rk.auto_chunk_rows(1000, total_rows=512) == small  # 64 rows otherwise
-    assert rk.auto_chunk_rows(1000, total_rows=100) == small  # more rows than M: one chunk
-    assert rk.auto_chunk_rows(1000, total_rows=8 * 1000) == 1000  # an eighth is larger
-    assert rk.auto_chunk_rows(32_000, total_rows=512) == 64  # 1 MiB is 8 rows here
-    assert rk.auto_chunk_rows(1000, 4000 * 50, total_rows=512) == 50  # the budget still binds
-
-
 def test_auto_chunk_rows_floor_and_cap() -> None:
     assert rk.auto_chunk_rows(10**9, 2**20) == 16  # would be 0 rows
     assert rk.auto_chunk_rows(1, 2**30) == 8192  # would be 2**28 rows

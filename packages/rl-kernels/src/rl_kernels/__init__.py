@@ -10,7 +10,7 @@ torch.
 
 from importlib.metadata import version as _version
 
-from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, SMALL_TILE_BYTES, auto_chunk_rows
+from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, auto_chunk_rows
 from rl_kernels.liger import LigerPolicyLossOutput, liger_policy_loss
 from rl_kernels.logprobs import fused_logprobs
 from rl_kernels.policy import FUSED_OBJECTIVES, FusedPolicyLossOutput, fused_policy_loss
@@ -20,7 +20,6 @@ __version__: str = _version("rl-kernels")
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
     "FUSED_OBJECTIVES",
-    "SMALL_TILE_BYTES",
     "FusedPolicyLossOutput",
     "LigerPolicyLossOutput",
     "__version__",

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_MEMORY_BUDGET", "SMALL_TILE_BYTES", "auto_chunk_rows"]
+__all__ = ["DEFAULT_MEMORY_BUDGET", "auto_chunk_rows"]
 
 #: Default budget for one fp32 logits tile: 256 MiB.
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
-#: A tile of at most this many bytes is not split further by the ``ceil(M / 8)`` cap: 1 MiB.
-SMALL_TILE_BYTES = 2**20
 
 
 def auto_chunk_rows(
@@ -21,14 +19,8 @@ def auto_chunk_rows(
     """Rows per chunk so that one fp32 logits tile ``[rows, V]`` stays under ``memory_budget``.
 
     With ``total_rows`` (the M being processed) the chunk is also at most ``ceil(M / 8)``
-    rows, or ``SMALL_TILE_BYTES // (4 V)`` if that is more: a tile never holds more than an
-    eighth of the full logits unless it is at most 1 MiB, so the fused path stays under 1/8 of
-    the naive path's logits memory on any problem where that memory matters (at V = 32k the
-    1 MiB tile is 8 rows, below the floor). Small problems (the ``[M, V]`` logits of a few
-    hundred tokens over a small vocabulary) then run in few chunks: each chunk is about ten
-    operations, whose fixed cost dominates there, and a tile of about 1 MiB is also the
-    fastest on CPU (on the peer benchmark's ``[512, 64] x [64, 1000]`` head, forward and
-    backward: 64-row tiles 2.61 ms, 256 rows 2.34 ms, 512 rows 2.40 ms).
+    rows: a tile never holds more than an eighth of the full logits, so the fused path stays
+    under 1/8 of the naive path's logits memory even when the budget would allow more.
 
     The kernels hold about two such tiles at once (logits and probabilities, then the logits
     gradient in place), so the peak extra memory is about ``2 * memory_budget`` plus the
@@ -43,8 +35,7 @@ def auto_chunk_rows(
         cap: Largest chunk returned.
 
     Returns:
-        ``clamp(min(memory_budget // (4 * V), max(ceil(M / 8), SMALL_TILE_BYTES // (4 * V))),
-        floor, cap)``.
+        ``clamp(min(memory_budget // (4 * V), ceil(M / 8)), floor, cap)``.
     """
     if vocab_size < 1:
         raise ValueError(f"`vocab_size` must be >= 1, got {vocab_size}")
@@ -54,5 +45,5 @@ def auto_chunk_rows(
         raise ValueError(f"need 1 <= `floor` <= `cap`, got floor={floor}, cap={cap}")
     rows = memory_budget // (4 * vocab_size)
     if total_rows is not None:
-        rows = min(rows, max(-(-total_rows // 8), SMALL_TILE_BYTES // (4 * vocab_size)))
+        rows = min(rows, -(-total_rows // 8))
     return int(min(max(rows, floor), cap))
