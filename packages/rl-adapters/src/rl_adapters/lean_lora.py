@@ -28,6 +28,7 @@ such as DoRA, a LoRA bias, several active adapters, mixed dtypes, autocast, a me
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -99,6 +100,18 @@ def lean_eligible(layer: Any) -> bool:
     return base.weight.is_floating_point() and not hasattr(base.weight, "ds_id")
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What :class:`LeanLora` runs for one state of its layer: the tensors and the scale."""
+
+    dtype: torch.dtype
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    lora_a: torch.Tensor
+    lora_b: torch.Tensor
+    scaling: float
+
+
 class LeanLora(nn.Module):
     """Stands in for a peft LoRA ``Linear``: :class:`LoraLinearFunction` where it applies.
 
@@ -112,8 +125,8 @@ class LeanLora(nn.Module):
     def __init__(self, layer: Any) -> None:
         super().__init__()
         self.layer = layer
-        # (active adapters, disabled, merged) -> (adapter or None, dtype): see refresh()
-        self._plans: dict[tuple[Any, ...], tuple[str | None, torch.dtype | None]] = {}
+        # (active adapters, disabled, merged) -> _Plan, or None for peft's forward: refresh()
+        self._plans: dict[tuple[Any, ...], _Plan | None] = {}
 
     def refresh(self) -> None:
         """Forget the per-state decisions (done on entering each training body).
@@ -124,7 +137,7 @@ class LeanLora(nn.Module):
         """
         self._plans.clear()
 
-    def _adapter(self, x: torch.Tensor) -> str | None:
+    def _plan(self, x: torch.Tensor) -> _Plan | None:
         layer = self.layer
         if torch.is_autocast_enabled():
             return None
@@ -134,45 +147,36 @@ class LeanLora(nn.Module):
             layer._disable_adapters,
             len(layer.merged_adapters),
         )
-        plan = self._plans.get(key)
-        if plan is None:
-            name = self._decide(x)
-            plan = self._plans[key] = (name, x.dtype if name is not None else None)
-        return plan[0] if plan[1] == x.dtype else None
+        if key not in self._plans:
+            self._plans[key] = self._decide(x)
+        plan = self._plans[key]
+        return plan if plan is not None and plan.dtype == x.dtype else None
 
-    def _decide(self, x: torch.Tensor) -> str | None:
+    def _decide(self, x: torch.Tensor) -> _Plan | None:
         layer = self.layer
         if layer.disable_adapters or layer.merged:
             return None
         active = layer.active_adapters
-        if len(active) != 1:
-            return None
-        name = active[0]
-        if name not in layer.lora_A or name in layer.lora_variant:
+        name = active[0] if len(active) == 1 else None
+        if name is None or name not in layer.lora_A or name in layer.lora_variant:
             return None
         if layer.lora_bias.get(name, False) or not _dropout_is_identity(layer.lora_dropout[name]):
             return None
         base = layer.base_layer
         if base.weight.requires_grad or (base.bias is not None and base.bias.requires_grad):
             return None  # a trained base needs its own gradient
-        dtypes = {x.dtype, base.weight.dtype, layer.lora_A[name].weight.dtype}
-        dtypes.add(layer.lora_B[name].weight.dtype)
-        return name if len(dtypes) == 1 else None
+        lora_a, lora_b = layer.lora_A[name].weight, layer.lora_B[name].weight
+        if len({x.dtype, base.weight.dtype, lora_a.dtype, lora_b.dtype}) != 1:
+            return None
+        return _Plan(x.dtype, base.weight, base.bias, lora_a, lora_b, float(layer.scaling[name]))
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         """[..., out] what the peft layer computes for [..., in] ``x``."""
-        name = None if args or kwargs else self._adapter(x)
-        if name is None:
+        plan = None if args or kwargs else self._plan(x)
+        if plan is None:
             out: torch.Tensor = self.layer(x, *args, **kwargs)
             return out
-        layer = self.layer
-        base = layer.base_layer
         y: torch.Tensor = LoraLinearFunction.apply(
-            x,
-            base.weight,
-            base.bias,
-            layer.lora_A[name].weight,
-            layer.lora_B[name].weight,
-            float(layer.scaling[name]),
+            x, plan.weight, plan.bias, plan.lora_a, plan.lora_b, plan.scaling
         )
         return y

@@ -90,10 +90,16 @@ class LoraSites:
     def partitioned(self) -> bool:
         """Whether DeepSpeed ZeRO-3 partitions the weights; the switches here do not apply then.
 
-        Checked at each use: the DeepSpeed engine is built after the model.
+        Checked at each use (the DeepSpeed engine is built after the model), on the first
+        layer's base weight: ZeRO-3 partitions every parameter, that one included.
         """
-        first = self.sites[0].layer if self.sites else None
-        return first is not None and any(hasattr(p, "ds_id") for p in first.parameters())
+        if not self.sites:
+            return False
+        base = getattr(self.sites[0].layer, "base_layer", None)
+        weight = getattr(base, "weight", None)
+        if weight is not None:
+            return hasattr(weight, "ds_id")
+        return any(hasattr(p, "ds_id") for p in self.sites[0].layer.parameters())
 
     @contextlib.contextmanager
     def _swapped(self, replacements: Sequence[tuple[LoraSite, nn.Module]]) -> Iterator[None]:
@@ -192,17 +198,19 @@ class LoraSites:
         reference adapter copied from a freshly initialised actor (peft sets ``B = 0``) until
         the first :meth:`~rl_adapters.PolicyModel.sync_reference`. The answer is cached and
         recomputed when any ``lora_B`` weight of the adapter is replaced or written in place
-        (its identity and ``Tensor._version``, which every in-place write bumps).
+        (its identity and ``Tensor._version``, which every in-place write bumps). What makes a
+        layer mergeable (its base, variant and LoRA bias) is fixed when the adapter is built.
         """
-        mergeable = self.mergeable(adapter)
-        if not self.sites or len(mergeable) != len(self.sites):
+        lora_b = [getattr(site.layer, "lora_B", {}) for site in self.sites]
+        if not self.sites or any(adapter not in b for b in lora_b):
             return False
-        weights = [site.layer.lora_B[adapter].weight for site in mergeable]
+        weights = [b[adapter].weight for b in lora_b]
         key = tuple((id(w), w._version) for w in weights)
         cached = self._zero.get(adapter)
         if cached is not None and cached[0] == key:
             return cached[1]
-        zero = not any(bool(w.detach().any()) for w in weights)
+        mergeable = len(self.mergeable(adapter)) == len(self.sites)
+        zero = mergeable and not any(bool(w.detach().any()) for w in weights)
         self._zero[adapter] = (key, zero)
         return zero
 

@@ -219,7 +219,11 @@ class Learner:
                 ``skip_nonfinite``.
         """
         ds = self.ds_engine
-        self.optimizer.zero_grad(set_to_none=True)
+        if ds is None:
+            for p in self.trainable():  # zero_grad(set_to_none=True), without its overhead
+                p.grad = None
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
         total = 0.0
         parts: dict[str, float] = {}
         for i, mb in enumerate(micro_batches):
