@@ -411,7 +411,8 @@ class PolicyModel(nn.Module):
 
         Args:
             input_ids: [N, L] token ids.
-            attention_mask: [N, L] 1 for real tokens, 0 for padding; None with packed rows.
+            attention_mask: [N, L] 1 for real tokens, 0 for padding; None for rows without
+                padding (causal attention over every token) and for packed rows.
             role: Whose weights to run.
             position_ids: [N, L] positions, or None (0..L-1). A packed sequence ``[1, S]``
                 passes ``attention_mask=None`` and positions restarting at 0 on every row:
