@@ -49,6 +49,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(PEERS_DIR))
 
 from common import SHAPES, Shape  # noqa: E402  (the workload's definition; no peer code)
+from peers_paired import paired_ratios, paired_table, stats  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -237,17 +238,6 @@ def flop_counts(shape: Shape, lora_r: int = 8) -> dict[str, Any]:
 
 
 # -- summary ---------------------------------------------------------------------------------------
-
-
-def stats(samples: list[float]) -> dict[str, float] | None:
-    if not samples:
-        return None
-    return {
-        "median": statistics.median(samples),
-        "min": min(samples),
-        "max": max(samples),
-        "n": len(samples),
-    }
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -458,7 +448,7 @@ def rerender(args: argparse.Namespace) -> int:
     mfu = mfu_report(runs, SHAPES["large"]) if "large" in shapes else None
     text = render(runs, impls, shapes, payload["machine"], mfu)
     print(text)
-    payload.update(summary=summarize(runs), mfu=mfu, markdown=text)
+    payload.update(summary=summarize(runs), paired=paired_ratios(runs), mfu=mfu, markdown=text)
     payload["rerendered_utc"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     path.write_text(json.dumps(payload, indent=1) + "\n")
     log(f"rewrote {path}")
@@ -513,7 +503,7 @@ def render(
     mfu: dict[str, Any] | None,
 ) -> str:  # fmt: skip
     """The Markdown report."""
-    summary = summarize(runs)
+    summary, paired = summarize(runs), paired_ratios(runs)
     md = [f"machine: {json.dumps(info)}", ""]
     for name in shapes:
         shape = SHAPES[name]
@@ -526,7 +516,8 @@ def render(
                 f"{shape.new_tokens} new tokens, gradient checkpointing {gc} ({n} round(s); "
                 f"timed steps per subprocess: {'/'.join(map(str, steps))}, after warm-up)"
             )
-            md += ["", table(row, impls), "", parts_table(row), ""]
+            pairs = paired_table(paired.get(name, {}).get(gc, {}), FIGURES)
+            md += ["", table(row, impls), "", pairs, "", parts_table(row), ""]
     if mfu:
         md += ["### MFU of ours' learn() on the large shape", "", mfu_table(mfu), ""]
     for r in runs:
@@ -586,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         "overrides": {"warmup": args.warmup, "steps": args.steps},
         "runs": runs,
         "summary": summarize(runs),
+        "paired": paired_ratios(runs),
         "mfu": mfu,
         "markdown": text,
     }
