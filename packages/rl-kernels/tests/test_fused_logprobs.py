@@ -505,16 +505,21 @@ def test_kept_probabilities_give_the_recomputed_gradients(
     assert_close(kept_lp, n_logp, "logprobs", **token_tol(hidden, weight, b))
 
 
-def test_probabilities_are_kept_only_with_a_gradient_and_without_entropy() -> None:
+def test_probabilities_are_kept_for_any_gradient_but_not_with_entropy() -> None:
     g = gen("kept-when")
     hidden, weight, _ = make_lm_head(g, (20,), 8, 50, bias=False)
     targets = make_targets(g, (20,), 50)
-    with torch.no_grad():
-        assert rk.fused_logprobs(hidden, weight, targets).grad_fn is None  # type: ignore[union-attr]
     logp, _ = rk.fused_logprobs(hidden, weight, targets, with_entropy=True)
     assert logp.grad_fn.probs is None  # type: ignore[union-attr]
-    frozen = rk.fused_logprobs(hidden.detach(), weight.detach(), targets)
-    assert isinstance(frozen, torch.Tensor) and frozen.grad_fn is None
+    # only the weight trained (a full fine-tune of the head): kept, and its gradient exact
+    w = weight.detach().clone().requires_grad_(True)
+    only_w = rk.fused_logprobs(hidden.detach(), w, targets, temperature=0.8)
+    assert isinstance(only_w, torch.Tensor)
+    assert only_w.grad_fn.probs is not None  # type: ignore[union-attr]
+    only_w.sum().backward()
+    w_naive = weight.detach().clone().requires_grad_(True)
+    naive_logprobs(hidden.detach(), w_naive, targets, None, 0.8)[0].sum().backward()
+    assert_close(w.grad, w_naive.grad, "weight gradient", **TOL32)
 
 
 # --------------------------------------------------------------------------- memory

@@ -25,25 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
-from common import (
-    BETA,
-    CLIP,
-    LORA_ALPHA,
-    LORA_R,
-    LORA_TARGETS,
-    LR,
-    MAX_GRAD_NORM,
-    PAD,
-    PAD_ID,
-    SEED,
-    SHAPES,
-    TEMPERATURE,
-    build,
-    load_model,
-    prompt_dicts,
-    rewards_for,
-    setup_threads,
-)  # fmt: skip
+from common import SEED, SHAPES, build, load_model, prompt_dicts, rewards_for, setup_threads
 
 
 def main() -> int:
@@ -54,24 +36,12 @@ def main() -> int:
     shape = SHAPES[args.shape]
     setup_threads()
     from bench_peers import flop_counts
-    from peft import LoraConfig
-    from rl_algos import GRPO
-    from run_ours import matmul_peak
+    from run_ours import make_agent, matmul_peak
 
     tmp = tempfile.TemporaryDirectory()  # kept for the run: peft reads the model's config
     build(shape, Path(tmp.name))
     torch.manual_seed(SEED)
-    model = load_model(Path(tmp.name))
-    lora = LoraConfig(
-        r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=0.0, target_modules=LORA_TARGETS
-    )
-    agent = GRPO(
-        pad_token_id=PAD_ID, pad_token=PAD, actor_network=model, lora_config=lora,
-        group_size=shape.group, batch_size=shape.rows, beta=BETA, clip_coef=CLIP, lr=LR,
-        temperature=TEMPERATURE, top_k=0, top_p=1.0, max_output_tokens=shape.new_tokens,
-        min_output_tokens=shape.new_tokens, max_grad_norm=MAX_GRAD_NORM, update_epochs=1,
-        seed=SEED, device="cpu",
-    )  # fmt: skip
+    agent = make_agent(load_model(Path(tmp.name)), shape)
     out = agent.get_action(prompt_dicts(shape))
     rewards = rewards_for(out.completion_ids, shape.prompt_len, shape)
     batch = (out.completion_ids, out.action_masks, rewards)

@@ -141,12 +141,7 @@ class LeanLora(nn.Module):
         layer = self.layer
         if torch.is_autocast_enabled():
             return None
-        active = layer._active_adapter
-        key = (
-            active if isinstance(active, str) else tuple(active),
-            layer._disable_adapters,
-            len(layer.merged_adapters),
-        )
+        key = (tuple(layer.active_adapters), layer.disable_adapters, len(layer.merged_adapters))
         if key not in self._plans:
             self._plans[key] = self._decide(x)
         plan = self._plans[key]

@@ -36,6 +36,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from rl_adapters.lean_lora import LeanLora, lean_eligible
+
 __all__ = ["LoraSite", "LoraSites"]
 
 
@@ -81,7 +83,7 @@ class LoraSites:
                     sites.append(LoraSite(parent, name, child))
         self.sites = tuple(sites)
         self.trainable = tuple(trainable)
-        self._lean: dict[int, nn.Module] = {}  # site index -> its LeanLora wrapper, built once
+        self._lean: dict[int, LeanLora] = {}  # site index -> its wrapper, built once
         self._zero: dict[str, tuple[tuple[tuple[int, int], ...], bool]] = {}  # delta_is_zero
 
     def __len__(self) -> int:
@@ -152,18 +154,14 @@ class LoraSites:
         computes, to float rounding, with fewer full-size temporaries. Role switches inside
         the body work as outside (the wrapper follows the layer's active adapter).
         """
-        from rl_adapters.lean_lora import LeanLora, lean_eligible
-
         replacements: list[tuple[LoraSite, nn.Module]] = []
         for k, site in enumerate(self.sites):
             if site.parent._modules[site.name] is not site.layer or not lean_eligible(site.layer):
                 continue
             if k not in self._lean:
                 self._lean[k] = LeanLora(site.layer)
-            wrapper = self._lean[k]
-            assert isinstance(wrapper, LeanLora)
-            wrapper.refresh()  # settings may have changed since the last body
-            replacements.append((site, wrapper))
+            self._lean[k].refresh()  # settings may have changed since the last body
+            replacements.append((site, self._lean[k]))
         with self._swapped(replacements):
             yield
 
