@@ -82,27 +82,27 @@ class _FusedLogProbs(torch.autograd.Function):
             e = min(s + chunk, hidden.shape[0])
             h = hidden[s:e].to(cd)
             if ctx.probs is not None:  # kept by the forward: no recomputation
-                grad_z = logits_grad_(
-                    ctx.probs[k], None, targets[s:e], g_logp[s:e], None, None, temperature,
-                    inplace=False,
-                )  # fmt: skip
-                _accumulate(grad_z, h, w, grad_h, grad_w, grad_b, s, e)
+                g = g_logp[s:e] if temperature == 1.0 else g_logp[s:e] / temperature
+                _accumulate_probs(ctx.probs[k], h, w, targets[s:e], g, grad_h, grad_w, grad_b, s)
                 continue
             logits: torch.Tensor | None = chunk_logits(h, w, b, temperature)
             assert logits is not None
             ls = lse[s:e]
             logits.sub_(ls[:, None])  # log-probabilities
-            if use_ent:
-                p = torch.exp(logits)
-            else:
-                p, logits = logits.exp_(), None
+            if not use_ent:
+                p = logits.exp_()
+                g = g_logp[s:e] if temperature == 1.0 else g_logp[s:e] / temperature
+                _accumulate_probs(p, h, w, targets[s:e], g, grad_h, grad_w, grad_b, s)
+                del p, logits  # free this tile before the next chunk allocates its own
+                continue
+            p = torch.exp(logits)
             grad_z = logits_grad_(
                 p,
                 logits,
                 targets[s:e],
                 g_logp[s:e],
-                ent[s:e] if use_ent else None,
-                g_ent[s:e].to(cd) if use_ent and g_ent is not None else None,
+                ent[s:e],
+                g_ent[s:e].to(cd) if g_ent is not None else None,
                 temperature,
             )
             _accumulate(grad_z, h, w, grad_h, grad_w, grad_b, s, e)
@@ -113,6 +113,42 @@ class _FusedLogProbs(torch.autograd.Function):
             grad_b.to(bias.dtype) if grad_b is not None else None,
             None, None, None, None, None, None, None, None,
         )  # fmt: skip
+
+
+def _accumulate_probs(
+    p: torch.Tensor,
+    h: torch.Tensor,
+    w: torch.Tensor,
+    targets: torch.Tensor,
+    g: torch.Tensor,
+    grad_h: torch.Tensor | None,
+    grad_w: torch.Tensor | None,
+    grad_b: torch.Tensor | None,
+    s: int,
+) -> None:
+    r"""Add one chunk's (rows ``s:``) share to the input gradients from its probabilities.
+
+    ``p`` [c, V] are the chunk's probabilities and ``g`` [c] the gradient of its log-probs
+    divided by the temperature, so the logits gradient is :math:`g (e_y - p)` and
+
+    .. math:: \partial h = g \, (W_y - p W), \quad
+              \partial W = \textstyle\sum_i g_i e_{y_i} h_i^\top - p^\top (g h), \quad
+              \partial b = \textstyle\sum_i g_i e_{y_i} - p^\top g
+
+    without forming that ``[c, V]`` gradient: the GEMMs read ``p`` as it is.
+    """
+    if grad_h is not None:
+        out = grad_h[s : s + p.shape[0]]
+        torch.mm(p, w, out=out)
+        out.sub_(w.index_select(0, targets)).mul_(g.neg()[:, None])
+    if grad_w is not None or grad_b is not None:
+        gh = h * g[:, None]
+        if grad_w is not None:
+            grad_w.addmm_(p.T, gh, alpha=-1.0)
+            grad_w.index_add_(0, targets, gh)
+        if grad_b is not None:
+            grad_b.addmv_(p.T, g, alpha=-1.0)
+            grad_b.index_add_(0, targets, g)
 
 
 def _accumulate(
