@@ -21,8 +21,10 @@ values and the gradients are equal bit for bit (up to the sign of a zero).
 
 :func:`lean_rotary` swaps the lean version into a model's modeling modules for the length of a
 ``with`` block, only where the module's own ``apply_rotary_pos_emb`` has the standard signature
-and gives bit-equal results on a probe (checked once per function): partial or interleaved
-rotary variants, or a function a kernel library replaced, are left alone. Inside the block the
+and gives bit-equal results on a probe in fp32, fp64, bf16 and fp16 (checked once per
+function): partial or interleaved rotary variants, or a function a kernel library replaced,
+are left alone; a call the lean path does not cover (mixed dtypes, a partial rotary) runs the
+original. Inside the block the
 module function is replaced process-wide (as Liger-Kernel's patches are), by one that computes
 the same numbers; the original is restored on exit.
 """
@@ -250,8 +252,10 @@ def lean_rotary(model: nn.Module, enabled: bool = True) -> Iterator[list[str]]:
 
     Yields the names of the modeling modules swapped (empty when none qualifies or
     ``enabled`` is False). Re-entrant: a module already swapped by an enclosing block is left
-    to it. Backwards that recompute a checkpointed forward after the block run the original
-    function, which gives the same numbers.
+    to it. With activation checkpointing, keep the backward inside the block too: a
+    checkpointed layer recomputes its forward during the backward, and torch's non-reentrant
+    checkpoint raises ``CheckpointError`` when the recomputation (with the original function,
+    after the block) saves other tensors than the forward did.
     """
     swapped: list[tuple[Any, Any]] = []
     if enabled:
