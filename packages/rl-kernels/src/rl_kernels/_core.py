@@ -70,7 +70,6 @@ def logits_grad_(
     entropy: torch.Tensor | None,
     g_entropy: torch.Tensor | None,
     temperature: float,
-    inplace: bool = True,
 ) -> torch.Tensor:
     r"""Gradient w.r.t. the raw logits of one chunk, computed in place of ``p`` (and ``logp_all``).
 
@@ -78,8 +77,7 @@ def logits_grad_(
               \frac{\partial H}{\partial z_k} = -p_k(\log p_k + H)
 
     The temperature divides both (the logits were ``raw / temperature``). ``logp_all`` (the
-    chunk's log-probabilities) is needed only for the entropy term. ``inplace=False`` (without
-    the entropy term) leaves ``p`` as it is and writes a new tile.
+    chunk's log-probabilities) is needed only for the entropy term.
     """
     if entropy is not None and g_entropy is not None:
         if logp_all is None:
@@ -88,7 +86,7 @@ def logits_grad_(
         coeff = logp_all.add_(entropy[:, None]).mul_(g_entropy[:, None])
         grad = p.mul_(coeff.add_(g_logp[:, None])).neg_()
     else:
-        grad = (p.mul_ if inplace else p.mul)(g_logp[:, None]).neg_()
+        grad = p.mul_(g_logp[:, None]).neg_()
     rows = torch.arange(grad.shape[0], device=grad.device)
     grad[rows, targets] += g_logp
     if temperature != 1.0:

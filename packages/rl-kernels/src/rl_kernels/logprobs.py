@@ -78,21 +78,20 @@ class _FusedLogProbs(torch.autograd.Function):
         grad_b = torch.zeros_like(b) if (need_b and b is not None) else None
         use_ent = ctx.with_entropy and g_ent is not None and g_ent.numel() > 0
         g_logp = g_logp.to(cd)
+        g_raw = g_logp if temperature == 1.0 else g_logp / temperature  # w.r.t. the raw logits
         for k, s in enumerate(range(0, hidden.shape[0], chunk)):
             e = min(s + chunk, hidden.shape[0])
             h = hidden[s:e].to(cd)
             if ctx.probs is not None:  # kept by the forward: no recomputation
-                g = g_logp[s:e] if temperature == 1.0 else g_logp[s:e] / temperature
-                _accumulate_probs(ctx.probs[k], h, w, targets[s:e], g, grad_h, grad_w, grad_b, s)
+                p = ctx.probs[k]
+                _accumulate_probs(p, h, w, targets[s:e], g_raw[s:e], grad_h, grad_w, grad_b, s)
                 continue
-            logits: torch.Tensor | None = chunk_logits(h, w, b, temperature)
-            assert logits is not None
+            logits = chunk_logits(h, w, b, temperature)
             ls = lse[s:e]
             logits.sub_(ls[:, None])  # log-probabilities
             if not use_ent:
                 p = logits.exp_()
-                g = g_logp[s:e] if temperature == 1.0 else g_logp[s:e] / temperature
-                _accumulate_probs(p, h, w, targets[s:e], g, grad_h, grad_w, grad_b, s)
+                _accumulate_probs(p, h, w, targets[s:e], g_raw[s:e], grad_h, grad_w, grad_b, s)
                 del p, logits  # free this tile before the next chunk allocates its own
                 continue
             p = torch.exp(logits)
