@@ -1,0 +1,229 @@
+"""The lean RMSNorm (rl_adapters.lean_norm) against transformers' own modules.
+
+Its values and input gradients must equal transformers' RMSNorm forward bit for bit in every
+float dtype; it must be swapped in only where a module's class computes that formula, leave
+everything else to the module, be restored on exit, and give a whole LoRA policy the same
+logits (bit for bit) and adapter gradients (to float rounding: the norm's input gradient is
+one sum here, and autograd adds it to the residual stream's gradient in another order).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import Any
+
+import adapters_testlib as tl
+import pytest
+import torch
+from rl_adapters import PolicyModel
+from rl_adapters.lean_norm import _eps_name, _probe, lean_rms_norm, rms_norm
+from torch import nn
+
+DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+CLASSES = (
+    ("qwen2", "Qwen2RMSNorm"),
+    ("llama", "LlamaRMSNorm"),
+    ("mistral", "MistralRMSNorm"),
+    ("qwen3", "Qwen3RMSNorm"),
+)
+
+
+def _norm(arch: str, name: str, size: int = 16, dtype: torch.dtype = torch.float32) -> Any:
+    module = importlib.import_module(f"transformers.models.{arch}.modeling_{arch}")
+    norm = getattr(module, name)(size, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.linspace(0.5, 1.5, size))
+    return norm.to(dtype).requires_grad_(False)
+
+
+def _run(fn: Any, x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output and input gradient of ``fn`` under a loss with distinct weights per element."""
+    x = x0.detach().clone().requires_grad_()
+    y = fn(x)
+    w = torch.linspace(-2, 3, y.numel(), dtype=torch.float64).view(y.shape).to(y.dtype)
+    (y * w).sum().backward()
+    assert x.grad is not None
+    return y.detach(), x.grad
+
+
+def _x(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (3 * torch.randn(shape, generator=g)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("arch", "name"), CLASSES)
+def test_values_and_input_gradients_equal_transformers_bit_for_bit(
+    arch: str, name: str, dtype: torch.dtype
+) -> None:
+    norm = _norm(arch, name, dtype=dtype)
+    for shape in ((3, 7, 16), (2, 4, 5, 16)):  # [N, T, H] and Qwen3's per-head [N, h, T, D]
+        x = _x(shape, dtype)
+        want = _run(norm, x)
+        got = _run(lambda t: rms_norm(t, norm.weight, norm.variance_epsilon), x)
+        for what, w, g in zip(("values", "dx"), want, got, strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape, what
+            assert torch.equal(g, w), f"{what} ({dtype}, {shape}) differ by {(g - w).abs().max()}"
+        assert got[0].dtype == want[0].dtype
+
+
+def test_mixed_dtypes_float32_weight_bfloat16_input() -> None:
+    norm = _norm("qwen2", "Qwen2RMSNorm")  # float32 weight
+    x = _x((3, 7, 16), torch.bfloat16, seed=4)
+    want = _run(norm, x)
+    got = _run(lambda t: rms_norm(t, norm.weight, norm.variance_epsilon), x)
+    assert want[0].dtype == torch.float32 and want[1].dtype == torch.bfloat16
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_no_grad_equals_too() -> None:
+    norm = _norm("llama", "LlamaRMSNorm")
+    x = _x((4, 16), torch.float32, seed=2)
+    with torch.no_grad():
+        assert torch.equal(rms_norm(x, norm.weight, norm.variance_epsilon), norm(x))
+
+
+def test_input_gradient_matches_the_float64_derivative() -> None:
+    """dx = r (g w) - x r^3 sum(g w x) / D, r = (mean(x^2) + eps)^(-1/2), in float64.
+
+    (The formula computes in float32 whatever the input dtype, so gradcheck in float64 cannot
+    apply; the derivative is checked against its closed form instead.)
+    """
+    eps = 1e-6
+    w = torch.linspace(0.5, 1.5, 24)
+    x = _x((5, 24), torch.float32, seed=1)
+    y, dx = _run(lambda t: rms_norm(t, w, eps), x)
+    g = torch.linspace(-2, 3, y.numel(), dtype=torch.float64).view(y.shape)
+    x64, w64 = x.double(), w.double()
+    r = (x64.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+    u = g * w64
+    want = r * u - x64 * r.pow(3) * (u * x64).sum(-1, keepdim=True) / x.shape[-1]
+    torch.testing.assert_close(dx.double(), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(y.double(), w64 * x64 * r, rtol=1e-6, atol=1e-6)
+
+
+def test_a_trained_weight_and_autocast_take_the_plain_formula() -> None:
+    norm = _norm("qwen2", "Qwen2RMSNorm").requires_grad_(True)
+    x = _x((3, 16), torch.float32, seed=3).requires_grad_()
+    y = rms_norm(x, norm.weight, norm.variance_epsilon)
+    assert y.grad_fn is not None and "RMSNorm" not in type(y.grad_fn).__name__
+    y.sum().backward()
+    want_w = norm.weight.grad
+    norm.weight.grad = None
+    norm(x).sum().backward()
+    assert want_w is not None and torch.equal(want_w, norm.weight.grad)
+    frozen = norm.weight.detach()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = rms_norm(x, frozen, 1e-5)
+    assert z.grad_fn is not None and "RMSNorm" not in type(z.grad_fn).__name__
+    lean = rms_norm(x, frozen, 1e-5)
+    assert lean.grad_fn is not None and "RMSNorm" in type(lean.grad_fn).__name__
+
+
+def test_a_bad_weight_names_the_argument() -> None:
+    with pytest.raises(ValueError, match="`weight`"):
+        rms_norm(torch.randn(2, 8), torch.ones(4), 1e-6)
+
+
+class _ClampedRMSNorm(nn.Module):  # an RMSNorm by name, another formula: not ours to replace
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * x / x.abs().amax(-1, keepdim=True).clamp(min=self.variance_epsilon)
+
+
+def test_variants_are_left_alone() -> None:
+    gemma = _norm("gemma", "GemmaRMSNorm")  # scales by (1 + w)
+    assert _eps_name(gemma) == "eps" and _probe(gemma, gemma.eps) == frozenset()
+    clamped = _ClampedRMSNorm(8)
+    assert _probe(clamped, 1e-6) == frozenset()
+    qwen = _norm("qwen2", "Qwen2RMSNorm")
+    assert _probe(qwen, qwen.variance_epsilon) == frozenset(DTYPES)
+    qwen.weight.ds_id = 3  # type: ignore[attr-defined]  # a ZeRO-3 partitioned weight
+    assert _eps_name(qwen) is None
+    assert _eps_name(nn.LayerNorm(8)) is None
+    with lean_rms_norm(nn.Sequential(gemma, clamped)) as n:
+        assert n == 0 and "forward" not in gemma.__dict__
+
+
+def test_swap_is_scoped_reentrant_and_restored() -> None:
+    model = tl.base("qwen2")
+    norms = [m for m in model.modules() if type(m).__name__ == "Qwen2RMSNorm"]
+    assert norms
+    with lean_rms_norm(model) as outer:
+        assert outer == len(norms)
+        assert all(hasattr(m.__dict__.get("forward"), "lean_rms_norm_of") for m in norms)
+        inner_forwards = [m.forward for m in norms]
+        with lean_rms_norm(model) as inner:
+            assert inner == 0  # the enclosing block owns the swap
+        assert [m.forward for m in norms] == inner_forwards
+    assert not any("forward" in m.__dict__ for m in norms)
+    with lean_rms_norm(model, enabled=False) as none:
+        assert none == 0
+    with pytest.raises(RuntimeError, match="boom"), lean_rms_norm(model):
+        raise RuntimeError("boom")
+    assert not any("forward" in m.__dict__ for m in norms)
+    hooked = norms[0]
+    hooked.forward = lambda x: type(hooked).forward(hooked, x)  # type: ignore[method-assign]
+    with lean_rms_norm(model) as n:
+        assert n == len(norms) - 1 and not hasattr(hooked.forward, "lean_rms_norm_of")
+    assert "forward" in hooked.__dict__  # a hook library's forward is left in place
+
+
+def _record_kind(kinds: set[str], _module: Any, _inputs: Any, out: torch.Tensor) -> None:
+    kinds.add(type(out.grad_fn).__name__)
+
+
+def _never(model: Any, enabled: bool = True) -> Any:
+    return lean_rms_norm(model, enabled=False)
+
+
+@pytest.mark.parametrize("arch", tl.ARCHS)
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_policy_forward_and_backward_equal_without_it(
+    arch: str, checkpointing: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A LoRA policy's logits bit for bit, and adapter gradients to float rounding, with and
+    without the swap (which ``PolicyModel.hidden_states`` and ``lean_lora()`` enter)."""
+    import rl_adapters.policy as policy_module
+
+    results = []
+    for lean in (False, True):
+        if not lean:
+            monkeypatch.setattr(policy_module, "lean_rms_norm", _never)
+        model = tl.base(arch)
+        policy = PolicyModel(model, lora_config=tl.lora(), gradient_checkpointing=checkpointing)
+        kinds: set[str] = set()
+        norm = policy.causal_lm.model.norm
+        norm.register_forward_hook(functools.partial(_record_kind, kinds))
+        params = policy.trainable_parameters("actor")
+        tl.perturb(params, seed=1)
+        ids, mask = tl.batch(tl.vocab_size(model))
+        with policy.lean_lora():  # lean LoRA and rotary in both runs: only the norm differs
+            logits = policy.logits(ids, mask)
+            tl.lm_loss(logits, ids, mask).backward()
+        assert any("RMSNorm" in k for k in kinds) is lean, kinds
+        assert not any("forward" in m.__dict__ for m in policy.causal_lm.modules())
+        results.append((logits.detach(), *[p.grad for p in params]))
+        monkeypatch.undo()
+    (want_logits, *want), (got_logits, *got) = results
+    assert torch.equal(got_logits, want_logits)
+    for w, g in zip(want, got, strict=True):
+        assert w is not None and g is not None
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
+
+
+def test_hidden_states_with_checkpointing_outside_a_lean_block() -> None:
+    """Checkpointed layers recompute after ``hidden_states`` returns: no swap there, no error."""
+    model = tl.base("qwen2")
+    policy = PolicyModel(model, lora_config=tl.lora(), gradient_checkpointing=True)
+    params = policy.trainable_parameters("actor")
+    tl.perturb(params, seed=2)
+    ids, mask = tl.batch(tl.vocab_size(model))
+    hidden = policy.hidden_states(ids, mask)
+    hidden.square().sum().backward()
+    assert all(p.grad is not None for p in params)
