@@ -121,6 +121,14 @@ def test_a_trained_weight_and_autocast_take_the_plain_formula() -> None:
     assert lean.grad_fn is not None and "RMSNorm" in type(lean.grad_fn).__name__
 
 
+def test_a_second_derivative_raises_instead_of_being_wrong() -> None:
+    x = _x((3, 8), torch.float32, seed=6).requires_grad_()
+    y = rms_norm(x, torch.linspace(0.5, 1.5, 8), 1e-6)
+    (dx,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        dx.sum().backward()
+
+
 def test_a_bad_weight_names_the_argument() -> None:
     with pytest.raises(ValueError, match="`weight`"):
         rms_norm(torch.randn(2, 8), torch.ones(4), 1e-6)

@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 __all__ = ["lean_rms_norm", "rms_norm"]
 
@@ -92,6 +93,7 @@ class _RMSNorm(torch.autograd.Function):
         return y
 
     @staticmethod
+    @once_differentiable  # the backward updates its temporaries in place
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         xf, r, weight = ctx.saved_tensors
         dtype = ctx.in_dtype
