@@ -7,7 +7,8 @@ Sennrich, arXiv:1910.07467, eq. 4) computes, in float32 whatever the input dtype
           + \epsilon\big)^{-1/2}\Big)
 
 as six operations, each a separate autograd node; on a ``[N, T, D]`` input the forward writes
-four full-size tensors (``x^2``, the normalised ``x``, its cast, the product) and autograd's
+three full-size tensors (``x^2``, the normalised ``x``, the product; four when a narrower input
+is cast) and autograd's
 backward runs about ten more full-size operations (the expanded ``mean`` gradient, the
 ``pow`` gradient ``2 x``, their product, the sum of the two input gradients, ...).
 :func:`rms_norm` computes the same thing as one autograd node that saves ``x``, the ``[..., 1]``
