@@ -436,6 +436,56 @@ def test_auto_chunk_rows_floor_and_cap() -> None:
     assert rk.auto_chunk_rows(1000, 4000 * 50 - 1, floor=1) == 49
 
 
+def test_auto_chunk_rows_cpu_keeps_tiles_under_the_mmap_ceiling() -> None:
+    """On CPU a tile stays under CPU_TILE_BYTES unless that would leave too few rows."""
+    limit = rk.chunking.CPU_TILE_BYTES
+    assert 32 * 2**20 - 2**20 < limit < 32 * 2**20
+    # V = 8192: 1024 rows would be exactly 32 MiB; on CPU 1022 rows (just under)
+    assert rk.auto_chunk_rows(8192, total_rows=8192) == 1024
+    rows = rk.auto_chunk_rows(8192, total_rows=8192, cpu=True)
+    assert rows == limit // (4 * 8192) == 1022
+    assert rows * 8192 * 4 <= limit < (rows + 1) * 8192 * 4
+    # V = 32000: 512 rows by the eighth-of-M rule, 261 on CPU
+    assert rk.auto_chunk_rows(32_000, total_rows=4096) == 512
+    assert rk.auto_chunk_rows(32_000, total_rows=4096, cpu=True) == limit // (4 * 32_000) == 261
+    # V = 152k: the cap would leave 55 rows (< CPU_MIN_TILE_ROWS): unchanged
+    assert limit // (4 * 151_936) < rk.chunking.CPU_MIN_TILE_ROWS
+    assert rk.auto_chunk_rows(151_936, total_rows=8192, cpu=True) == rk.auto_chunk_rows(
+        151_936, total_rows=8192
+    )
+    # already small tiles, and explicit budgets below the cap, are unchanged
+    assert rk.auto_chunk_rows(1000, total_rows=512, cpu=True) == 64
+    assert rk.auto_chunk_rows(8192, 2**20, cpu=True) == 32
+
+
+def test_fused_logprobs_default_chunk_on_cpu() -> None:
+    """chunk_rows=None on CPU chunks by auto_chunk_rows(cpu=True), with the same results.
+
+    The vocabulary is just large enough for the cap to bind (256-row tiles of about 32 MiB),
+    so the naive full-logits reference would take gigabytes: the other chunkings' agreement
+    with it is tested above; here the chosen chunk is compared with the uncapped one.
+    """
+    g = gen("cpu-chunk")
+    vocab = rk.chunking.CPU_TILE_BYTES // (4 * rk.chunking.CPU_MIN_TILE_ROWS)  # 256 rows fit
+    m = 8 * rk.chunking.CPU_MIN_TILE_ROWS + 8  # ceil(m / 8) = 257 rows: one over the cap
+    hidden, weight, _ = make_lm_head(g, (m,), 4, vocab, bias=False)
+    targets = make_targets(g, (m,), vocab)
+    assert rk.auto_chunk_rows(vocab, total_rows=m) == 257
+    coeff = torch.linspace(-1, 1, m)
+    results = []
+    for chunk_rows, chunk in ((None, 256), (257, 257)):
+        h = hidden.detach().clone().requires_grad_(True)
+        logp = rk.fused_logprobs(h, weight.detach(), targets, chunk_rows=chunk_rows)
+        assert isinstance(logp, torch.Tensor)
+        assert logp.grad_fn.chunk == chunk  # type: ignore[union-attr]
+        (coeff * logp).sum().backward()
+        results.append((logp.detach(), h.grad))
+    (lp, gh), (lp_ref, gh_ref) = results
+    tol = token_tol(hidden, weight, None)
+    assert_close(lp, lp_ref, "logprobs", **tol)
+    assert_close(gh, gh_ref, "grad hidden", **tol)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [

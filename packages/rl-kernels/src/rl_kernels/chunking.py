@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
-__all__ = ["DEFAULT_MEMORY_BUDGET", "auto_chunk_rows"]
+__all__ = ["CPU_MIN_TILE_ROWS", "CPU_TILE_BYTES", "DEFAULT_MEMORY_BUDGET", "auto_chunk_rows"]
 
 #: Default budget for one fp32 logits tile: 256 MiB.
 DEFAULT_MEMORY_BUDGET = 256 * 2**20
+
+#: On CPU, the largest tile ``auto_chunk_rows(..., cpu=True)`` prefers: just under 32 MiB,
+#: the most glibc's ``malloc`` mmap threshold rises to. A larger block is mapped fresh on every
+#: allocation and each of its pages faults (and is zeroed) on first touch; a smaller one is
+#: reused from the heap, tile after tile.
+CPU_TILE_BYTES = 32 * 2**20 - 2**16
+
+#: The CPU cap applies only where it leaves a tile this many rows: every tile re-reads the
+#: whole ``[V, H]`` weight, so fewer rows per tile cost more than the faults save.
+CPU_MIN_TILE_ROWS = 256
 
 
 def auto_chunk_rows(
@@ -15,6 +25,7 @@ def auto_chunk_rows(
     total_rows: int | None = None,
     floor: int = 16,
     cap: int = 8192,
+    cpu: bool = False,
 ) -> int:
     """Rows per chunk so that one fp32 logits tile ``[rows, V]`` stays under ``memory_budget``.
 
@@ -27,15 +38,25 @@ def auto_chunk_rows(
     gradient buffers of the inputs. ``floor`` keeps the GEMMs efficient for huge vocabularies
     (at V = 152k and 16 rows a tile is 9.7 MB); ``cap`` bounds the chunk for tiny ones.
 
+    With ``cpu`` the tile is also kept under :data:`CPU_TILE_BYTES` where that still leaves it
+    :data:`CPU_MIN_TILE_ROWS` rows or more. Measured on one CPU thread, ``fused_logprobs``
+    forward + backward (``docs/benchmarks.md``, issue 19 seventh pass): ``[8192, 512]`` hidden
+    against V = 8192, 1022-row tiles 0.88x the time of 1024-row (32 MiB) ones; ``[4096, 512]``
+    against V = 32000, 261-row tiles 0.86x of 512-row ones; at V = 152k the cap would leave
+    55 rows, and 53-row tiles take 1.4x as long as 110-row ones, so it does not apply.
+
     Args:
         vocab_size: V (>= 1).
         memory_budget: Bytes allowed for one fp32 ``[rows, V]`` tile (>= 1).
         total_rows: M, the rows to process, or None (no relative cap).
         floor: Smallest chunk returned.
         cap: Largest chunk returned.
+        cpu: The tiles live in CPU memory (prefer tiles under :data:`CPU_TILE_BYTES`).
 
     Returns:
-        ``clamp(min(memory_budget // (4 * V), ceil(M / 8)), floor, cap)``.
+        ``clamp(min(memory_budget // (4 * V), ceil(M / 8), cpu_rows), floor, cap)``, where
+        ``cpu_rows = CPU_TILE_BYTES // (4 * V)`` with ``cpu`` when it is at least
+        :data:`CPU_MIN_TILE_ROWS` (else no limit).
     """
     if vocab_size < 1:
         raise ValueError(f"`vocab_size` must be >= 1, got {vocab_size}")
@@ -46,4 +67,7 @@ def auto_chunk_rows(
     rows = memory_budget // (4 * vocab_size)
     if total_rows is not None:
         rows = min(rows, -(-total_rows // 8))
+    cpu_rows = CPU_TILE_BYTES // (4 * vocab_size)
+    if cpu and cpu_rows >= CPU_MIN_TILE_ROWS:
+        rows = min(rows, cpu_rows)
     return int(min(max(rows, floor), cap))

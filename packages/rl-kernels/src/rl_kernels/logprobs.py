@@ -229,7 +229,7 @@ def fused_logprobs(
     check_targets(targets, weight.shape[0], None)
     m = hidden.shape[0]
     chunk = (
-        auto_chunk_rows(weight.shape[0], memory_budget, total_rows=m)
+        auto_chunk_rows(weight.shape[0], memory_budget, total_rows=m, cpu=hidden.is_cpu)
         if chunk_rows is None
         else chunk_rows
     )

@@ -452,7 +452,9 @@ def fused_policy_loss(
         policy_agg = policy_agg * torch.where(policy_mask, w.detach().to(cd), 0.0)
     index = m.reshape(-1).nonzero().squeeze(1)
     chunk = (
-        auto_chunk_rows(weight.shape[0], memory_budget, total_rows=int(index.numel()))
+        auto_chunk_rows(
+            weight.shape[0], memory_budget, total_rows=int(index.numel()), cpu=hidden.is_cpu
+        )
         if chunk_rows is None
         else chunk_rows
     )
