@@ -158,7 +158,16 @@ def _eps_name(module: nn.Module) -> str | None:
 
 
 def _probe(module: nn.Module, eps: float) -> frozenset[torch.dtype]:
-    """The input dtypes for which ``module``'s class forward is our formula, bit for bit."""
+    """The input dtypes for which ``module``'s class forward is our formula, bit for bit.
+
+    Runs with gradients recorded whatever the caller's mode: the result is cached, and the
+    first block is often a no-grad scoring pass.
+    """
+    with torch.inference_mode(False), torch.enable_grad():
+        return _probe_dtypes(module, eps)
+
+
+def _probe_dtypes(module: nn.Module, eps: float) -> frozenset[torch.dtype]:
     weight = module.weight
     assert isinstance(weight, torch.Tensor)
     gen = torch.Generator().manual_seed(0)

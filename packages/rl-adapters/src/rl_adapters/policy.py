@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from rl_adapters.lean_mlp import lean_swiglu
 from rl_adapters.lean_norm import lean_rms_norm
 from rl_adapters.lean_rotary import lean_rotary
 from rl_adapters.lora import default_lora_config, scope_lora_config, validate_lora_config
@@ -354,15 +355,21 @@ class PolicyModel(nn.Module):
         peft's to float rounding. Role switches and activation checkpointing inside the body
         work as outside. The LoRA part is a no-op in full fine-tuning and under ZeRO-3.
 
-        Also runs the lean rotary embedding (:func:`rl_adapters.lean_rotary.lean_rotary`) and
-        RMSNorm (:func:`rl_adapters.lean_norm.lean_rms_norm`), both bit-equal to transformers',
+        Also runs the lean rotary embedding (:func:`rl_adapters.lean_rotary.lean_rotary`),
+        RMSNorm (:func:`rl_adapters.lean_norm.lean_rms_norm`) and SwiGLU gate
+        (:func:`rl_adapters.lean_mlp.lean_swiglu`), each bit-equal to transformers' own step,
         for the whole body, so the forwards a checkpointed layer recomputes during the backward
         use them too. Nothing changes with ``enabled=False``.
         """
         sites = self.lora_sites() if enabled else None
         lean = sites.lean() if sites is not None else contextlib.nullcontext()
         model = self.causal_lm
-        with lean_rotary(model, enabled), lean_rms_norm(model, enabled), lean:
+        with (
+            lean_rotary(model, enabled),
+            lean_rms_norm(model, enabled),
+            lean_swiglu(model, enabled),
+            lean,
+        ):
             yield
 
     def trainable_parameters(self, role: str | None = None) -> list[nn.Parameter]:
@@ -436,13 +443,14 @@ class PolicyModel(nn.Module):
             if self.activation_offload
             else contextlib.nullcontext()
         )
-        # the lean rotary and RMSNorm (bit-equal to transformers'), except where a checkpointed
-        # layer will recompute this forward in a backward outside this call: its saved tensors
-        # must match (inside lean_lora() the swap is the enclosing block's, for both)
+        # the lean rotary, RMSNorm and SwiGLU (bit-equal to transformers'), except where a
+        # checkpointed layer will recompute this forward in a backward outside this call: its
+        # saved tensors must match (inside lean_lora() the swap is the enclosing block's)
         recomputed = self.gradient_checkpointing and torch.is_grad_enabled()
         rotary = lean_rotary(model, enabled=not recomputed)
         norm = lean_rms_norm(model, enabled=not recomputed)
-        with self.use_role(role), offload, self._checkpointing(model), rotary, norm:
+        mlp = lean_swiglu(model, enabled=not recomputed)
+        with self.use_role(role), offload, self._checkpointing(model), rotary, norm, mlp:
             out = decoder_of(model)(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
