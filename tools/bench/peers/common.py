@@ -61,7 +61,7 @@ class Shape:
 
 SHAPES = {
     "small": Shape("small", 64, 2, 2, 2, 128, 1000, 4, 4, 16, 32, warmup=2, steps=8),
-    "large": Shape("large", 512, 6, 8, 2, 1280, 8192, 8, 8, 16, 128, warmup=1, steps=2),
+    "large": Shape("large", 512, 6, 8, 2, 1280, 8192, 8, 8, 16, 128, warmup=2, steps=4),
 }
 
 
