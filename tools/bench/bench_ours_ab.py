@@ -30,9 +30,13 @@ from common import SHAPES  # noqa: E402  (bench_peers put peers/ on the path)
 
 
 def run_side(python: str, root: Path, workdir: Path, shape: str, gc: str) -> dict[str, Any]:
-    """One ``run_ours.py`` subprocess of the checkout at ``root``; its ``RESULT``."""
+    """One ``run_ours.py`` subprocess of the checkout at ``root``; its ``RESULT``.
+
+    The warm-up and timed step counts are this checkout's, passed to both sides.
+    """
+    counts = ["--warmup", str(SHAPES[shape].warmup), "--steps", str(SHAPES[shape].steps)]
     cmd = [python, str(root / "tools" / "bench" / "peers" / "run_ours.py"), "--workdir",
-           str(workdir), "--shape", shape, "--gc", gc]  # fmt: skip
+           str(workdir), "--shape", shape, "--gc", gc, *counts]  # fmt: skip
     if shape == "large":
         cmd.append("--mfu")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), check=False)
