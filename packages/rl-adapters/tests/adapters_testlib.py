@@ -359,3 +359,31 @@ def assert_state_dicts_equal(a: Any, b: Any, where: str = "") -> None:
             assert_state_dicts_equal(x, y, f"{where}[{i}]")
     else:
         assert a == b, f"{where}: {a!r} vs {b!r}"
+
+
+def assert_scoped_swap(swap: Any, model: torch.nn.Module, class_name: str, marker: str) -> None:
+    """A lean-module swap (``swap(model, enabled)``: ``lean_rms_norm``, ``lean_swiglu``) sets
+    its forward on every ``class_name`` module only inside the block, owns it once when
+    nested, restores it after an error, and leaves a forward someone else set alone."""
+    import pytest
+
+    modules = [m for m in model.modules() if type(m).__name__ == class_name]
+    assert modules
+    with swap(model) as outer:
+        assert outer == len(modules)
+        assert all(hasattr(m.__dict__.get("forward"), marker) for m in modules)
+        forwards = [m.forward for m in modules]
+        with swap(model) as inner:
+            assert inner == 0  # the enclosing block owns the swap
+        assert [m.forward for m in modules] == forwards
+    assert not any("forward" in m.__dict__ for m in modules)
+    with swap(model, enabled=False) as none:
+        assert none == 0
+    with pytest.raises(RuntimeError, match="boom"), swap(model):
+        raise RuntimeError("boom")
+    assert not any("forward" in m.__dict__ for m in modules)
+    hooked = modules[0]
+    hooked.forward = lambda x: type(hooked).forward(hooked, x)  # type: ignore[method-assign]
+    with swap(model) as n:
+        assert n == len(modules) - 1 and not hasattr(hooked.forward, marker)
+    assert "forward" in hooked.__dict__  # a hook library's forward is left in place

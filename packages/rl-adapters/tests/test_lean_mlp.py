@@ -209,25 +209,7 @@ def test_swapped_module_equals_its_class_forward(arch: str, prefix: str) -> None
 
 
 def test_swap_is_scoped_reentrant_and_restored() -> None:
-    model = tl.base("qwen2")
-    mlps = [m for m in model.modules() if type(m).__name__ == "Qwen2MLP"]
-    assert mlps
-    with lean_swiglu(model) as outer:
-        assert outer == len(mlps)
-        assert all(hasattr(m.__dict__.get("forward"), "lean_swiglu_of") for m in mlps)
-        with lean_swiglu(model) as inner:
-            assert inner == 0  # the enclosing block owns the swap
-    assert not any("forward" in m.__dict__ for m in mlps)
-    with lean_swiglu(model, enabled=False) as none:
-        assert none == 0
-    with pytest.raises(RuntimeError, match="boom"), lean_swiglu(model):
-        raise RuntimeError("boom")
-    assert not any("forward" in m.__dict__ for m in mlps)
-    hooked = mlps[0]
-    hooked.forward = lambda x: type(hooked).forward(hooked, x)  # type: ignore[method-assign]
-    with lean_swiglu(model) as n:
-        assert n == len(mlps) - 1 and not hasattr(hooked.forward, "lean_swiglu_of")
-    assert "forward" in hooked.__dict__  # a hook library's forward is left in place
+    tl.assert_scoped_swap(lean_swiglu, tl.base("qwen2"), "Qwen2MLP", "lean_swiglu_of")
 
 
 def _graph_kinds(t: torch.Tensor) -> set[str]:

@@ -159,27 +159,7 @@ def test_variants_are_left_alone() -> None:
 
 
 def test_swap_is_scoped_reentrant_and_restored() -> None:
-    model = tl.base("qwen2")
-    norms = [m for m in model.modules() if type(m).__name__ == "Qwen2RMSNorm"]
-    assert norms
-    with lean_rms_norm(model) as outer:
-        assert outer == len(norms)
-        assert all(hasattr(m.__dict__.get("forward"), "lean_rms_norm_of") for m in norms)
-        inner_forwards = [m.forward for m in norms]
-        with lean_rms_norm(model) as inner:
-            assert inner == 0  # the enclosing block owns the swap
-        assert [m.forward for m in norms] == inner_forwards
-    assert not any("forward" in m.__dict__ for m in norms)
-    with lean_rms_norm(model, enabled=False) as none:
-        assert none == 0
-    with pytest.raises(RuntimeError, match="boom"), lean_rms_norm(model):
-        raise RuntimeError("boom")
-    assert not any("forward" in m.__dict__ for m in norms)
-    hooked = norms[0]
-    hooked.forward = lambda x: type(hooked).forward(hooked, x)  # type: ignore[method-assign]
-    with lean_rms_norm(model) as n:
-        assert n == len(norms) - 1 and not hasattr(hooked.forward, "lean_rms_norm_of")
-    assert "forward" in hooked.__dict__  # a hook library's forward is left in place
+    tl.assert_scoped_swap(lean_rms_norm, tl.base("qwen2"), "Qwen2RMSNorm", "lean_rms_norm_of")
 
 
 def _record_kind(kinds: set[str], _module: Any, _inputs: Any, out: torch.Tensor) -> None:

@@ -36,7 +36,6 @@ changes.
 from __future__ import annotations
 
 import contextlib
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, cast
@@ -45,6 +44,8 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.nn.functional import silu
+
+from rl_adapters._swap import instance_forwards
 
 __all__ = ["lean_swiglu", "silu_mul"]
 
@@ -107,7 +108,6 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 # -- swapping it into a model ------------------------------------------------------------------
 
-_LOCK = threading.Lock()
 #: (class forward, activation type) -> the dtypes for which the lean forward is the class's
 _PROBED: dict[tuple[Any, type], frozenset[torch.dtype]] = {}
 _MLPS: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = weakref.WeakKeyDictionary()
@@ -221,20 +221,10 @@ def lean_swiglu(model: nn.Module, enabled: bool = True) -> Iterator[int]:
     :func:`rl_adapters.lean_norm.lean_rms_norm`): the recomputed forward must save the same
     tensors.
     """
-    swapped: list[nn.Module] = []
-    if enabled:
-        with _LOCK:
-            for module in _mlps(model):
-                if "forward" in module.__dict__:
-                    continue
-                dtypes = _lean_dtypes(module)
-                if dtypes:
-                    module.forward = _lean_forward(module, dtypes)
-                    swapped.append(module)
-    try:
-        yield len(swapped)
-    finally:
-        with _LOCK:
-            for module in reversed(swapped):
-                if hasattr(module.__dict__.get("forward"), "lean_swiglu_of"):
-                    del module.forward
+
+    def build(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        dtypes = _lean_dtypes(module)
+        return _lean_forward(module, dtypes) if dtypes else None
+
+    with instance_forwards(_mlps(model) if enabled else [], build, "lean_swiglu_of") as swapped:
+        yield swapped

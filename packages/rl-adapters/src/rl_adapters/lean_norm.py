@@ -38,7 +38,6 @@ the module's own forward.
 from __future__ import annotations
 
 import contextlib
-import threading
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -46,6 +45,8 @@ from typing import Any
 import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
+
+from rl_adapters._swap import instance_forwards
 
 __all__ = ["lean_rms_norm", "rms_norm"]
 
@@ -136,7 +137,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 # -- swapping it into a model ------------------------------------------------------------------
 
-_LOCK = threading.Lock()
 #: (class forward, weight dtype, device type) -> the input dtypes the lean path reproduces
 _PROBED: dict[tuple[Any, torch.dtype, str], frozenset[torch.dtype]] = {}
 _NORMS: weakref.WeakKeyDictionary[nn.Module, list[tuple[nn.Module, str]]] = (
@@ -254,21 +254,11 @@ def lean_rms_norm(model: nn.Module, enabled: bool = True) -> Iterator[int]:
     ``CheckpointError`` when the recomputation (the original forward, after the block) saves
     other tensors than the forward did.
     """
-    swapped: list[nn.Module] = []
-    if enabled:
-        with _LOCK:
-            for module, eps_name in _norms(model):
-                if "forward" in module.__dict__:
-                    continue
-                dtypes = _lean_dtypes(module, eps_name)
-                if dtypes:
-                    lean = _lean_forward(module, eps_name, dtypes)
-                    module.forward = lean
-                    swapped.append(module)
-    try:
-        yield len(swapped)
-    finally:
-        with _LOCK:
-            for module in reversed(swapped):
-                if hasattr(module.__dict__.get("forward"), "lean_rms_norm_of"):
-                    del module.forward
+    norms = dict(_norms(model)) if enabled else {}
+
+    def build(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        dtypes = _lean_dtypes(module, norms[module])
+        return _lean_forward(module, norms[module], dtypes) if dtypes else None
+
+    with instance_forwards(norms, build, "lean_rms_norm_of") as swapped:
+        yield swapped
