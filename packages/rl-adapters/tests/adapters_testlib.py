@@ -387,3 +387,51 @@ def assert_scoped_swap(swap: Any, model: torch.nn.Module, class_name: str, marke
     with swap(model) as n:
         assert n == len(modules) - 1 and not hasattr(hooked.forward, marker)
     assert "forward" in hooked.__dict__  # a hook library's forward is left in place
+
+
+def graph_kinds(t: torch.Tensor) -> set[str]:
+    """The class names of every autograd node behind ``t``."""
+    seen, todo, kinds = set(), [t.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        kinds.add(type(node).__name__)
+        todo += [nxt for nxt, _ in node.next_functions]
+    return kinds
+
+
+def lean_swap_arms(
+    arch: str, checkpointing: bool, swap_name: str, monkeypatch: Any
+) -> list[tuple[torch.Tensor, list[torch.Tensor], set[str]]]:
+    """A LoRA policy's forward and backward inside ``lean_lora()``, without and with one swap.
+
+    ``swap_name`` is the ``rl_adapters.policy`` global to switch off in the first arm
+    (``"lean_rms_norm"``, ``"lean_swiglu"``); every other lean part runs in both. Each arm
+    gives the logits, the actor's gradients and the autograd node names behind the loss.
+    """
+    import rl_adapters.policy as policy_module
+    from rl_adapters import PolicyModel
+
+    swap = getattr(policy_module, swap_name)
+    arms = []
+    for lean in (False, True):
+        if not lean:
+            monkeypatch.setattr(policy_module, swap_name, lambda m, enabled=True: swap(m, False))
+        model = base(arch)
+        policy = PolicyModel(model, lora_config=lora(), gradient_checkpointing=checkpointing)
+        params = policy.trainable_parameters("actor")
+        perturb(params, seed=1)
+        ids, mask = batch(vocab_size(model))
+        with policy.lean_lora():
+            logits = policy.logits(ids, mask)
+            loss = lm_loss(logits, ids, mask)
+            kinds = graph_kinds(loss)
+            loss.backward()
+        assert not any("forward" in m.__dict__ for m in policy.causal_lm.modules())
+        grads = [p.grad for p in params]
+        assert all(g is not None for g in grads)
+        arms.append((logits.detach(), grads, kinds))
+        monkeypatch.undo()
+    return arms  # type: ignore[return-value]

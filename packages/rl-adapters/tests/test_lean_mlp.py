@@ -15,7 +15,6 @@ from typing import Any
 import adapters_testlib as tl
 import pytest
 import torch
-from rl_adapters import PolicyModel
 from rl_adapters.lean_mlp import _probe, lean_swiglu, silu_mul
 from rl_adapters.lean_norm import _probe as _norm_probe
 from torch import nn
@@ -212,23 +211,6 @@ def test_swap_is_scoped_reentrant_and_restored() -> None:
     tl.assert_scoped_swap(lean_swiglu, tl.base("qwen2"), "Qwen2MLP", "lean_swiglu_of")
 
 
-def _graph_kinds(t: torch.Tensor) -> set[str]:
-    """The names of every autograd node behind ``t``."""
-    seen, todo, kinds = set(), [t.grad_fn], set()
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        kinds.add(type(node).__name__)
-        todo += [nxt for nxt, _ in node.next_functions]
-    return kinds
-
-
-def _never(model: Any, enabled: bool = True) -> Any:
-    return lean_swiglu(model, enabled=False)
-
-
 @pytest.mark.parametrize("arch", tl.ARCHS)
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_policy_forward_and_backward_equal_without_it(
@@ -236,41 +218,11 @@ def test_policy_forward_and_backward_equal_without_it(
 ) -> None:
     """A LoRA policy's logits and adapter gradients bit for bit with and without the swap
     (which ``PolicyModel.hidden_states`` and ``lean_lora()`` enter)."""
-    import rl_adapters.policy as policy_module
-
-    results = []
-    for lean in (False, True):
-        if not lean:
-            monkeypatch.setattr(policy_module, "lean_swiglu", _never)
-        model = tl.base(arch)
-        policy = PolicyModel(model, lora_config=tl.lora(), gradient_checkpointing=checkpointing)
-        params = policy.trainable_parameters("actor")
-        tl.perturb(params, seed=1)
-        ids, mask = tl.batch(tl.vocab_size(model))
-        with policy.lean_lora():  # every other lean part in both runs: only the gate differs
-            logits = policy.logits(ids, mask)
-            loss = tl.lm_loss(logits, ids, mask)
-            kinds = _graph_kinds(loss)
-            loss.backward()
-        assert ("_SiluMulBackward" in kinds) is lean, kinds
-        assert ("SiluBackward0" in kinds) is not lean, kinds
-        assert not any("forward" in m.__dict__ for m in policy.causal_lm.modules())
-        results.append((logits.detach(), *[p.grad for p in params]))
-        monkeypatch.undo()
-    (want_logits, *want), (got_logits, *got) = results
+    (want_logits, want, plain), (got_logits, got, lean) = tl.lean_swap_arms(
+        arch, checkpointing, "lean_swiglu", monkeypatch
+    )
+    assert "_SiluMulBackward" in lean and "SiluBackward0" not in lean, lean
+    assert "_SiluMulBackward" not in plain and "SiluBackward0" in plain, plain
     assert torch.equal(got_logits, want_logits)
     for w, g in zip(want, got, strict=True):
-        assert w is not None and g is not None
         assert torch.equal(g, w), (g - w).abs().max()
-
-
-def test_hidden_states_with_checkpointing_outside_a_lean_block() -> None:
-    """Checkpointed layers recompute after ``hidden_states`` returns: no swap there, no error."""
-    model = tl.base("qwen2")
-    policy = PolicyModel(model, lora_config=tl.lora(), gradient_checkpointing=True)
-    params = policy.trainable_parameters("actor")
-    tl.perturb(params, seed=2)
-    ids, mask = tl.batch(tl.vocab_size(model))
-    hidden = policy.hidden_states(ids, mask)
-    hidden.square().sum().backward()
-    assert all(p.grad is not None for p in params)

@@ -9,7 +9,6 @@ one sum here, and autograd adds it to the residual stream's gradient in another 
 
 from __future__ import annotations
 
-import functools
 import importlib
 from typing import Any
 
@@ -162,14 +161,6 @@ def test_swap_is_scoped_reentrant_and_restored() -> None:
     tl.assert_scoped_swap(lean_rms_norm, tl.base("qwen2"), "Qwen2RMSNorm", "lean_rms_norm_of")
 
 
-def _record_kind(kinds: set[str], _module: Any, _inputs: Any, out: torch.Tensor) -> None:
-    kinds.add(type(out.grad_fn).__name__)
-
-
-def _never(model: Any, enabled: bool = True) -> Any:
-    return lean_rms_norm(model, enabled=False)
-
-
 @pytest.mark.parametrize("arch", tl.ARCHS)
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_policy_forward_and_backward_equal_without_it(
@@ -177,31 +168,13 @@ def test_policy_forward_and_backward_equal_without_it(
 ) -> None:
     """A LoRA policy's logits bit for bit, and adapter gradients to float rounding, with and
     without the swap (which ``PolicyModel.hidden_states`` and ``lean_lora()`` enter)."""
-    import rl_adapters.policy as policy_module
-
-    results = []
-    for lean in (False, True):
-        if not lean:
-            monkeypatch.setattr(policy_module, "lean_rms_norm", _never)
-        model = tl.base(arch)
-        policy = PolicyModel(model, lora_config=tl.lora(), gradient_checkpointing=checkpointing)
-        kinds: set[str] = set()
-        norm = policy.causal_lm.model.norm
-        norm.register_forward_hook(functools.partial(_record_kind, kinds))
-        params = policy.trainable_parameters("actor")
-        tl.perturb(params, seed=1)
-        ids, mask = tl.batch(tl.vocab_size(model))
-        with policy.lean_lora():  # lean LoRA and rotary in both runs: only the norm differs
-            logits = policy.logits(ids, mask)
-            tl.lm_loss(logits, ids, mask).backward()
-        assert any("RMSNorm" in k for k in kinds) is lean, kinds
-        assert not any("forward" in m.__dict__ for m in policy.causal_lm.modules())
-        results.append((logits.detach(), *[p.grad for p in params]))
-        monkeypatch.undo()
-    (want_logits, *want), (got_logits, *got) = results
+    (want_logits, want, plain), (got_logits, got, lean) = tl.lean_swap_arms(
+        arch, checkpointing, "lean_rms_norm", monkeypatch
+    )
+    assert "_RMSNormBackward" in lean and "_RMSNormBackward" not in plain
+    assert "RsqrtBackward0" in plain and "RsqrtBackward0" not in lean
     assert torch.equal(got_logits, want_logits)
     for w, g in zip(want, got, strict=True):
-        assert w is not None and g is not None
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
 
 
