@@ -10,6 +10,8 @@ Import the submodules explicitly; this package module imports nothing, so
 * :mod:`rl_testing.models`: tiny random-weight Qwen2 / Llama causal LMs built from a config, plus
   save/load helpers; needs the ``models`` extra.
 * :mod:`rl_testing.packaging`: package metadata checks used by every package's tests.
+* :mod:`rl_testing.tolerance`: the one tolerance for comparisons of different kernels or
+  reduction orders, derived from the dtype and the size of the reduction (torch only).
 
 Neither :mod:`rl_testing` nor :mod:`rl_testing.strategies` imports transformers or tokenizers, so
 packages without the ``models`` extra (rl-advantages, rl-losses, rl-kernels) can use them.
