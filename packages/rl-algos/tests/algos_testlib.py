@@ -25,6 +25,7 @@ import torch
 from peft import LoraConfig
 from rl_adapters import PolicyModel
 from rl_testing.models import tiny_causal_lm
+from rl_testing.tolerance import assert_close
 from torch import nn
 from transformers import PreTrainedModel
 
@@ -112,6 +113,7 @@ def changed_keys(before: Mapping[str, torch.Tensor], module: nn.Module) -> set[s
     """Names whose current value is not bit-identical to the snapshot."""
     after = module.state_dict()
     assert set(after) == set(before), "the state dict's keys changed"
+    # bit-exact: any change at all counts
     return {k for k, v in before.items() if not torch.equal(v, after[k].detach())}
 
 
@@ -387,6 +389,67 @@ def agent_grads(policy: nn.Module, names: Iterable[str]) -> dict[str, torch.Tens
         g = params[n].grad
         out[n] = (torch.zeros_like(params[n]) if g is None else g.detach()).double()
     return out
+
+
+# --------------------------------------------------------------------------- tolerances
+
+# Two routes to one loss or gradient of the tiny model (a float32 agent against the float64
+# reference, micro-batches against the whole batch, packed rows against padded ones, fused
+# against plain log-probs) agree to float32 rounding: `rl_testing.tolerance`, with the model's
+# honest sizes. REDUCTION: the longest sum behind one element, the MLP's intermediate size 128
+# (longer than the batch's 72 tokens, the hidden size 64 and the vocabulary of 59).
+# LOSS_STAGES: the chained reductions from the weights to the loss: 2 decoder layers, the head
+# with its log-softmax, the loss's mean. GRAD_STAGES: the forward and then the backward chain.
+REDUCTION = 128
+LAYERS = 2
+LOSS_STAGES = LAYERS + 2
+GRAD_STAGES = 2 * LOSS_STAGES
+
+
+def assert_loss_close(
+    actual: float,
+    expected: float,
+    *,
+    scale: float = 1.0,
+    stages: int = LOSS_STAGES,
+    msg: str = "loss",
+) -> None:
+    """Two routes' float32 losses (or one against the float64 reference) agree to rounding.
+
+    ``scale``: the size of the summed terms. The losses cancel terms of the size of the
+    advantages (the group-normalised rewards, ~1): the default 1, or ``|expected|`` where larger.
+    """
+    scale = max(scale, abs(expected))
+    assert_close(
+        torch.tensor(actual, dtype=torch.float64),
+        torch.tensor(expected, dtype=torch.float64),
+        reduction=REDUCTION,
+        stages=stages,
+        scale=scale,
+        dtype=torch.float32,
+        msg=msg,
+    )
+
+
+def assert_grads_close(
+    actual: Mapping[str, torch.Tensor],
+    expected: Mapping[str, torch.Tensor],
+    *,
+    stages: int = GRAD_STAGES,
+    msg: str = "grad",
+) -> None:
+    """Gradients of two routes agree to float32 rounding, each tensor at the scale of its
+    largest entry (:func:`agent_grads` casts to float64: the comparison is float32's)."""
+    assert set(actual) == set(expected), (sorted(actual), sorted(expected))
+    for name, e in expected.items():
+        assert_close(
+            actual[name],
+            e,
+            reduction=REDUCTION,
+            stages=stages,
+            dtype=torch.float32,
+            msg=f"{msg} {name}",
+        )
 
 
 # --------------------------------------------------------------------------- agents

@@ -18,9 +18,6 @@ import pytest
 import rl_algos
 import torch
 
-SAME_LOSS_TOL: dict[str, float] = {"rel": 1e-5, "abs": 1e-7}
-SAME_GRAD_TOL: dict[str, float] = {"rtol": 1e-5, "atol": 1e-7}
-
 
 @cache
 def _recording(algo: str, scored: bool) -> type:
@@ -72,14 +69,13 @@ def test_on_policy_step_equals_the_scored_step(algo: str, kw: dict[str, Any]) ->
     m_scored = scored.learn(batch.experiences())
     assert fast.seen[0].old_logprobs is None  # the forward was skipped
     assert scored.seen[0].old_logprobs is not None
-    assert m_fast["loss"] == pytest.approx(m_scored["loss"], **SAME_LOSS_TOL)
+    tl.assert_loss_close(m_fast["loss"], m_scored["loss"])
     grads = tl.agent_grads(fast.policy, names)
     assert max(float(g.abs().max()) for g in grads.values()) > 1e-3, "degenerate test case"
-    torch.testing.assert_close(grads, tl.agent_grads(scored.policy, names), **SAME_GRAD_TOL)
-    # the next step starts from the same weights
-    torch.testing.assert_close(
-        tl.named_params(fast.policy), tl.named_params(scored.policy), rtol=1e-5, atol=1e-7
-    )
+    # The step's gradients, not the weights after it: Adam's first step moves each weight by
+    # about lr * sign(grad), so a near-zero gradient whose sign differs by rounding moves the
+    # two routes' weights up to 2 * lr apart.
+    tl.assert_grads_close(grads, tl.agent_grads(scored.policy, names))
 
 
 @pytest.mark.parametrize(
@@ -114,10 +110,10 @@ def test_on_policy_correction_equals_the_scored_correction(fused: bool) -> None:
     m_plain = plain.learn(batch.experiences(), sampling_logps=sampling.clone())
     assert (fast.seen[0].old_logprobs is not None) == fused
     assert plain.seen[0].old_logprobs is None  # no correction: nothing reads them
-    assert m_fast["loss"] == pytest.approx(m_scored["loss"], **SAME_LOSS_TOL)
+    tl.assert_loss_close(m_fast["loss"], m_scored["loss"])
     assert m_fast["loss"] != pytest.approx(m_plain["loss"], rel=1e-3)  # the weights matter
     grads = tl.agent_grads(fast.policy, names)
-    torch.testing.assert_close(grads, tl.agent_grads(scored.policy, names), **SAME_GRAD_TOL)
+    tl.assert_grads_close(grads, tl.agent_grads(scored.policy, names))
 
 
 def test_reading_unscored_old_logprobs_names_the_fix() -> None:
@@ -138,12 +134,10 @@ def test_clip_against_sampler_takes_the_old_logprobs_from_the_sampler() -> None:
     mask = torch.as_tensor(batch.masks, dtype=torch.bool)
     same = _agent("GRPO", False, clip_against_sampler=True)
     m_same = same.learn(batch.experiences(), sampling_logps=own.clone())
-    assert torch.equal(same.seen[0].old_logprobs, own)
-    assert m_same["loss"] == pytest.approx(m_scored["loss"], **SAME_LOSS_TOL)
+    assert torch.equal(same.seen[0].old_logprobs, own)  # bit-exact: passed through, not computed
+    tl.assert_loss_close(m_same["loss"], m_scored["loss"])
     names = tl.trainable_names(same)
-    torch.testing.assert_close(
-        tl.agent_grads(same.policy, names), tl.agent_grads(scored.policy, names), **SAME_GRAD_TOL
-    )
+    tl.assert_grads_close(tl.agent_grads(same.policy, names), tl.agent_grads(scored.policy, names))
     far = _agent("GRPO", False, clip_against_sampler=True)
     m_far = far.learn(batch.experiences(), sampling_logps=own - mask.float())
     assert m_same["clip_fraction"] == 0.0 < m_far["clip_fraction"]

@@ -6,7 +6,8 @@ SDPA and eager, every LoRA role), and one ``learn()`` with ``use_sequence_packin
 token-budget or row micro-batches) leaves the same loss and the same gradient on every
 trainable parameter as the plain padded ``learn()``, for each agent, with LoRA and full
 fine-tuning. Both runs are float32 and differ only in how the rows are laid out, so the
-tolerance is float32 rounding: 1e-5 relative.
+tolerance is float32 rounding (``rl_testing.tolerance`` with the tiny model's sizes,
+``algos_testlib.assert_loss_close`` / ``assert_grads_close``).
 
 The ragged batch: lengths 1..L (a row of one token, a full-width row), and rows without any
 action token (the "empty" rows: a prompt that got no completion).
@@ -21,10 +22,14 @@ import pytest
 import torch
 from rl_algos import packing
 from rl_algos.packing import RowSplit, pack_rows, split_rows, token_budget_groups, unpack
+from rl_testing.tolerance import assert_close
 
-SAME_LOSS_TOL: dict[str, float] = {"rel": 1e-5, "abs": 1e-7}
-GRAD_REL = 1e-5  # of each gradient tensor's largest entry (float32 rounding is ~1e-7 of it)
-HIDDEN_TOL: dict[str, float] = {"rtol": 1e-5, "atol": 1e-5}
+
+def assert_hidden_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Packed and padded last hidden states: 2 decoder layers and the final norm, the longest
+    sum the MLP's 128 (the packed layout sums the same terms in another order)."""
+    assert_close(actual, expected, reduction=tl.REDUCTION, stages=tl.LAYERS + 1, msg="hidden")
+
 
 # (prompt, completion) per row, L = 12. Row 0: one token, no action; row 4: a prompt and no
 # completion; row 2: the full width.
@@ -65,7 +70,8 @@ def test_pack_and_unpack_round_trip() -> None:
     assert rows.max_length == 4 and rows.num_tokens == 8
     values = rows.input_ids[0].float().requires_grad_()
     back = unpack(values[:, None], rows)  # [M, L, 1]
-    assert torch.equal(back[..., 0], ids.float())  # zeros on the padding
+    # bit-exact: a gather of small integers (exact in float32); zeros on the padding
+    assert torch.equal(back[..., 0], ids.float())
     back.sum().backward()
     assert values.grad is not None and bool((values.grad == 1).all())
 
@@ -78,7 +84,7 @@ def test_pack_keeps_left_padded_rows_and_rejects_holes_and_bad_shapes() -> None:
     assert rows.input_ids.tolist() == [[5, 6, 7, 8, 9]]
     assert rows.position_ids.tolist() == [[1, 2, 0, 1, 1]]
     assert rows.lengths.tolist() == [2, 2, 1] and rows.cu_seqlens.tolist() == [0, 2, 4, 5]
-    assert torch.equal(unpack(rows.input_ids[0], rows), ids)
+    assert torch.equal(unpack(rows.input_ids[0], rows), ids)  # bit-exact: integer token ids
     holes = torch.tensor([[5, 0, 6]])
     with pytest.raises(ValueError, match="one contiguous span"):
         pack_rows(holes, (holes != 0).long())
@@ -185,7 +191,7 @@ def _check_left_padded_hidden(policy: Any) -> None:
         padded = policy.hidden_states(ids, left, "actor")
         packed = packing.packed_hidden_states(policy, ids, left, "actor")
     real = left.bool()
-    torch.testing.assert_close(packed[real], padded[real], **HIDDEN_TOL)
+    assert_hidden_close(packed[real], padded[real])
     assert bool((packed[~real] == 0).all())
 
 
@@ -198,8 +204,8 @@ def _check_packed_hidden(policy: Any, b: tl.Batch, role: str) -> None:
         packed = packing.packed_hidden_states(policy, b.ids, att, role)  # varlen SDPA
         # transformers' own packed path: restarting position_ids, a block-diagonal mask
         masked = policy.hidden_states(rows.input_ids, None, role, position_ids=rows.position_ids)
-    torch.testing.assert_close(packed[real], padded[real], **HIDDEN_TOL)
-    torch.testing.assert_close(unpack(masked, rows)[real], padded[real], **HIDDEN_TOL)
+    assert_hidden_close(packed[real], padded[real])
+    assert_hidden_close(unpack(masked, rows)[real], padded[real])
     assert bool((packed[~real] == 0).all())
 
 
@@ -226,9 +232,9 @@ def test_packing_is_the_default_and_equals_padded() -> None:
     report = auto.packing_report
     assert report.packed_forwards >= 2 and report.padded_forwards == 0 and report.reason is None
     assert padded.packing_report.packed_forwards == 0  # False: never consulted
-    assert m_auto["loss"] == pytest.approx(m_pad["loss"], **SAME_LOSS_TOL)
+    tl.assert_loss_close(m_auto["loss"], m_pad["loss"])
     names = _trainable(padded)
-    assert_grads_close(tl.agent_grads(auto.policy, names), tl.agent_grads(padded.policy, names))
+    tl.assert_grads_close(tl.agent_grads(auto.policy, names), tl.agent_grads(padded.policy, names))
 
 
 def test_default_runs_padded_with_one_warning_where_packing_cannot() -> None:
@@ -256,7 +262,7 @@ def test_default_runs_padded_with_one_warning_where_packing_cannot() -> None:
     assert report.packed_forwards == 0 and report.padded_forwards >= 2
     assert report.reason is not None and "'my_kernel'" in report.reason
     auto.policy.causal_lm.config._attn_implementation = "sdpa"
-    assert m_auto["loss"] == pytest.approx(padded.learn(batch.experiences())["loss"], abs=0)
+    tl.assert_loss_close(m_auto["loss"], padded.learn(batch.experiences())["loss"])
 
 
 # --------------------------------------------------------------------------- learn(): packed == padded
@@ -292,16 +298,6 @@ PACKED_CASES = [
 ]
 
 
-def assert_grads_close(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
-    """Every gradient equal to ``GRAD_REL`` relative: elementwise, and in absolute terms to
-    ``GRAD_REL`` times the tensor's largest entry (so entries near 0 need not agree to 1e-5 of
-    themselves, which float32 sums in another order cannot promise)."""
-    assert got.keys() == expected.keys()
-    for name, g in expected.items():
-        scale = float(g.abs().max())
-        torch.testing.assert_close(got[name], g, rtol=GRAD_REL, atol=GRAD_REL * scale + 1e-12)
-
-
 def _agent(algo: str, options: dict[str, Any]) -> Any:
     """The agent; padded (``use_sequence_packing=False``) unless ``options`` say otherwise."""
     kw = {"use_sequence_packing": False, **options}
@@ -327,12 +323,12 @@ def test_packed_learn_equals_padded(
     padded = _agent(algo, common)
     packed = _agent(algo, {**common, **packed_options, "use_sequence_packing": True})
     m_pad, m_pack = padded.learn(batch.experiences()), packed.learn(batch.experiences())
-    assert m_pack["loss"] == pytest.approx(m_pad["loss"], **SAME_LOSS_TOL)
+    tl.assert_loss_close(m_pack["loss"], m_pad["loss"])
     names = _trainable(padded)
     assert names == _trainable(packed)
     g_pad, g_pack = tl.agent_grads(padded.policy, names), tl.agent_grads(packed.policy, names)
     assert max(float(g.abs().max()) for g in g_pad.values()) > 1e-4, "degenerate test case"
-    assert_grads_close(g_pack, g_pad)
+    tl.assert_grads_close(g_pack, g_pad)
 
 
 @pytest.mark.parametrize(
@@ -349,7 +345,7 @@ def test_packed_ilql_learn_equals_padded(full: bool, packed_options: dict[str, A
     packed = make_ilql(full, use_sequence_packing=True, **packed_options)
     m_pad = padded.learn((batch.ids.clone(), batch.masks.clone(), rewards.clone()))
     m_pack = packed.learn((batch.ids.clone(), batch.masks.clone(), rewards.clone()))
-    assert m_pack["loss"] == pytest.approx(m_pad["loss"], **SAME_LOSS_TOL)
+    tl.assert_loss_close(m_pack["loss"], m_pad["loss"])
     pad_params = dict(padded.policy.named_parameters()) | {
         f"heads.{n}": p for n, p in padded.heads.named_parameters()
     }
@@ -358,7 +354,7 @@ def test_packed_ilql_learn_equals_padded(full: bool, packed_options: dict[str, A
     }
     names = [n for n, p in pad_params.items() if p.grad is not None]
     assert names == [n for n, p in pack_params.items() if p.grad is not None]
-    assert_grads_close(
+    tl.assert_grads_close(
         {n: pack_params[n].grad for n in names}, {n: pad_params[n].grad for n in names}
     )
 
@@ -372,9 +368,9 @@ def test_packed_learn_equals_padded_on_runs_of_equal_lengths() -> None:
     for options in ({"micro_batch_size_per_gpu": 3}, {"micro_batch_size_per_gpu": 4}):
         packed = _agent("GRPO", {**options, "use_sequence_packing": True})
         m_pad, m_pack = padded.learn(batch.experiences()), packed.learn(batch.experiences())
-        assert m_pack["loss"] == pytest.approx(m_pad["loss"], **SAME_LOSS_TOL)
+        tl.assert_loss_close(m_pack["loss"], m_pad["loss"])
         names = _trainable(padded)
         g_pad = tl.agent_grads(padded.policy, names)
         assert max(float(g.abs().max()) for g in g_pad.values()) > 1e-4, "degenerate test case"
-        assert_grads_close(tl.agent_grads(packed.policy, names), g_pad)
+        tl.assert_grads_close(tl.agent_grads(packed.policy, names), g_pad)
         padded = _agent("GRPO", {})
