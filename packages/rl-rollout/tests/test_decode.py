@@ -36,12 +36,15 @@ def both(model: Any, tok: Any, params: SamplingParams) -> tuple[Any, Any]:
 
 
 def assert_identical(a: Any, b: Any) -> None:
+    # The lean loop calls the model with generate's exact arguments and draws the same random
+    # numbers: the same kernels on the same inputs (rl_rollout.decode).
+    # bit-exact: integer token ids of the same kernels
     assert torch.equal(a.completion_ids, b.completion_ids)
-    assert torch.equal(a.completion_mask, b.completion_mask)
-    assert torch.equal(a.completion_lengths, b.completion_lengths)
+    assert torch.equal(a.completion_mask, b.completion_mask)  # bit-exact: bool mask
+    assert torch.equal(a.completion_lengths, b.completion_lengths)  # bit-exact: integers
     assert a.finish_reasons == b.finish_reasons
     if a.logprobs is not None or b.logprobs is not None:
-        assert torch.equal(a.logprobs, b.logprobs)
+        assert torch.equal(a.logprobs, b.logprobs)  # bit-exact: the same kernels (see above)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -73,7 +76,7 @@ def test_lean_keeps_the_callers_rng_untouched() -> None:
     torch.manual_seed(123)
     before = torch.get_rng_state()
     HFEngine(model, tok).generate(PROMPTS, SamplingParams(max_new_tokens=4, n=2, seed=5))
-    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(torch.get_rng_state(), before)  # bit-exact: RNG state bytes
 
 
 def test_generate_serves_what_the_lean_loop_does_not() -> None:
