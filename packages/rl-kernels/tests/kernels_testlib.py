@@ -16,18 +16,13 @@ from typing import Any
 
 import rl_losses
 import torch
+from rl_testing import tolerance
 from rl_testing.seeded import ROW_KINDS, gen, make_mask, rand, randint  # noqa: F401 (re-exported)
 
 F32 = torch.float32
 F64 = torch.float64
-# fp32 fused vs fp32 naive: values and gradients.
-TOL32: dict[str, float] = {"rtol": 1e-5, "atol": 1e-6}
-TOL64: dict[str, float] = {"rtol": 1e-10, "atol": 1e-10}
-# Per-token log-probs / entropies: rtol 1e-5 and atol 1e-6 times the largest |logit| (see
-# token_tol).
-# bf16 / fp16 inputs upcast to fp32 vs the fp32 naive on the same (rounded) inputs.
-TOL_LOWP_VALUES: dict[str, float] = {"rtol": 1e-2, "atol": 1e-2}
-TOL_LOWP_GRADS_REL = 2e-2  # atol = this * max |reference gradient|, rtol = this
+# Fused against naive is two routes to one number: every comparison goes through
+# rl_testing.tolerance (token_tol for per-token values, lm_tol for losses and gradients).
 
 AGGREGATIONS = (
     "token_mean",
@@ -242,19 +237,30 @@ def token_tol(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     temperature: float = 1.0,
-) -> dict[str, float]:
-    """Tolerance for fp32 per-token log-probs and entropies: rtol 1e-5, atol 1e-6 * max |z|.
+) -> dict[str, Any]:
+    """Tolerance of per-token log-probs and entropies (``assert_close`` keywords).
 
-    Both quantities are differences of O(|z|) terms (z_t - lse, lse - E[z] or
-    -sum p log p), so any fp32 formula carries an absolute error of a few eps * |z|: on a
-    peaked row (entropy ~ 1e-3, log-prob ~ 0) two correct fp32 paths differ by a few 1e-6
-    (the naive reference itself is ~1e-6 off the float64 value there).
+    Two chained reductions (the logits' sum over the hidden size, the log-sum-exp over the
+    vocabulary); both quantities are differences of O(|z|) terms (z_t - lse, lse - E[z]), so
+    the scale is the largest |logit| (at least 1): on a peaked row (entropy ~ 1e-3, log-prob
+    ~ 0) two correct fp32 routes differ by a few eps * |z|.
     """
     with torch.no_grad():
         h = hidden.detach().reshape(-1, hidden.shape[-1])
         z = naive_logits(h, weight.detach(), None if bias is None else bias.detach(), temperature)
         scale = max(1.0, float(z.abs().max())) if z.numel() else 1.0
-    return {"rtol": TOL32["rtol"], "atol": TOL32["atol"] * scale}
+    return {"reduction": max(hidden.shape[-1], weight.shape[0]), "stages": 2, "scale": scale}
+
+
+def lm_tol(hidden: torch.Tensor, weight: torch.Tensor) -> dict[str, Any]:
+    """Tolerance of a loss or gradient through an lm head (``assert_close`` keywords).
+
+    Three chained reductions (logits over the hidden size, log-sum-exp over the vocabulary,
+    then the mean over tokens or the backward's sum over rows / vocabulary), the longest being
+    the largest of rows, hidden size and vocabulary.
+    """
+    rows = hidden.numel() // max(1, hidden.shape[-1])
+    return {"reduction": max(rows, hidden.shape[-1], weight.shape[0]), "stages": 3}
 
 
 def grads(scalar: torch.Tensor, tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
@@ -269,17 +275,20 @@ def assert_close(
     expected: torch.Tensor | float,
     what: str,
     *,
-    rtol: float,
-    atol: float,
-    check_dtype: bool = False,
+    reduction: int = 1,
+    stages: int = 1,
+    scale: float | None = None,
+    dtype: torch.dtype | None = None,
 ) -> None:
+    """``rl_testing.tolerance.assert_close`` on tensors or Python floats (named ``what``)."""
     a = torch.as_tensor(actual).detach()
-    e = torch.as_tensor(expected).detach()
-    if not check_dtype:
-        a = a.to(F64)
-        e = e.to(F64)
-    torch.testing.assert_close(
-        a, e, rtol=rtol, atol=atol, check_dtype=check_dtype, msg=lambda m: f"{what}: {m}"
+    e = (
+        expected.detach()
+        if isinstance(expected, torch.Tensor)
+        else torch.tensor(expected, dtype=a.dtype)
+    )
+    tolerance.assert_close(
+        a, e.to(a.device), reduction=reduction, stages=stages, scale=scale, dtype=dtype, msg=what
     )
 
 
@@ -288,11 +297,12 @@ def assert_grads_close(
     expected: list[torch.Tensor | None],
     names: tuple[str, ...] = ("hidden", "weight", "bias"),
     *,
-    rtol: float,
-    atol: float,
+    reduction: int = 1,
+    stages: int = 1,
+    dtype: torch.dtype | None = None,
 ) -> None:
-    """Per-tensor check; ``atol`` is scaled by the largest reference entry (when above 1), since a
-    gradient entry is a sum over rows of terms as large as that and cancels down to any size.
+    """Per-tensor check; the tolerance's scale is each reference's largest entry (the default),
+    since a gradient entry is a sum over rows of terms as large as that and cancels to any size.
     """
     for a, e, name in zip(actual, expected, names, strict=True):
         if e is None:
@@ -300,8 +310,7 @@ def assert_grads_close(
         assert a is not None, f"no gradient for {name}"
         assert a.shape == e.shape, f"grad {name}: shape {list(a.shape)} vs {list(e.shape)}"
         assert torch.isfinite(a).all(), f"non-finite gradient for {name}"
-        scale = max(1.0, float(e.detach().abs().max())) if e.numel() else 1.0
-        assert_close(a, e, f"grad {name}", rtol=rtol, atol=atol * scale)
+        assert_close(a, e, f"grad {name}", reduction=reduction, stages=stages, dtype=dtype)
 
 
 def shape_pattern(*dims: int) -> str:

@@ -3,6 +3,7 @@
 import pytest
 import rl_kernels as rk
 import torch
+from rl_testing.tolerance import assert_close
 
 
 @pytest.mark.slow
@@ -31,4 +32,5 @@ def test_compiled_chunk_body_matches_eager(with_entropy: bool) -> None:
         results.append((total.detach(), out.loss.detach(), h.grad, w.grad))
     for eager, compiled in zip(*results, strict=True):
         assert compiled is not None and eager is not None
-        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+        # logits over H = 16, log-sum-exp over V = 97, then the sums over tokens / rows
+        assert_close(compiled, eager, reduction=97, stages=3)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import rl_kernels as rk
 import torch
+from rl_testing.tolerance import assert_close
 
 pytest.importorskip("liger_kernel")
 
@@ -56,12 +57,14 @@ def test_liger_matches_fused(
     if objective == "cispo":
         fused_options["clamp"] = "upper"
     fused = rk.fused_policy_loss(**x, **common, **fused_options)
-    torch.testing.assert_close(liger.loss, fused.loss, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(liger.kl_mean, fused.kl_mean, rtol=1e-5, atol=1e-6)
+    # logits over H = 8, log-sum-exp over V = 53, the mean over N * T = 24 tokens
+    tol: dict[str, Any] = {"reduction": 53, "stages": 3}
+    assert_close(liger.loss, fused.loss, **tol, msg="loss")
+    assert_close(liger.kl_mean, fused.kl_mean, **tol, msg="kl_mean")
     g_liger = torch.autograd.grad(liger.loss, (x["hidden"], x["weight"]))
     g_fused = torch.autograd.grad(fused.loss, (x["hidden"], x["weight"]))
-    for a, b in zip(g_liger, g_fused, strict=True):
-        assert ((a - b).norm() / b.norm()).item() < 1e-5
+    for a, b, name in zip(g_liger, g_fused, ("hidden", "weight"), strict=True):
+        assert_close(a, b, **tol, msg=f"grad {name}")
 
 
 def test_unsupported_combinations_raise() -> None:
@@ -87,4 +90,5 @@ def test_masked_rows_may_hold_nan_and_bad_ids() -> None:
     dirty = rk.liger_policy_loss(
         **{**x, "hidden": dirty_hidden, "targets": dirty_targets}, kl_coef=0.1
     ).loss
-    torch.testing.assert_close(dirty, clean.detach())
+    # the same chunks with the masked rows replaced: another route to the same loss
+    assert_close(dirty, clean.detach(), reduction=53, stages=3)
