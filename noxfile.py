@@ -23,7 +23,7 @@ Sessions:
                      (RL_CONFORMANCE_HOME); writes docs/conformance.md (tools/conformance/run.py)
     docs             mkdocs build --strict (the site's examples run in ``integration``)
     docs-browser     the built site opened in the system's Chromium (tools/docs/browser_check.py):
-                     rendered math, no console error, no broken link, each page ready in 5 s;
+                     rendered math, no console error, no broken link, load times reported;
                      screenshots in .nox/docs-browser/screenshots; skips when no Chromium is
                      installed (``.ci/run`` installs Debian's ``chromium``)
     build-<package>  wheel + sdist into dist/<package> with --no-sources, installed in a fresh venv
