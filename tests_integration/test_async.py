@@ -81,18 +81,19 @@ def test_max_staleness_0_is_the_synchronous_run_bit_for_bit(tmp_path: Path) -> N
 def test_a_killed_rollout_worker_stops_the_trainer_within_the_timeout(tmp_path: Path) -> None:
     config = DemoConfig(steps=400, evaluation_interval=50, **SMALL).run_config(tmp_path / "r")
     config.train.checkpoint_steps = None
-    # strategy drop: the worker never waits, the trainer drops what is older than 0 versions
-    config.async_ = AsyncConfig(max_staleness=0, strategy="drop", timeout_s=20)
-    killed: list[float] = []
+    # strategy drop: the worker never waits, the trainer drops what is older than 0 versions;
+    # timeout_s (the default) is a hang guard only: the death must be seen by itself, not by it
+    config.async_ = AsyncConfig(max_staleness=0, strategy="drop", timeout_s=120)
+    killed: list[int] = []  # the metric rows written when the worker was killed
 
     def kill_worker() -> None:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 300  # a hang guard for the worker's start
         while time.monotonic() < deadline:
             rows = tmp_path / "r" / "metrics.jsonl"
             pids = _worker_pids(os.getpid())
-            if pids and rows.is_file() and len(rows.read_text().splitlines()) >= 2:
+            if pids and rows.is_file() and (written := len(rows.read_text().splitlines())) >= 2:
                 os.kill(pids[0], signal.SIGKILL)
-                killed.append(time.monotonic())
+                killed.append(written)
                 return
             time.sleep(0.05)
 
@@ -100,16 +101,19 @@ def test_a_killed_rollout_worker_stops_the_trainer_within_the_timeout(tmp_path: 
     killer.start()
     with pytest.raises(RolloutWorkerError) as info:
         train(config, verbose=False)
-    stopped = time.monotonic()
     killer.join()
     assert killed, "the worker never started"
-    assert stopped - killed[0] < config.async_.timeout_s
     message = str(info.value)
+    # the dead worker was noticed by its exit (its code named), not by the timeout running out
     assert "rollout worker" in message and "exited with code -9" in message
+    assert "sent no batch" not in message
     assert "resume" in message
     assert not _worker_pids(os.getpid())
     rows = MetricsLogger.read(tmp_path / "r" / "metrics.jsonl")
     assert len(rows) >= 2 and all(r["async_staleness_max"] == 0 for r in rows)
+    # the trainer stopped at the first batch it waited for in vain: after the kill it learned at
+    # most the step in progress and the batches already queued
+    assert len(rows) <= killed[0] + 1 + config.async_.queue_size, (killed[0], len(rows))
 
 
 def _rl_train() -> str:

@@ -1,11 +1,17 @@
 """The remote reward: a real server process scores as a local call does; down, silent and failing
-servers give a clear error within the time budget."""
+servers give a clear error within the time budget.
+
+No test asserts how fast a call is (speed is for benchmarks): what was retried is counted on the
+server's side, and which path gave up (refused, no reply within the timeout) is read from the
+error. The only upper bound on elapsed time is a hang guard far beyond any budget configured here.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -56,6 +62,10 @@ REWARDS = textwrap.dedent(
         raise ZeroDivisionError("the reward model fell over")
     '''
 )
+
+#: Seconds after which a call that must fail within its own (seconds-long) budget counts as hung: a
+#: hang guard, far beyond any budget configured here, never a speed limit.
+HANG_GUARD_S = 120.0
 
 PROMPTS = ["2+2=", "what is 3+4?", "name a colour", "x"]
 COMPLETIONS = ["4", "7 or so", "", "xyz"]
@@ -137,11 +147,22 @@ def test_server_process_equals_local_calls(servers: dict[str, str], tmp_path: Pa
 
 
 def test_reward_function_error_is_reported_not_retried(servers: dict[str, str]) -> None:
-    remote = RemoteReward(servers["broken"], timeout=10, retries=5, backoff=5.0)
-    start = time.monotonic()
+    remote = RemoteReward(servers["broken"], timeout=10, retries=5, backoff=0.01)
     with pytest.raises(RewardServerError, match="ZeroDivisionError the reward model fell over"):
         remote("4", "4", "2+2=")
-    assert time.monotonic() - start < 5.0  # no retry (its backoff alone would take 5 s)
+    # not retried: the server's reward function was called once (a retry would call it again)
+    calls: list[str] = []
+
+    def broken(completion: str, answer: str, question: str) -> float:
+        calls.append(completion)
+        raise ZeroDivisionError("the reward model fell over")
+
+    with (
+        RewardServer(broken) as server,
+        pytest.raises(RewardServerError, match="ZeroDivisionError the reward model fell over"),
+    ):
+        RemoteReward(server.url, timeout=10, retries=5, backoff=0.01)("4", "4", "2+2=")
+    assert calls == ["4"]
     # a bad request is the caller's error: ValueError naming what is missing
     with pytest.raises(ValueError, match="needs an `answer` column"):
         RemoteReward(servers["per_sample"], timeout=10).score(["p"], ["c"])
@@ -153,17 +174,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_down_server_fails_fast_with_the_fix() -> None:
+def test_down_server_is_refused_not_waited_for_with_the_fix() -> None:
     url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
     remote = RemoteReward(url, timeout=30, retries=2, backoff=0.05)
-    start = time.monotonic()
     with pytest.raises(RewardServerError) as info:
         remote("4", "4", "2+2=")
-    elapsed = time.monotonic() - start
     message = str(info.value)
     assert url in message and "cannot connect" in message and "3 attempts" in message
     assert "rl-train reward-server --reward module:function" in message
-    assert elapsed < 5.0  # refused at once: 3 attempts and 0.15 s of backoff, not the timeout
+    # refused at once, every retry spent: the refusal path, not the 30 s timeout's ("no reply")
+    assert "down or failing" in message and "timeout" not in message
 
 
 @pytest.fixture
@@ -202,9 +222,13 @@ def test_silent_server_fails_within_the_timeout(silent_server: str) -> None:
     with pytest.raises(RewardServerError) as info:
         remote.score(["p"], ["c"], answer=["a"])
     elapsed = time.monotonic() - start
-    assert "no reply" in str(info.value) and "timeout=1.5 s" in str(info.value)
-    assert silent_server in str(info.value)
-    assert 1.4 <= elapsed < 3.0  # the whole budget, retries included, and not much more
+    message = str(info.value)
+    assert "no reply" in message and "timeout=1.5 s" in message and silent_server in message
+    # the budget, retries included, ended the call: fewer attempts than the 1 + 3 retries allow
+    attempts = re.search(r"; (\d+) attempts? in ", message)
+    assert attempts is not None and 1 <= int(attempts[1]) <= 3, message
+    assert elapsed >= 1.4  # the whole budget was waited
+    assert elapsed < HANG_GUARD_S  # a hang guard, not a speed limit
 
 
 def test_retry_reaches_a_server_that_starts_late() -> None:
