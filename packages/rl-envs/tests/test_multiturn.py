@@ -171,7 +171,7 @@ def test_vec_env_groups_share_seeds_and_collate() -> None:
         assert (batch.input_ids[r, n:] == PAD).all()
         assert not batch.attention_mask[r, n:].any()
         assert (batch.turn_ids[r, n:] == -1).all()
-        assert torch.equal(batch.action_mask[r, :n], t.action_mask)
+        assert torch.equal(batch.action_mask[r, :n], t.action_mask)  # bit-exact: bool mask
 
 
 def test_vec_env_step_checks() -> None:

@@ -69,6 +69,7 @@ def test_every_reward_is_against_its_own_prompts_answer_across_epochs_and_eval()
         # completion g of prompt b: the right answer for g == 0, a wrong one otherwise
         texts = [[p["answer"], p["answer"] + "x"] for p in batch]
         nxt, rewards = env.step(completions_for(batch, texts))
+        # bit-exact: rewards are small dyadic constants, exact in float32
         assert rewards.tolist() == [[1.0, 0.0]] * len(batch)
         batch = nxt
         if step % 4 == 1:
@@ -125,6 +126,7 @@ def test_eval_mode_keeps_the_training_batch_pending() -> None:
         env.reset()
     assert not env.evaluating
     _, rewards = env.step([[p["answer"]] for p in batch])
+    # bit-exact: rewards are small dyadic constants, exact in float32
     assert rewards.flatten().tolist() == [1.0] * 4
 
 
@@ -163,6 +165,7 @@ def test_weighted_reward_functions_and_components() -> None:
     batch = env.reset()
     _, rewards = env.step([[p["answer"], "zz"] for p in batch])
     ans_len = [len(p["answer"]) for p in batch]
+    # bit-exact: rewards are small dyadic constants, exact in float32
     assert rewards.tolist() == [[2.0 + 0.5 * n, 1.0] for n in ans_len]
     assert set(env.last_reward_components) == {"exact", "length"}
 
@@ -173,6 +176,7 @@ def test_completions_as_generated_tokens_only() -> None:
     batch = env.reset()
     comps = [torch.tensor([[*encode(p["answer"]), EOS, 0]]) for p in batch]
     _, rewards = env.step(comps)
+    # bit-exact: rewards are small dyadic constants, exact in float32
     assert rewards.flatten().tolist() == [1.0] * 4
 
 

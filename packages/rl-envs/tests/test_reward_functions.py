@@ -102,6 +102,7 @@ def test_conversational_prompts_use_the_chat_template_and_trl_gets_messages() ->
     assert batch[0]["text"] == "<|system|>be brief<eos><|user|>add one to 0<eos><|assistant|>"
     assert batch[0]["question"] == "add one to 0"  # the last message, for AgileRL-style rewards
     _, rewards = env.step(token_completions(batch, [["1", "7"], ["3", "2"]]))
+    # bit-exact: rewards are small dyadic constants, exact in float32
     assert rewards.tolist() == [[1.0, 0.0], [0.0, 1.0]]
     assert seen["prompts"][0] == seen["prompts"][1] == chat_rows(1)[0]["prompt"]  # repeated G times
     assert seen["completions"][1] == [{"role": "assistant", "content": "7"}]
@@ -123,6 +124,7 @@ def test_plain_text_prompts_are_used_as_they_are_and_completions_stay_strings() 
     assert batch.answers == ["0", "1"]
     _, rewards = env.step([["ab", "abc"], ["", "a"]])
     assert got == ["ab", "abc", "", "a"]
+    # bit-exact: rewards are small dyadic constants, exact in float32
     assert rewards.tolist() == [[2.0, 3.0], [0.0, 1.0]]
 
 
@@ -137,6 +139,7 @@ def test_agilerl_rewards_work_on_prompt_data_with_an_answer_column() -> None:
     env = prompt_gym(rows, agilerl)
     env.reset()
     _, rewards = env.step([["a0", "x"], ["y", "a1"]])
+    # bit-exact: rewards are small dyadic constants, exact in float32
     assert rewards.tolist() == [[1.0, 0.0], [0.0, 1.0]]
     assert calls[0] == ("a0", "a0", "q0")
 
@@ -220,6 +223,7 @@ def test_env_rewards_use_the_weights_and_components_mark_none_as_nan() -> None:
     env = prompt_gym(rows, [length, only_even], reward_weights=[1.0, 10.0])
     env.reset()
     _, rewards = env.step([["aa", "a"], ["aaa", ""]])
+    # bit-exact: rewards are small dyadic constants, exact in float32
     assert rewards.tolist() == [[12.0, 11.0], [3.0, 0.0]]  # row 1 (level 1): only the length
     assert torch.isnan(env.last_reward_components["only_even"][1]).all()
 
@@ -249,6 +253,7 @@ def test_async_reward_functions_run_concurrently() -> None:
     env = prompt_gym([{"prompt": "p"}] * 4, [answer, ask])  # the waiting one first
     env.reset()
     _, rewards = env.step([["a", "b"], ["c", "d"]])
+    # bit-exact: rewards are small dyadic constants, exact in float32
     assert rewards.tolist() == [[3.0, 3.0], [3.0, 3.0]]
 
 
@@ -349,6 +354,7 @@ def test_verl_compute_score_is_detected_and_adapted() -> None:
     env = prompt_gym(rows, compute_score)
     env.reset()
     _, rewards = env.step([["1", "0"], ["2", "2"]])
+    # bit-exact: rewards are small dyadic constants, exact in float32
     assert rewards.tolist() == [[1.0, 0.0], [1.0, 1.0]]
     assert calls[0] == ("plain", "1", "1", {"index": 0})
     # the adapter alone is a TRL reward function (usable with TRL too)
@@ -385,4 +391,5 @@ def test_a_remote_reward_scores_a_whole_step_in_one_request() -> None:
         env.reset()
         _, rewards = env.step([["a", "bb"], ["", "c"]])
     assert requests == [4]  # one request for B x G = 4 completions
+    # bit-exact: rewards are small dyadic constants, exact in float32
     assert rewards.tolist() == [[1.0, 2.0], [0.0, 1.0]]

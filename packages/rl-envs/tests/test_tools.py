@@ -160,6 +160,7 @@ def test_spliced_ids_equal_the_chat_template_rendering_with_the_tools_header() -
     assert w.messages == msgs
     actions = t.input_ids[t.action_mask].tolist()
     assert actions == [*encode(tok, text), EOS, *encode(tok, "5"), EOS]
+    # bit-exact: rewards are small dyadic constants, exact in float32
     assert t.turn_rewards.tolist() == [0.0, 1.0]
 
 
@@ -226,6 +227,7 @@ def test_max_tool_calls_truncates_without_running_the_extra_call() -> None:
     _, reward, term, trunc, info = act(w, call("add", a=1, b=1))
     assert (term, trunc, info["truncated_by"]) == (False, True, "max_tool_calls")
     assert env.calls == 2 and reward == 2.0
+    # bit-exact: rewards are small dyadic constants, exact in float32
     assert w.done and w.trajectory().turn_rewards.tolist() == [0.0, 0.0, 2.0]
 
 
@@ -372,6 +374,7 @@ def test_vec_env_rolls_out_tool_episodes() -> None:
 
     vec = SyncMultiTurnVecEnv(factory, batch_size=4, group_size=2)
     batch = vec.rollout(policy, seed=0)
+    # bit-exact: rewards are small dyadic constants, exact in float32
     assert batch.returns.tolist() == [1.0] * 8
     assert batch.turn_mask.sum(1).tolist() == [2] * 8
     for env in vec.envs:  # the tiny template's own rendering, tools header included
@@ -386,4 +389,5 @@ def test_call_reward_pays_turns_whose_calls_all_ran() -> None:
     assert act(w, call("add", a=1, b=2))[1] == 0.25
     assert act(w, call("divide", a=1, b=0))[1] == 0.0  # raised
     assert act(w, call("mul", a=1, b=0))[1] == 0.0  # unknown
+    # bit-exact: rewards are small dyadic constants, exact in float32
     assert w.trajectory().turn_rewards.tolist() == [0.25, 0.0, 0.0]
