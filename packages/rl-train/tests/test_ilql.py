@@ -45,6 +45,7 @@ def test_make_experience_layout_pairs_strings_and_dialogues() -> None:
         assert data.action_masks[n, : len(act)].tolist() == act
         assert not bool(data.action_masks[n, len(act) :].any())
     assert data.lengths.tolist() == [4, 4, 6]
+    # bit-exact: rewards are small dyadic constants, exact in float32
     assert data.rewards.tolist() == [1.0, 0.0, 2.0] == data.raw_rewards.tolist()
     ids, masks, r = data.batch(torch.tensor([0, 1]))
     assert ids.shape == (2, 4) and masks.shape == (2, 3) and r.tolist() == [1.0, 0.0]
@@ -61,6 +62,7 @@ def test_make_experience_standardises_and_truncates() -> None:
     assert long.action_masks[0].tolist() == [True, True, True]
     with pytest.warns(RuntimeWarning, match="every reward is the same"):
         flat = make_experience([("1", "2"), ("3", "4")], [0.5, 0.5], TOK)
+    # bit-exact: rewards are small dyadic constants, exact in float32
     assert flat.rewards.tolist() == [0.0, 0.0]
 
 

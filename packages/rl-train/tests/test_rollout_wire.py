@@ -32,7 +32,7 @@ def test_packed_round_trips_every_dtype_and_shape(dtype: torch.dtype) -> None:
     back = pickle.loads(pickle.dumps(Packed.of(tensors))).unpack()
     assert [b.dtype for b in back] == [dtype] * 3
     for a, b in zip(tensors, back, strict=True):
-        assert b.shape == a.shape and torch.equal(a, b)
+        assert b.shape == a.shape and torch.equal(a, b)  # bit-exact: a pickle round trip
     back[0].zero_()  # writable (the trainer's optimizer and copy_ may write into them)
     assert Packed.of([]).unpack() == []
 
@@ -64,6 +64,7 @@ def test_a_sampled_batch_decodes_to_the_batch_learn_parses_from_the_blocks() -> 
     )
     for field in ("input_ids", "attention_mask", "mask", "rewards", "sampling_logprobs"):
         a, b = getattr(direct, field), getattr(sent, field)
+        # bit-exact: the same parse of the same tensors, sent as bytes
         assert a.dtype == b.dtype and torch.equal(a, b), field
 
 
@@ -83,4 +84,4 @@ def test_a_weight_push_with_the_cached_names_carries_the_current_weights() -> No
     apply_weights(worker, update)
     mine = dict(worker.policy.causal_lm.named_parameters())
     for name, p in trainer.policy.causal_lm.named_parameters():
-        assert torch.equal(mine[name], p), name
+        assert torch.equal(mine[name], p), name  # bit-exact: weights copied as bytes

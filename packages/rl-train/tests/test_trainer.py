@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from rl_testing.tolerance import assert_close
 from rl_train import (
     AgentTrainer,
     BaseRLTrainer,
@@ -69,9 +70,9 @@ def test_generate_decode_and_stop_sequences(tmp_path: Path) -> None:
     ids = torch.tensor([tok.encode("5"), tok.encode("7")])
     greedy = trainer.generate_eval(ids)
     assert greedy.shape[0] == 2
-    assert torch.equal(greedy, trainer.generate_eval(ids))
+    assert torch.equal(greedy, trainer.generate_eval(ids))  # bit-exact: integer token ids
     sampled = trainer.generate(ids)
-    assert torch.equal(sampled[:, :1], ids)
+    assert torch.equal(sampled[:, :1], ids)  # bit-exact: integer token ids
     samples, prompts, outputs = trainer.decode(ids, [tok.encode("5") + tok.encode("12345")], [1])
     assert (samples, prompts, outputs) == (["512"], ["5"], ["12"])
 
@@ -90,7 +91,9 @@ def test_save_pretrained_loads_back_with_transformers(
     if trainer.agent.policy.peft is None or merge:
         model = AutoModelForCausalLM.from_pretrained(str(out))
         expected = trainer.agent.policy.logits(ids, torch.ones_like(ids))
-        torch.testing.assert_close(model(ids).logits, expected, rtol=1e-4, atol=1e-5)
+        # transformers' plain forward (merged LoRA) against the agent's: float32 rounding
+        # through 2 decoder layers and the head, the longest sum the MLP's 128
+        assert_close(model(ids).logits, expected, reduction=128, stages=3, msg="logits")
     else:
         assert (out / "adapter_config.json").is_file() or (
             out / "actor" / "adapter_config.json"
