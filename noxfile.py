@@ -15,6 +15,9 @@ Sessions:
                      transformers/peft/accelerate/datasets
     integration      tests_integration/ (not slow)
     slow             every test marked ``slow`` (DeepSpeed ZeRO-2/3, SIGKILL + resume, ...)
+    capabilities     (not default) unit, integration and slow tests under each CPU kernel width
+                     (``ATEN_CPU_CAPABILITY`` avx512 / avx2 + ``MKL_ENABLE_INSTRUCTIONS=AVX2`` /
+                     default): what another x86-64 machine computes (docs/testing.md)
     bench            tools/bench/ benchmarks (medians and ratios; see tools/bench/README.md)
     bench-peers      one GRPO step of ours against TRL and AgileRL (each in a throwaway venv
                      outside the workspace) and bare generate, side by side (not default)
@@ -153,6 +156,38 @@ def slow(session: nox.Session) -> None:
         *session.posargs,
         success_codes=[0, 5],  # 5: nothing is marked slow yet
     )  # fmt: skip
+
+
+#: ``nox -s capabilities``: PyTorch's CPU kernels follow ``ATEN_CPU_CAPABILITY`` (a CPU without
+#: the named instructions falls back to the widest it has) and MKL follows
+#: ``MKL_ENABLE_INSTRUCTIONS``; each entry is one run of the suite (docs/testing.md).
+CAPABILITIES = {
+    "avx512": {"ATEN_CPU_CAPABILITY": "avx512"},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "default": {"ATEN_CPU_CAPABILITY": "default"},
+}
+
+
+@nox.session(default=False)
+@nox.parametrize("capability", list(CAPABILITIES))
+def capabilities(session: nox.Session, capability: str) -> None:
+    """Every package's unit tests, integration and slow, with the CPU kernels of a narrower CPU.
+
+    ``nox -s "capabilities(capability='default')"`` runs one; arguments after ``--`` go to
+    pytest (e.g. ``-m 'not slow'``). The suite must pass under each: tolerances come from
+    ``rl_testing.tolerance``, not from one machine's rounding.
+    """
+    sync(session, "--all-packages", "--extra", "deepspeed", "--group", "test", "--group", "tools")
+    env = CAPABILITIES[capability]
+    session.run(
+        "python", "-c",
+        "import torch; print('CPU capability in use:', torch.backends.cpu.get_cpu_capability())",
+        env=env,
+    )  # fmt: skip
+    dirs = [f"packages/{p}/tests" for p in PACKAGES]
+    session.run(
+        "pytest", *dirs, "tools/rl-testing/tests", "tests_integration", *session.posargs, env=env
+    )
 
 
 @nox.session(default=False)
