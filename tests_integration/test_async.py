@@ -204,7 +204,7 @@ def test_a_lora_weight_sync_moves_only_the_adapter() -> None:
     mine = dict(worker.policy.causal_lm.named_parameters())  # type: ignore[attr-defined]
     for name, p in model.named_parameters():
         if "lora_" not in name or ".actor." in name:  # the worker samples with base + actor
-            assert torch.equal(mine[name], p), name
+            assert torch.equal(mine[name], p), name  # bit-exact: weights copied as bytes
 
 
 def test_a_worker_that_raises_stops_the_trainer_with_its_traceback(tmp_path: Path) -> None:

@@ -46,6 +46,6 @@ def test_ilql_offline_decodes_above_the_logged_reward(tmp_path: Path) -> None:
     tok = tiny_tokenizer()
     loaded = ILQL.load(path, actor_network=tiny_model(len(tok), seed=123), tokenizer=tok)
     for k, v in agent.heads.state_dict().items():
-        assert torch.equal(v, loaded.heads.state_dict()[k]), k
+        assert torch.equal(v, loaded.heads.state_dict()[k]), k  # bit-exact: a save/load round trip
     env = build_env(DemoConfig(seed=0), tok)
     assert greedy_accuracy(loaded, env) == after["guided_accuracy"]

@@ -69,4 +69,4 @@ def test_sigkill_during_a_checkpoint_write_leaves_the_previous_one_loadable(
     assert agent.steps == 1
     first = load_file(str(tmp_path / "first.safetensors"))
     for name, p in agent.policy.named_parameters():
-        assert torch.equal(p.detach(), first[name]), name
+        assert torch.equal(p.detach(), first[name]), name  # bit-exact: a save/load round trip

@@ -44,3 +44,75 @@ def global_batches() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int
         rewards = torch.randn(N, generator=g)
         out.append((ids, masks, rewards, N // 2))
     return out
+
+
+# --------------------------------------------------------------------------- tolerances
+
+#: Two processes (or a ZeRO stage) against one process on the global batch: two routes, equal
+#: to float32 rounding (rl_testing.tolerance). The longest sum behind a loss or gradient element
+#: is the global batch's 168 tokens (longer than the MLP's 128); the chain from the weights to a
+#: loss is 2 decoder layers, the head with its log-softmax and the loss's mean, and a gradient's
+#: is that and back. Each earlier optimiser step chains one more forward and backward.
+REDUCTION = PROMPTS * GROUP * L
+LOSS_STAGES = 4
+GRAD_STAGES = 2 * LOSS_STAGES
+
+
+def assert_step_matches(
+    step: int,
+    rank_losses: list[float],
+    metrics: dict[str, float],
+    rank_weights: dict[str, torch.Tensor],
+    single: GRPO,
+    rank_grad_norm: float | None = None,
+) -> None:
+    """The ranks' step ``step`` (0-based) against one process's: losses, gradient norm, weights.
+
+    The per-rank losses (global denominators) sum to the global loss, and the gradient norms
+    agree, to the derived tolerance. The weights cannot be held to it: Adam moves every weight
+    by about ``lr`` per step whatever its gradient's size, so a weight whose exact gradient is 0
+    (``k_proj.bias``: softmax ignores a shift shared by all keys) follows its float32 rounding
+    noise, differently in each route. The bound on them is ``lr`` per step taken; the losses of
+    the following steps check that the routes still compute the same model.
+    """
+    from rl_testing import tolerance
+
+    earlier = step * GRAD_STAGES  # the optimiser steps taken before this one
+    tolerance.assert_close(
+        torch.tensor(sum(rank_losses), dtype=torch.float64),
+        torch.tensor(metrics["loss"], dtype=torch.float64),
+        reduction=REDUCTION,
+        stages=LOSS_STAGES + earlier,
+        scale=max(1.0, abs(metrics["loss"])),  # the advantages' size: the terms the loss cancels
+        dtype=torch.float32,
+        msg=f"step {step} loss",
+    )
+    weights = {n: p.detach() for n, p in single.policy.named_parameters() if p.requires_grad}
+    if rank_grad_norm is not None:
+        tolerance.assert_close(
+            torch.tensor(rank_grad_norm, dtype=torch.float64),
+            torch.tensor(metrics["grad_norm"], dtype=torch.float64),
+            reduction=max(REDUCTION, sum(w.numel() for w in weights.values())),  # the norm's sum
+            stages=GRAD_STAGES + earlier + 1,
+            dtype=torch.float32,
+            msg=f"step {step} grad_norm",
+        )
+    assert_weights_match(step + 1, rank_weights, single)
+
+
+def assert_weights_match(taken: int, rank_weights: dict[str, torch.Tensor], single: GRPO) -> None:
+    """The ranks' weights after ``taken`` optimiser steps against one process's: within ``lr``
+    per step taken (:func:`assert_step_matches` says why)."""
+    from rl_testing import tolerance
+
+    r = tolerance.rtol(torch.float32, reduction=REDUCTION, stages=GRAD_STAGES * max(taken, 1))
+    bound = single.lr * taken  # lr per Adam step taken
+    for name, p in single.policy.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(
+                rank_weights[name],
+                p.detach(),
+                rtol=r,
+                atol=bound,
+                msg=lambda m, n=name: f"{n}: {m}",
+            )
