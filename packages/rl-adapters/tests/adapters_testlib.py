@@ -23,15 +23,27 @@ from typing import Any
 
 import torch
 from peft import LoraConfig
-from rl_testing.models import tiny_causal_lm
+from rl_testing.models import TINY_DEFAULTS, tiny_causal_lm
 from transformers import PreTrainedModel
 
 ARCHS = ("qwen2", "llama")
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
+# Bit for bit: only where the same kernels run on the same inputs (each use says why).
 EXACT: dict[str, float] = {"rtol": 0.0, "atol": 0.0}
-# Two code paths computing the same float32 logits (e.g. `lm_head(h)` vs `h @ W.T`).
-CLOSE: dict[str, float] = {"rtol": 1e-5, "atol": 1e-5}
+# rl_testing.tolerance keywords for two routes to the same float32 values of a tiny model:
+# HEAD: the lm head alone (`lm_head(h)` vs `h @ W.T`), one sum over the hidden size;
+# FORWARD: a whole forward (two routes through the decoder: PEFT vs merged weights, packed vs
+# padded, a role's adapter vs a fresh model), the longest sum being the MLP's down projection,
+# one stage per decoder layer and one for the head.
+HEAD: dict[str, int] = {"reduction": TINY_DEFAULTS["hidden_size"], "stages": 1}
+FORWARD: dict[str, int] = {
+    "reduction": max(TINY_DEFAULTS["hidden_size"], TINY_DEFAULTS["intermediate_size"]),
+    "stages": TINY_DEFAULTS["num_hidden_layers"] + 1,
+}
+# GRADS: gradients of a loss on a tiny forward, two routes (checkpointing or not, lean or
+# plain): the forward's stages and as many again for the backward.
+GRADS: dict[str, int] = {**FORWARD, "stages": 2 * FORWARD["stages"]}
 
 
 # --------------------------------------------------------------------------- models and inputs
@@ -136,6 +148,7 @@ def snapshot(
 
 def changed(before: Mapping[Any, torch.Tensor], params: Mapping[Any, torch.Tensor]) -> set[Any]:
     """Keys whose current value is not bit-identical to the snapshot."""
+    # bit-exact: a parameter not written to keeps its snapshot's bits
     return {k for k, v in before.items() if not torch.equal(v, params[k].detach())}
 
 
@@ -346,7 +359,7 @@ def assert_state_dicts_equal(a: Any, b: Any, where: str = "") -> None:
         assert isinstance(a, torch.Tensor), f"{where}: {type(a)} vs tensor"
         assert isinstance(b, torch.Tensor), f"{where}: tensor vs {type(b)}"
         assert a.dtype == b.dtype, f"{where}: {a.dtype} vs {b.dtype}"
-        assert torch.equal(a, b), f"{where}: tensors differ"
+        assert torch.equal(a, b), f"{where}: tensors differ"  # bit-exact: saved and loaded states
     elif isinstance(a, Mapping):
         assert isinstance(b, Mapping), f"{where}: {type(b)}"
         assert set(a) == set(b), f"{where}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}"

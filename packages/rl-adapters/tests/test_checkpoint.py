@@ -21,6 +21,7 @@ import pytest
 import torch
 from peft import PeftModel
 from rl_adapters import PolicyModel, load_checkpoint, save_checkpoint
+from rl_testing.tolerance import assert_close
 
 STATE: dict[str, Any] = {
     "step": 3,
@@ -86,6 +87,7 @@ class Run:
 def _assert_outputs_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
     for k, v in a.items():
+        # bit-exact: loaded (or resumed) weights through the same kernels as the saved run's
         torch.testing.assert_close(v, b[k], **tl.EXACT, msg=k)
 
 
@@ -157,13 +159,13 @@ def test_actor_dir_loads_with_plain_peft(tmp_path: Path, arch: str) -> None:
     peft_model = PeftModel.from_pretrained(tl.base(arch), directory / "actor")
     peft_model.eval()
     got = tl.forward_logits(peft_model, run.ids, run.mask)
-    torch.testing.assert_close(got, expected, **tl.CLOSE)
+    assert_close(got, expected, **tl.FORWARD)  # plain PEFT against the policy's forward
     assert not torch.allclose(got, tl.base_logits(arch, run.ids, run.mask), atol=1e-4)
     # the reference and critic adapter dirs are plain PEFT dirs too
     peft_model.load_adapter(str(directory / "reference"), adapter_name="ref_check")
     peft_model.set_adapter("ref_check")
-    torch.testing.assert_close(
-        tl.forward_logits(peft_model, run.ids, run.mask), run.outputs()["reference"], **tl.CLOSE
+    assert_close(
+        tl.forward_logits(peft_model, run.ids, run.mask), run.outputs()["reference"], **tl.FORWARD
     )
 
 
@@ -174,7 +176,8 @@ def test_actor_dir_loads_with_plain_peft(tmp_path: Path, arch: str) -> None:
 def test_round_trip_restores_everything(tmp_path: Path, arch: str) -> None:
     run, directory = _saved(tmp_path, arch=arch)
     expected = run.outputs()
-    assert not torch.equal(expected["actor"], expected["reference"])  # trained after the sync
+    # bit-exact: trained after the sync, so the two differ
+    assert not torch.equal(expected["actor"], expected["reference"])
     opt_state, sched_state = run.opt.state_dict(), run.sched.state_dict()
     assert run.policy.value_head is not None
     head = tl.snapshot(dict(run.policy.value_head.named_parameters()))
@@ -187,12 +190,12 @@ def test_round_trip_restores_everything(tmp_path: Path, arch: str) -> None:
     after_load = (torch.rand(5), random.random())
 
     assert state == STATE
-    assert torch.equal(after_load[0], after_save[0])
+    assert torch.equal(after_load[0], after_save[0])  # bit-exact: the restored RNG's next draw
     assert after_load[1] == after_save[1]
     _assert_outputs_equal(fresh.outputs(), expected)
     assert fresh.policy.value_head is not None
     got_head = dict(fresh.policy.value_head.named_parameters())
-    assert all(torch.equal(head[k], got_head[k]) for k in head)
+    assert all(torch.equal(head[k], got_head[k]) for k in head)  # bit-exact: load returns saved
     tl.assert_state_dicts_equal(fresh.opt.state_dict(), opt_state, "optimizer")
     tl.assert_state_dicts_equal(fresh.sched.state_dict(), sched_state, "scheduler")
     assert fresh.opt.param_groups[0]["lr"] == run.opt.param_groups[0]["lr"]
@@ -209,6 +212,7 @@ def test_one_step_after_loading_is_bit_identical(tmp_path: Path) -> None:
     run.step()
     fresh.step()
     for i, (a, b) in enumerate(zip(run.params, fresh.params, strict=True)):
+        # bit-exact: a resumed step against the uninterrupted one
         assert torch.equal(a, b), f"trainable parameter {i} differs"
     tl.assert_state_dicts_equal(fresh.opt.state_dict(), run.opt.state_dict(), "optimizer")
     tl.assert_state_dicts_equal(fresh.sched.state_dict(), run.sched.state_dict(), "scheduler")
@@ -222,12 +226,14 @@ def test_full_finetune_round_trip(tmp_path: Path) -> None:
     assert "model.safetensors" in tl.file_tree(directory)
     fresh = Run(full_finetune=True, reference="copy", critic=False)
     assert fresh.load(directory) == STATE
+    # bit-exact: load returns the saved weights, run through the same kernels
     torch.testing.assert_close(fresh.outputs()["actor"], run.outputs()["actor"], **tl.EXACT)
     for a, b in zip(run.params, fresh.params, strict=True):
-        assert torch.equal(a, b)
+        assert torch.equal(a, b)  # bit-exact: load returns the saved tensors
     tl.assert_state_dicts_equal(fresh.opt.state_dict(), run.opt.state_dict(), "optimizer")
     run.step()
     fresh.step()
+    # bit-exact: a resumed step against the uninterrupted one
     torch.testing.assert_close(fresh.outputs()["actor"], run.outputs()["actor"], **tl.EXACT)
 
 

@@ -88,7 +88,7 @@ def test_an_intact_copy_loads(ckpt: Path) -> None:
     agent = Agent()
     before = agent.logits()
     assert agent.load(ckpt) == {"step": 2}
-    assert not torch.equal(agent.logits(), before)
+    assert not torch.equal(agent.logits(), before)  # bit-exact: the load changed the weights
 
 
 MANIFEST_DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
@@ -110,7 +110,7 @@ def test_unreadable_manifest_is_a_checkpoint_error_naming_it(ckpt: Path, case: s
     with _expect(CheckpointError, ckpt / "manifest.json", why) as info:
         agent.load(ckpt)
     assert not isinstance(info.value.__cause__, AssertionError)
-    assert torch.equal(agent.logits(), before)
+    assert torch.equal(agent.logits(), before)  # bit-exact: nothing loaded, the same forward
 
 
 def test_manifest_with_malformed_file_entries(ckpt: Path) -> None:
@@ -181,6 +181,7 @@ def test_unreadable_state_json_is_a_checkpoint_error_naming_it(ckpt: Path, case:
     before = agent.logits()
     with _expect(CheckpointError, ckpt / name, why):
         agent.load(ckpt)
+    # bit-exact: nothing loaded, the same forward on the same weights
     assert torch.equal(agent.logits(), before), "a failed load must not restore anything"
 
 
@@ -194,7 +195,7 @@ def test_missing_optimizer_state_is_reported_before_restoring(tmp_path: Path) ->
         other.load(directory)
     with pytest.raises(CheckpointError, match="holds no scheduler state"):
         load_checkpoint(other.policy, directory, scheduler=other.sched)
-    assert torch.equal(other.logits(), before)
+    assert torch.equal(other.logits(), before)  # bit-exact: nothing loaded, the same forward
 
 
 def test_checkpoint_error_is_one_class_wherever_it_is_imported_from() -> None:

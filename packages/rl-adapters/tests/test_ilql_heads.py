@@ -17,6 +17,7 @@ from rl_adapters import (
     load_checkpoint,
     save_checkpoint,
 )
+from rl_testing.tolerance import assert_close
 
 H, V = 64, 59  # the tiny model's hidden size and the char tokenizer's vocabulary
 
@@ -37,24 +38,26 @@ def test_shapes_and_targets_start_equal(two_qs: bool, mlp: bool) -> None:
     assert all(q.shape == (2, 5, V) for q in (*out.qs, *out.target_qs))
     assert out.values.shape == (2, 5)
     for q, tq in zip(out.qs, out.target_qs, strict=True):
-        torch.testing.assert_close(q, tq, rtol=0, atol=0)
+        torch.testing.assert_close(q, tq, rtol=0, atol=0)  # bit-exact: targets copy the Q heads
         assert q.requires_grad and not tq.requires_grad
     assert all(not p.requires_grad for p in h.target_q_heads.parameters())
     expected = torch.stack(out.target_qs).amin(0) - out.values[..., None]
+    # bit-exact: the same heads' kernels, then the same elementwise min and difference
     torch.testing.assert_close(h.advantages(hidden()), expected, rtol=0, atol=0)
     torch.testing.assert_close(h.target_q(hidden()), torch.stack(out.target_qs).amin(0))
     online = h.reduced_q(hidden(), "mean", target=False)
     torch.testing.assert_close(online, torch.stack(out.qs).mean(0).detach())
     if two_qs:  # the two Q heads are independent initialisations
-        assert not torch.equal(out.qs[0], out.qs[1])
+        assert not torch.equal(out.qs[0], out.qs[1])  # bit-exact: two draws differ
 
 
 def test_seeded_and_global_rng_untouched() -> None:
     state = torch.get_rng_state()
     a, b, c = heads(seed=1), heads(seed=1), heads(seed=2)
-    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(torch.get_rng_state(), state)  # bit-exact: integer RNG state bytes
     for k, v in a.state_dict().items():
-        assert torch.equal(v, b.state_dict()[k])
+        assert torch.equal(v, b.state_dict()[k])  # bit-exact: the same seeded draw
+    # bit-exact: another seed draws other values
     assert any(not torch.equal(v, c.state_dict()[k]) for k, v in a.state_dict().items())
 
 
@@ -66,13 +69,14 @@ def test_polyak_update_and_sync_period() -> None:
     before = {k: v.clone() for k, v in h.target_q_heads.state_dict().items()}
     online = {k: v.clone() for k, v in h.q_heads.state_dict().items()}
     assert [h.maybe_sync(s) for s in (1, 2)] == [False, False]
+    # bit-exact: no sync yet, the targets are untouched
     assert all(torch.equal(v, h.target_q_heads.state_dict()[k]) for k, v in before.items())
     assert h.maybe_sync(3)
     for k, v in h.target_q_heads.state_dict().items():  # 0.25 * online + 0.75 * target
-        torch.testing.assert_close(v, 0.25 * online[k] + 0.75 * before[k], rtol=1e-6, atol=1e-7)
+        assert_close(v, 0.25 * online[k] + 0.75 * before[k], msg=k)  # elementwise, another route
     h.sync_target(alpha=1.0)  # a copy
     for k, v in h.target_q_heads.state_dict().items():
-        assert torch.equal(v, online[k])
+        assert torch.equal(v, online[k])  # bit-exact: alpha = 1 copies
     with pytest.raises(ValueError, match=r"`alpha` must be in \[0, 1\]"):
         h.sync_target(alpha=1.5)
 
@@ -115,7 +119,7 @@ def test_save_load_round_trip_is_exact(tmp_path: Path) -> None:
     assert back.config == h.config
     x = hidden(7)
     for a, b in zip((*h(x).qs, *h(x).target_qs), (*back(x).qs, *back(x).target_qs), strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # bit-exact: load returns the saved heads
     assert all(not p.requires_grad for p in back.target_q_heads.parameters())
     with pytest.raises(FileNotFoundError, match="has no ilql_heads"):
         ILQLHeads.load(tmp_path / "nowhere")
@@ -162,7 +166,7 @@ def test_inside_an_agent_checkpoint(tmp_path: Path) -> None:
     assert load_checkpoint(fresh_policy, tmp_path / "ck", optimizer=fresh_opt,
                            heads={"ilql_heads": fresh}) == {"step": 1}  # fmt: skip
     for k, v in h.state_dict().items():
-        assert torch.equal(v, fresh.state_dict()[k]), k
+        assert torch.equal(v, fresh.state_dict()[k]), k  # bit-exact: load returns the saved
     assert all(not p.requires_grad for p in fresh.target_q_heads.parameters())
 
     other = ILQLHeads.for_model(fresh_policy.causal_lm, two_qs=False)
@@ -173,7 +177,7 @@ def test_inside_an_agent_checkpoint(tmp_path: Path) -> None:
     load_checkpoint(fresh_policy, tmp_path / "ck", heads={"ilql_heads": faster})
     assert faster.config.alpha == 0.5
     for k, v in h.state_dict().items():
-        assert torch.equal(v, faster.state_dict()[k]), k
+        assert torch.equal(v, faster.state_dict()[k]), k  # bit-exact: load returns the saved
     with pytest.raises(CheckpointError, match=r"holds no head 'extra'"):
         load_checkpoint(fresh_policy, tmp_path / "ck", heads={"extra": fresh})
     with pytest.raises(ValueError, match=r"`heads` key 'value_head' must be a Python identifier"):

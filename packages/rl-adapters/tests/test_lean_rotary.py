@@ -58,6 +58,7 @@ def test_values_and_gradients_equal_transformers_bit_for_bit(dtype: torch.dtype)
     got = _run(_lean_qwen2(), q, k, cos, sin)
     for name, w, g in zip(("q_embed", "k_embed", "dq", "dk"), want, got, strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape, name
+        # bit-exact: the lean rotary's documented contract against transformers' function
         assert torch.equal(g, w), f"{name} ({dtype}) differs by {(g - w).abs().max()}"
 
 
@@ -67,6 +68,7 @@ def test_no_grad_and_unsqueeze_dim_2() -> None:
     with torch.no_grad():
         want = modeling_qwen2.apply_rotary_pos_emb(q2, k2, cos, sin, 2)
         got = _lean_qwen2()(q2, k2, cos, sin, 2)
+    # bit-exact: the lean rotary's documented contract against transformers' function
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
 
 
@@ -85,7 +87,7 @@ def test_cos_and_sin_with_gradients_take_the_plain_formula() -> None:
         (qe.square().sum() + ke.sum()).backward()
         grads.append((qe.detach(), cos.grad, sin.grad))
     for w, g in zip(*grads, strict=True):
-        assert torch.equal(g, w)
+        assert torch.equal(g, w)  # bit-exact: both run transformers' plain formula
 
 
 def test_mixed_dtypes_and_a_partial_rotary_run_the_original() -> None:
@@ -93,6 +95,7 @@ def test_mixed_dtypes_and_a_partial_rotary_run_the_original() -> None:
     lean = _lean_qwen2()
     want = modeling_qwen2.apply_rotary_pos_emb(q, k, cos.float(), sin.float())
     got = lean(q, k, cos.float(), sin.float())
+    # bit-exact: mixed dtypes run transformers' original function itself
     assert all(g.dtype == w.dtype and torch.equal(g, w) for g, w in zip(got, want, strict=True))
     # GPT-NeoX rotates only the first cos.shape[-1] dims inside its own function
     neox = importlib.import_module("transformers.models.gpt_neox.modeling_gpt_neox")
@@ -102,6 +105,7 @@ def test_mixed_dtypes_and_a_partial_rotary_run_the_original() -> None:
     qf, kf = torch.cat((q32, q32), dim=-1), torch.cat((k32, k32), dim=-1)  # D = 16, rotary 8
     want = neox.apply_rotary_pos_emb(qf, kf, cos8, sin8)
     got = lean_neox(qf, kf, cos8, sin8)
+    # bit-exact: a partial rotary runs the original function itself
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
 
 
@@ -186,4 +190,5 @@ def test_policy_forward_and_backward_equal_without_it(
         monkeypatch.undo()
     assert module.apply_rotary_pos_emb is original
     for w, g in zip(*results, strict=True):
+        # bit-exact: the lean rotary's documented contract, so the whole forward and backward
         assert g is not None and w is not None and torch.equal(g, w)

@@ -14,6 +14,7 @@ import adapters_testlib as tl
 import pytest
 import torch
 from rl_adapters import PolicyModel, ValueHead
+from rl_testing.tolerance import assert_close
 
 # policy -> the model handed to it. PEFT injects the LoRA layers into that model in place, so the
 # tests run forwards and name parameters through it; `_model(policy)` (the same model, per the
@@ -76,7 +77,7 @@ def test_value_head_is_linear_with_bias_and_squeezes() -> None:
     x = torch.randn(2, 3, 8)
     out = head(x)
     assert out.shape == (2, 3)
-    torch.testing.assert_close(out, (x @ weight.T + bias)[..., 0], **tl.CLOSE)
+    assert_close(out, (x @ weight.T + bias)[..., 0], reduction=8)  # one sum over 8 features
     assert head(torch.randn(5, 8)).shape == (5,)
 
 
@@ -87,8 +88,8 @@ def test_value_head_init_is_deterministic_from_torch_rng() -> None:
     b = ValueHead(16)
     c = ValueHead(16)  # RNG advanced: a different draw
     sa, sb, sc = (tl.snapshot(dict(h.named_parameters())) for h in (a, b, c))
-    assert all(torch.equal(sa[k], sb[k]) for k in sa)
-    assert any(not torch.equal(sa[k], sc[k]) for k in sa)
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)  # bit-exact: the same seeded draw
+    assert any(not torch.equal(sa[k], sc[k]) for k in sa)  # bit-exact: another draw differs
 
 
 # --------------------------------------------------------------------------- construction
@@ -221,7 +222,7 @@ def test_reference_adapter_starts_equal_to_actor() -> None:
     actor = tl.by_lora_module(model, policy.trainable_parameters("actor"))
     ref = tl.by_lora_module(model, _ref_params(policy).values())
     assert actor.keys() == ref.keys()
-    assert all(torch.equal(actor[k], ref[k]) for k in actor)
+    assert all(torch.equal(actor[k], ref[k]) for k in actor)  # bit-exact: a copy of the actor
     assert not any(p.requires_grad for p in ref.values())
 
 
@@ -237,11 +238,12 @@ def test_every_role_computes_the_base_logits_at_init(arch: str) -> None:
         per_role = {r: policy.logits(ids, mask, role=r) for r in policy.roles}
     for role, logits in per_role.items():
         assert logits.shape == (*ids.shape, tl.vocab_size(_model(policy)))
-        torch.testing.assert_close(logits, expected, **tl.CLOSE, msg=role)
-        # B = 0: identical code path for every role, so bit-identical to the actor
+        assert_close(logits, expected, **tl.FORWARD, msg=role)
+        # bit-exact: B = 0, identical code path for every role, so bit-identical to the actor
         torch.testing.assert_close(logits, per_role["actor"], **tl.EXACT, msg=role)
     for role in policy.roles:
         with policy.use_role(role):
+            # bit-exact: B = 0 adds exact zeros to the base model's own kernels
             torch.testing.assert_close(
                 tl.forward_logits(_model(policy), ids, mask), expected, **tl.EXACT, msg=role
             )
@@ -254,16 +256,17 @@ def test_base_reference_is_exactly_the_unwrapped_base(arch: str) -> None:
     tl.perturb(policy.trainable_parameters("actor"), seed=1)
     expected = tl.base_logits(arch, ids, mask)
     with policy.use_role("reference"):
+        # bit-exact: the adapters are disabled, the base model's own kernels run
         torch.testing.assert_close(
             tl.forward_logits(_model(policy), ids, mask), expected, **tl.EXACT
         )
     with torch.no_grad():
         ref = policy.logits(ids, mask, role="reference")
         actor = policy.logits(ids, mask, role="actor")
-    torch.testing.assert_close(ref, expected, **tl.CLOSE)
+    assert_close(ref, expected, **tl.FORWARD)
     assert not torch.allclose(actor, expected, atol=1e-4)
     # the actor is active again afterwards
-    torch.testing.assert_close(tl.forward_logits(_model(policy), ids, mask), actor, **tl.CLOSE)
+    assert_close(tl.forward_logits(_model(policy), ids, mask), actor, **tl.FORWARD)
 
 
 def test_use_role_runs_forwards_with_that_roles_weights() -> None:
@@ -279,10 +282,8 @@ def test_use_role_runs_forwards_with_that_roles_weights() -> None:
     for role in policy.roles:
         with policy.use_role(role):
             inside = tl.forward_logits(_model(policy), ids, mask)
-        torch.testing.assert_close(inside, per_role[role], **tl.CLOSE, msg=role)
-    torch.testing.assert_close(
-        tl.forward_logits(_model(policy), ids, mask), per_role["actor"], **tl.CLOSE
-    )
+        assert_close(inside, per_role[role], **tl.FORWARD, msg=role)
+    assert_close(tl.forward_logits(_model(policy), ids, mask), per_role["actor"], **tl.FORWARD)
 
 
 @pytest.mark.parametrize("role", ["reference", "critic", "actor"])
@@ -302,11 +303,13 @@ def test_use_role_restores_actor_and_exact_trainable_set_even_on_error(role: str
     with pytest.raises(BoomError), policy.use_role(role):
         raise BoomError
     assert tl.grad_flags(_model(policy), policy.value_head) == flags
+    # bit-exact: the same forward on the same (restored) weights
     torch.testing.assert_close(tl.forward_logits(_model(policy), ids, mask), actor, **tl.EXACT)
 
     with policy.use_role(role):
         pass
     assert tl.grad_flags(_model(policy), policy.value_head) == flags
+    # bit-exact: the same forward on the same (restored) weights
     torch.testing.assert_close(tl.forward_logits(_model(policy), ids, mask), actor, **tl.EXACT)
 
 
@@ -323,6 +326,7 @@ def test_convenience_methods_leave_actor_active_and_trainable_set_intact() -> No
         policy.values(ids, mask)
     policy.logits(ids, mask, role="critic").sum().backward()
     assert tl.grad_flags(_model(policy), policy.value_head) == flags
+    # bit-exact: the same forward on the same (restored) weights
     torch.testing.assert_close(tl.forward_logits(_model(policy), ids, mask), actor, **tl.EXACT)
 
 
@@ -355,8 +359,8 @@ def test_hidden_states_of_packed_rows(arch: str) -> None:
     with torch.no_grad():
         padded = policy.hidden_states(ids, mask)
         out = policy.hidden_states(packed, None, position_ids=positions)
-    torch.testing.assert_close(out[0, :5], padded[0], rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(out[0, 5:], padded[1, :3], rtol=1e-5, atol=1e-5)
+    assert_close(out[0, :5], padded[0], **tl.FORWARD, msg="row 0")
+    assert_close(out[0, 5:], padded[1, :3], **tl.FORWARD, msg="row 1")
 
 
 @pytest.mark.parametrize("arch", tl.ARCHS)
@@ -374,11 +378,10 @@ def test_hidden_states_times_lm_head_is_logits(arch: str) -> None:
             assert hidden.shape == (*ids.shape, 64)
             with policy.use_role(role):
                 full = tl.forward_logits(_model(policy), ids, mask)
-            torch.testing.assert_close(hidden @ weight.T, full, rtol=0, atol=1e-5, msg=role)
-            torch.testing.assert_close(
-                policy.logits(ids, mask, role=role), full, rtol=0, atol=1e-5, msg=role
-            )
+            assert_close(hidden @ weight.T, full, **tl.HEAD, msg=role)
+            assert_close(policy.logits(ids, mask, role=role), full, **tl.FORWARD, msg=role)
         # default role is the actor
+        # bit-exact: the same call twice
         torch.testing.assert_close(
             policy.hidden_states(ids, mask),
             policy.hidden_states(ids, mask, role="actor"),
@@ -401,21 +404,22 @@ def test_untied_lm_head_with_bias() -> None:
     policy = _make(build(), lora_config=tl.lora())
     ids, mask = _inputs(policy)
     tl.perturb(policy.trainable_parameters("actor"), seed=1)
-    assert torch.equal(policy.lm_head_weight, reference.lm_head.weight)
+    assert torch.equal(policy.lm_head_weight, reference.lm_head.weight)  # bit-exact: same init
+    # bit-exact: another tensor altogether
     assert not torch.equal(policy.lm_head_weight, reference.model.embed_tokens.weight)
     bias = policy.lm_head_bias
     assert bias is not None
-    assert torch.equal(bias, reference.lm_head.bias)
+    assert torch.equal(bias, reference.lm_head.bias)  # bit-exact: the same seeded init
     with torch.no_grad():
         hidden = policy.hidden_states(ids, mask)
         full = tl.forward_logits(_model(policy), ids, mask)
-    torch.testing.assert_close(hidden @ policy.lm_head_weight.T + bias, full, rtol=0, atol=1e-5)
+    assert_close(hidden @ policy.lm_head_weight.T + bias, full, **tl.HEAD)
 
 
 def test_tied_lm_head_weight_is_the_embedding() -> None:
     policy = _policy("qwen2")
     embed = _model(policy).get_input_embeddings().weight
-    assert torch.equal(policy.lm_head_weight, embed)
+    assert torch.equal(policy.lm_head_weight, embed)  # bit-exact: the tied tensor itself
 
 
 # --------------------------------------------------------------------------- values
@@ -430,19 +434,16 @@ def test_values_come_from_the_critic_adapter(arch: str) -> None:
     with torch.no_grad():
         v0 = policy.values(ids, mask)
         assert v0.shape == ids.shape
-        torch.testing.assert_close(
-            v0, head(policy.hidden_states(ids, mask, role="critic")), **tl.CLOSE
-        )
+        assert_close(v0, head(policy.hidden_states(ids, mask, role="critic")), **tl.FORWARD)
         tl.perturb(policy.trainable_parameters("actor"), seed=1)
         tl.perturb(_ref_params(policy).values(), seed=2)
+        # bit-exact: the critic's weights and kernels are unchanged
         torch.testing.assert_close(policy.values(ids, mask), v0, **tl.EXACT)
         tl.perturb(_critic_lora(policy), seed=3)
         v1 = policy.values(ids, mask)
     assert not torch.allclose(v1, v0, atol=1e-5)
     with torch.no_grad():
-        torch.testing.assert_close(
-            v1, head(policy.hidden_states(ids, mask, role="critic")), **tl.CLOSE
-        )
+        assert_close(v1, head(policy.hidden_states(ids, mask, role="critic")), **tl.FORWARD)
 
 
 def test_values_gradients_reach_critic_and_head_only() -> None:
@@ -479,18 +480,18 @@ def test_sync_reference_is_exact(arch: str) -> None:
     flags = tl.grad_flags(_model(policy))
     policy.sync_reference()
     assert tl.grad_flags(_model(policy)) == flags
-    # with autograd on, the reference runs through its LoRA layers as the actor does: exact
+    # bit-exact: with autograd on, the reference runs through its LoRA layers as the actor does
     torch.testing.assert_close(
         policy.logits(ids, mask, role="reference"), policy.logits(ids, mask), **tl.EXACT
     )
     # without, its (frozen) delta is merged into the weights: equal to float32 rounding
     with torch.no_grad():
         merged = policy.logits(ids, mask, role="reference")
-        torch.testing.assert_close(merged, policy.logits(ids, mask), rtol=1e-5, atol=1e-6)
+        assert_close(merged, policy.logits(ids, mask), **tl.FORWARD)
     model = _model(policy)
     actor = tl.by_lora_module(model, policy.trainable_parameters("actor"))
     ref = tl.by_lora_module(model, _ref_params(policy).values())
-    assert all(torch.equal(actor[k], ref[k]) for k in actor)
+    assert all(torch.equal(actor[k], ref[k]) for k in actor)  # bit-exact: a copy of the actor
     assert all(actor[k] is not ref[k] for k in actor)
     # a copy, not an alias: moving the actor again leaves the synced reference behind
     before = tl.snapshot(ref)
@@ -533,13 +534,13 @@ def test_one_adam_step_moves_only_the_actor(arch: str) -> None:
     assert all(p.grad is None for p in ref_p.values())
     assert all(p.grad is None for p in base_p.values())
     with torch.no_grad():
+        # bit-exact: the reference's weights did not move; the same kernels run
         torch.testing.assert_close(
             policy.logits(ids, mask, role="reference"), ref_logits, **tl.EXACT
         )
-        assert not torch.equal(policy.logits(ids, mask), ref_logits)
-        torch.testing.assert_close(
-            policy.logits(ids, mask, role="critic"), ref_logits, **tl.EXACT
-        )  # critic untouched (still B = 0)
+        assert not torch.equal(policy.logits(ids, mask), ref_logits)  # bit-exact: the actor moved
+        # bit-exact: critic untouched (still B = 0), an exact zero delta as the reference's
+        torch.testing.assert_close(policy.logits(ids, mask, role="critic"), ref_logits, **tl.EXACT)
     assert tl.grad_flags(model, policy.value_head) == _expected_flags(policy)
 
 
@@ -556,7 +557,7 @@ def test_gradient_checkpointing_gives_the_same_gradients() -> None:
         assert all(p.grad is not None for p in params)
         grads.append([p.grad.clone() for p in params if p.grad is not None])
     for a, b in zip(*grads, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        assert_close(a, b, **tl.GRADS)
 
 
 # --------------------------------------------------------------------------- full fine-tuning
@@ -585,7 +586,7 @@ def test_full_finetune_with_frozen_copy(arch: str) -> None:
     assert not {p.untyped_storage().data_ptr() for p in others} & actor_ptrs
     with torch.no_grad():
         for role in policy.roles:
-            torch.testing.assert_close(policy.logits(ids, mask, role=role), base0, **tl.CLOSE)
+            assert_close(policy.logits(ids, mask, role=role), base0, **tl.FORWARD, msg=role)
 
     before_others = tl.snapshot(others)
     opt = torch.optim.Adam(actor, lr=1e-2)
@@ -597,19 +598,21 @@ def test_full_finetune_with_frozen_copy(arch: str) -> None:
     with torch.no_grad():
         ref = policy.logits(ids, mask, role="reference")
         new = policy.logits(ids, mask)
-    torch.testing.assert_close(ref, base0, **tl.CLOSE)
+    assert_close(ref, base0, **tl.FORWARD)
     assert not torch.allclose(new, base0, atol=1e-4)
 
     policy.sync_reference()
     with torch.no_grad():
+        # bit-exact: the synced copy runs the same kernels on the same weights
         torch.testing.assert_close(policy.logits(ids, mask, role="reference"), new, **tl.EXACT)
     assert all(p.requires_grad for p in policy.trainable_parameters("actor"))
     # re-copied, not aliased: another actor step leaves the reference behind
     tl.lm_loss(policy.logits(ids, mask), ids, mask).backward()
     opt.step()
     with torch.no_grad():
+        # bit-exact: the synced copy runs the same kernels on the same weights
         torch.testing.assert_close(policy.logits(ids, mask, role="reference"), new, **tl.EXACT)
-        assert not torch.equal(policy.logits(ids, mask), new)
+        assert not torch.equal(policy.logits(ids, mask), new)  # bit-exact: the actor moved
 
 
 def test_full_finetune_without_reference() -> None:

@@ -12,6 +12,7 @@ import adapters_testlib as tl
 import pytest
 import torch
 from rl_adapters import PolicyModel, SharedBasePopulation
+from rl_testing.tolerance import assert_close
 
 N = 4
 
@@ -51,12 +52,13 @@ def test_agents_start_equal_to_the_base(arch: str) -> None:
     weight = model.get_output_embeddings().weight
     for i, got in enumerate(logits):
         assert got.shape == (*ids.shape, tl.vocab_size(model))
-        torch.testing.assert_close(got, expected, **tl.CLOSE, msg=f"agent {i}")
+        assert_close(got, expected, **tl.FORWARD, msg=f"agent {i}")
+        # bit-exact: B = 0 for every agent, the same kernels on the same weights
         torch.testing.assert_close(got, logits[0], **tl.EXACT, msg=f"agent {i}")
         with torch.no_grad():
             hidden = pop.hidden_states(i, ids, mask)
         assert hidden.shape == (*ids.shape, 64)
-        torch.testing.assert_close(hidden @ weight.T, got, rtol=0, atol=1e-5)
+        assert_close(hidden @ weight.T, got, **tl.HEAD, msg=f"agent {i}")
 
 
 def test_agents_are_named_disjoint_and_trainable() -> None:
@@ -94,8 +96,9 @@ def test_training_agent_0_moves_only_agent_0(arch: str) -> None:
         assert all(p.grad is None or not p.grad.any() for p in agents[i].values())
     assert not tl.changed(base_snap, base_p)
     after = _all_logits(pop, ids, mask)
-    assert not torch.equal(after[0], before[0])
+    assert not torch.equal(after[0], before[0])  # bit-exact: agent 0 moved
     for i in range(1, N):
+        # bit-exact: the other agents' weights did not move; the same kernels run
         torch.testing.assert_close(after[i], before[i], **tl.EXACT, msg=f"agent {i}")
     assert _flags(model) == _expected_flags(model)
 
@@ -108,19 +111,22 @@ def test_clone_copies_exactly_and_does_not_alias() -> None:
     assert not torch.allclose(before[0], before[2], atol=1e-4)
     pop.clone(0, 2)
     after = _all_logits(pop, ids, mask)
-    torch.testing.assert_close(after[2], after[0], **tl.EXACT)
+    torch.testing.assert_close(after[2], after[0], **tl.EXACT)  # bit-exact: copied weights
     for i in (0, 1, 3):
+        # bit-exact: untouched agents, the same kernels on the same weights
         torch.testing.assert_close(after[i], before[i], **tl.EXACT, msg=f"agent {i}")
     src = tl.by_lora_module(model, pop.parameters(0))
     dst = tl.by_lora_module(model, pop.parameters(2))
     assert src.keys() == dst.keys()
+    # bit-exact: a copy of the source's parameters
     assert all(torch.equal(src[k], dst[k]) and src[k] is not dst[k] for k in src)
     assert all(p.requires_grad for p in pop.parameters(2))
     assert _flags(model) == _expected_flags(model)
     # a copy, not an alias: moving agent 0 again leaves agent 2 where it was
     tl.perturb(pop.parameters(0), seed=7)
+    # bit-exact: agent 2 did not move; the same kernels on the same weights
     torch.testing.assert_close(pop.logits(2, ids, mask).detach(), after[2], **tl.EXACT)
-    assert not torch.equal(pop.logits(0, ids, mask).detach(), after[0])
+    assert not torch.equal(pop.logits(0, ids, mask).detach(), after[0])  # bit-exact: it moved
 
 
 def test_member_runs_agent_and_restores_state() -> None:
@@ -133,13 +139,15 @@ def test_member_runs_agent_and_restores_state() -> None:
     assert flags == _expected_flags(model)
     for i in range(N):
         with pop.member(i):
-            torch.testing.assert_close(tl.forward_logits(model, ids, mask), logits[i], **tl.CLOSE)
+            assert_close(tl.forward_logits(model, ids, mask), logits[i], **tl.FORWARD)
+        # bit-exact: the same forward on the same (restored) weights
         torch.testing.assert_close(tl.forward_logits(model, ids, mask), outside, **tl.EXACT)
         assert _flags(model) == flags
     with pop.member(1):
         with pop.member(3):
-            torch.testing.assert_close(tl.forward_logits(model, ids, mask), logits[3], **tl.CLOSE)
-        torch.testing.assert_close(tl.forward_logits(model, ids, mask), logits[1], **tl.CLOSE)
+            assert_close(tl.forward_logits(model, ids, mask), logits[3], **tl.FORWARD)
+        assert_close(tl.forward_logits(model, ids, mask), logits[1], **tl.FORWARD)
+    # bit-exact: the same forward on the same (restored) weights
     torch.testing.assert_close(tl.forward_logits(model, ids, mask), outside, **tl.EXACT)
 
     class BoomError(Exception):
@@ -147,6 +155,7 @@ def test_member_runs_agent_and_restores_state() -> None:
 
     with pytest.raises(BoomError), pop.member(2):
         raise BoomError
+    # bit-exact: the same forward on the same (restored) weights
     torch.testing.assert_close(tl.forward_logits(model, ids, mask), outside, **tl.EXACT)
     assert _flags(model) == flags
 

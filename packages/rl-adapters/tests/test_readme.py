@@ -13,5 +13,6 @@ def test_readme_python_blocks_run() -> None:
     ids, mask = namespace["ids"], namespace["mask"]
     with torch.no_grad():
         expected = policy.logits(ids, mask)  # type: ignore[attr-defined]
+        # bit-exact: load returns the saved weights, run through the same kernels
         torch.testing.assert_close(fresh.logits(ids, mask), expected, rtol=0, atol=0)  # type: ignore[attr-defined]
         torch.testing.assert_close(plain(input_ids=ids, attention_mask=mask).logits, expected)  # type: ignore[operator]

@@ -17,8 +17,7 @@ import torch
 from peft import LoraConfig
 from rl_adapters import PolicyModel
 from rl_adapters.roles import LoraSites
-
-ROUNDING: dict[str, float] = {"rtol": 1e-5, "atol": 1e-6}
+from rl_testing.tolerance import assert_close
 
 
 def _policy(arch: str = "qwen2", **kw: Any) -> tuple[PolicyModel, Any]:
@@ -66,14 +65,16 @@ def test_fast_roles_compute_what_peft_computes(arch: str, reference: str) -> Non
     policy._restore()
     assert policy.lora_sites() is not None
     for role in policy.roles:
-        # autograd on: every role runs through its LoRA layers (bit-exact against peft)
+        # bit-exact: autograd on, every role runs through its LoRA layers as peft does
         got = policy.logits(ids, mask, role=role)
         torch.testing.assert_close(got, expected[role], **tl.EXACT, msg=role)
         with torch.no_grad():  # off: a frozen reference adapter runs merged
             got = policy.logits(ids, mask, role=role)
-        exact = role != "reference" or reference == "base"
-        tol = tl.EXACT if exact else ROUNDING
-        torch.testing.assert_close(got, expected[role], **tol, msg=role)
+        if role != "reference" or reference == "base":
+            # bit-exact: nothing merged, the same LoRA (or base) kernels as peft's
+            torch.testing.assert_close(got, expected[role], **tl.EXACT, msg=role)
+        else:  # merged weights against the LoRA forward: two routes
+            assert_close(got, expected[role], **tl.FORWARD, msg=role)
 
 
 @pytest.mark.parametrize("role", ["reference", "critic"])
@@ -106,13 +107,15 @@ def test_merged_generation_equals_the_lora_forward_and_writes_nothing() -> None:
         merged = tl.forward_logits(model, ids, mask)
         # the LoRA layers are out of the forward: no LoRA parameter is reachable from it
         assert not any(".lora_" in n for n, _ in model.named_parameters())
-    torch.testing.assert_close(merged, lora, **ROUNDING)
-    assert not torch.equal(merged, tl.base_logits("qwen2", ids, mask))  # the delta is in
+    assert_close(merged, lora, **tl.FORWARD)
+    # bit-exact: the delta is in (any difference shows)
+    assert not torch.equal(merged, tl.base_logits("qwen2", ids, mask))
     assert _modules(model) == tree
     assert {n: p.data_ptr() for n, p in model.named_parameters()} == params
     tl.assert_state_dicts_equal(model.state_dict(), state)
     with torch.no_grad(), policy.merged_for_generation(enabled=False):
         assert any(".lora_" in n for n, _ in model.named_parameters())
+        # bit-exact: not merged, the same LoRA forward again
         torch.testing.assert_close(tl.forward_logits(model, ids, mask), lora, **tl.EXACT)
 
 
@@ -124,7 +127,8 @@ def test_merged_generation_samples_with_generate() -> None:
         plain = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
         with policy.merged_for_generation():
             merged = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
-    assert torch.equal(plain, merged)  # greedy: rounding-level logit changes keep the argmax
+    # bit-exact: integer token ids (greedy: rounding-level logit changes keep the argmax)
+    assert torch.equal(plain, merged)
 
 
 def test_unmergeable_layers_keep_their_lora_forward() -> None:
@@ -138,6 +142,7 @@ def test_unmergeable_layers_keep_their_lora_forward() -> None:
     with torch.no_grad():
         lora = tl.forward_logits(model, ids, mask)
         with policy.merged_for_generation():
+            # bit-exact: nothing mergeable, the same DoRA forward runs
             torch.testing.assert_close(tl.forward_logits(model, ids, mask), lora, **tl.EXACT)
 
 
@@ -149,6 +154,7 @@ def test_full_finetune_has_no_sites_and_merging_is_a_no_op() -> None:
     with torch.no_grad():
         before = tl.forward_logits(model, ids, mask)
         with policy.merged_for_generation():
+            # bit-exact: a no-op, the same forward on the same weights
             torch.testing.assert_close(tl.forward_logits(model, ids, mask), before, **tl.EXACT)
 
 
@@ -164,7 +170,7 @@ def test_sites_are_recorded_again_after_rebuilding_adapters() -> None:
     with torch.no_grad():
         lora = tl.forward_logits(model, ids, mask)
         with policy.merged_for_generation():
-            torch.testing.assert_close(tl.forward_logits(model, ids, mask), lora, **ROUNDING)
+            assert_close(tl.forward_logits(model, ids, mask), lora, **tl.FORWARD)
 
 
 def test_a_deep_copy_switches_its_own_layers() -> None:
@@ -190,6 +196,7 @@ def test_unmergeable_reference_adapter_runs_itself_without_gradient() -> None:
     with torch.no_grad():
         got = policy.logits(ids, mask, role="reference")
     assert not torch.allclose(expected, actor)  # the two adapters differ
+    # bit-exact: the unmerged reference runs its own DoRA layers, as peft does
     torch.testing.assert_close(got, expected, **tl.EXACT)
     assert tl.grad_flags(model, policy.value_head) == flags
 
@@ -203,7 +210,7 @@ def test_a_zero_reference_delta_runs_the_base_model_until_it_changes() -> None:
     assert sites.delta_is_zero("reference") and not sites.delta_is_zero("actor")
     ids, mask = tl.batch(tl.vocab_size(model))
     base = tl.base_logits("qwen2", ids, mask)
-    with torch.no_grad():  # W + s * 0 @ A is W: the bypass is exact
+    with torch.no_grad():  # bit-exact: W + s * 0 @ A is W, the base model's own kernels run
         torch.testing.assert_close(policy.logits(ids, mask, role="reference"), base, **tl.EXACT)
     policy.sync_reference()  # written in place: the cached answer is recomputed
     assert not sites.delta_is_zero("reference")
@@ -212,7 +219,7 @@ def test_a_zero_reference_delta_runs_the_base_model_until_it_changes() -> None:
     with torch.no_grad():
         got = policy.logits(ids, mask, role="reference")
     assert not torch.allclose(got, base)
-    torch.testing.assert_close(got, expected, **ROUNDING)
+    assert_close(got, expected, **tl.FORWARD)
     with torch.no_grad():  # zeroed again (e.g. a loaded checkpoint): the bypass is back
         for p in tl.adapter_params(model, "reference").values():
             p.zero_()
