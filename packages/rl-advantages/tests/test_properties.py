@@ -12,6 +12,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rl_testing.strategies import group_layouts, mask_batches, rewards, turn_batches
+from rl_testing.tolerance import assert_close
 
 F64 = torch.float64
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -66,6 +67,11 @@ def grouped(draw: st.DrawFn, *, grid: bool = True, masked: bool | None = None) -
 # --------------------------------------------------------------------------- GAE / returns
 
 
+def _scan_scale(*xs: torch.Tensor | None) -> float:
+    """The largest partial sum a scan over a row can reach: the row sums of |x|, added up."""
+    return max(1.0, sum(float(x.abs().sum(-1).max()) for x in xs if x is not None and x.numel()))
+
+
 @API
 @SETTINGS
 @given(batch=token_batches(), gamma=GAMMA)
@@ -74,8 +80,13 @@ def test_gae_lambda_one_is_returns_minus_values(api: Any, batch: dict[str, Any],
     adv, ret = api.gae(rewards=r, values=v, mask=mask, gamma=gamma, lmbda=1.0, bootstrap=boot)
     disc = api.discounted_returns(rewards=r, mask=mask, gamma=gamma, bootstrap=boot)
     # lmbda = 1 telescopes: A_j = sum_k gamma^k r_{j+k} + gamma^L V_end - V_j = G_j - V_j
-    torch.testing.assert_close(adv, torch.where(mask, disc - v, 0.0), rtol=1e-9, atol=1e-9)
-    torch.testing.assert_close(ret, disc, rtol=1e-9, atol=1e-9)
+    # (two scans over T steps; the values cancel, so the terms set the scale)
+    tol = {
+        "reduction": max(1, mask.shape[-1]),
+        "scale": _scan_scale(r, v, v, None if boot is None else boot[:, None]),
+    }
+    assert_close(adv, torch.where(mask, disc - v, 0.0), **tol, msg="advantages")
+    assert_close(ret, disc, **tol, msg="returns")
 
 
 @API
@@ -84,8 +95,9 @@ def test_gae_lambda_one_is_returns_minus_values(api: Any, batch: dict[str, Any],
 def test_gae_gamma_zero_is_one_step_td_error(api: Any, batch: dict[str, Any], lmbda: float):
     mask, r, v, boot = batch["mask"], batch["rewards"], batch["values"], batch["bootstrap"]
     adv, ret = api.gae(rewards=r, values=v, mask=mask, gamma=0.0, lmbda=lmbda, bootstrap=boot)
-    torch.testing.assert_close(adv, torch.where(mask, r - v, 0.0), rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(ret, torch.where(mask, r, 0.0), rtol=1e-12, atol=1e-12)
+    scale = _scan_scale(r[..., None], v[..., None])  # elementwise: |r| + |v|
+    assert_close(adv, torch.where(mask, r - v, 0.0), scale=scale, msg="advantages")
+    assert_close(ret, torch.where(mask, r, 0.0), scale=scale, msg="returns")
 
 
 @API
@@ -98,8 +110,9 @@ def test_gae_no_bootstrap_is_zero_bootstrap(
     zeros = torch.zeros(mask.shape[0], dtype=F64)
     a0, r0 = api.gae(rewards=r, values=v, mask=mask, gamma=gamma, lmbda=lmbda)
     a1, r1 = api.gae(rewards=r, values=v, mask=mask, gamma=gamma, lmbda=lmbda, bootstrap=zeros)
-    torch.testing.assert_close(a0, a1, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(r0, r1, rtol=1e-12, atol=1e-12)
+    tol = {"reduction": max(1, mask.shape[-1]), "scale": _scan_scale(r, v, v)}
+    assert_close(a0, a1, **tol, msg="advantages")
+    assert_close(r0, r1, **tol, msg="returns")
 
 
 @API
@@ -121,7 +134,11 @@ def test_discounted_returns_skip_holes(api: Any, batch: dict[str, Any], gamma: f
         compact = api.discounted_returns(
             rewards=compact_r, mask=compact_m, gamma=gamma, bootstrap=b
         )
-        torch.testing.assert_close(out[i][valid], compact[0, :k], rtol=1e-12, atol=1e-12)
+        tol = {
+            "reduction": max(1, t),
+            "scale": _scan_scale(r[i], None if boot is None else boot[i : i + 1]),
+        }
+        assert_close(out[i][valid], compact[0, :k], **tol)  # holes vs the compacted row
         assert bool((out[i][~valid] == 0).all())
 
 
@@ -225,7 +242,11 @@ def test_rloo_sums_to_zero_per_group(api: Any, case: dict[str, Any]) -> None:
     b, g, r, mask = case["b"], case["g"], case["rewards"], case["mask"]
     out = api.rloo(rewards=r, group_size=g, mask=mask)
     # sum_i (r_i - (S - r_i) / (n - 1)) = S - (n S - S) / (n - 1) = 0 over the valid members
-    torch.testing.assert_close(out.view(b, g).sum(1), torch.zeros(b, dtype=F64), rtol=0, atol=1e-9)
+    # the leave-one-out means (g terms), then the group sum: terms as large as the rewards
+    scale = 2 * g * max(1.0, float(r.abs().max()))
+    assert_close(
+        out.view(b, g).sum(1), torch.zeros(b, dtype=F64), reduction=g, stages=2, scale=scale
+    )
     if mask is not None:
         assert bool((out[~mask] == 0).all())
 
@@ -238,7 +259,9 @@ def test_rloo_is_rescaled_dr_grpo(api: Any, case: dict[str, Any]) -> None:
     g, r = case["g"], case["rewards"]
     dr = api.group_relative(rewards=r, group_size=g, scale="none")
     out = api.rloo(rewards=r, group_size=g)
-    torch.testing.assert_close(out, dr * g / (g - 1), rtol=1e-9, atol=1e-9)
+    # two routes to r_i minus a group mean (g terms); it cancels, the rewards set the scale
+    scale = max(1.0, float(r.abs().max()))
+    assert_close(out, dr * g / (g - 1), reduction=g, stages=2, scale=scale)
 
 
 @API
@@ -252,7 +275,7 @@ def test_dynamic_sampling_mask_matches_nonzero_group_std(api: Any, case: dict[st
     nonzero_group = (adv.view(-1, g) != 0).any(1).repeat_interleave(g)
     valid = torch.ones_like(keep) if mask is None else mask
     # valid positions only (an invalid member of a kept group is not pinned down by the spec)
-    assert torch.equal(keep[valid], nonzero_group[valid])
+    assert torch.equal(keep[valid], nonzero_group[valid])  # bit-exact: bool masks
 
 
 # --------------------------------------------------------------------------- masking property
@@ -408,6 +431,6 @@ def test_invalid_positions_never_matter(api: Any, name: str, data: st.DataObject
     dirty_out = _as_tuple(fn(**dirty))
     for c, d in zip(clean_out, dirty_out, strict=True):
         if c.dtype == torch.bool:
-            assert torch.equal(c, d)
+            assert torch.equal(c, d)  # bit-exact: bool masks
         else:
             torch.testing.assert_close(d, c, rtol=1e-12, atol=1e-12)
