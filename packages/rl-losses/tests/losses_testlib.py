@@ -5,10 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from rl_testing import tolerance
 from rl_testing.seeded import ROW_KINDS, gen, make_mask, rand, randint  # noqa: F401 (re-exported)
 
 F64 = torch.float64
-TOL: dict[str, float] = {"rtol": 1e-10, "atol": 1e-10}
+# rl_testing.tolerance for a loss (or its gradient, or a diagnostic) against the float64 loop
+# reference: the batches here hold at most 64 tokens (the longest sum), and a loss chains up to
+# three reductions (a turn or sequence pooling, a sequence mean, the batch mean).
+LOSS_TOL: dict[str, int] = {"reduction": 64, "stages": 3}
 AGGREGATIONS = (
     "token_mean",
     "seq_mean_token_mean",
@@ -106,12 +110,18 @@ def grad_of(loss: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(x) if g is None else g
 
 
-def close(got: Any, expected: Any, msg: str = "", **tol: float) -> None:
+def close(got: Any, expected: Any, msg: str = "", **tol: Any) -> None:
+    """``rl_testing.tolerance.assert_close`` with ``LOSS_TOL`` (or ``tol``: reduction, stages,
+    scale). The scale is at least 1: the per-token terms are of order one (log-probs in
+    [-3, 0], ratios and IS weights near 1, unit advantages) and a loss may cancel below them.
+    """
     got_t = got if isinstance(got, torch.Tensor) else torch.tensor(float(got), dtype=F64)
     exp_t = expected if isinstance(expected, torch.Tensor) else torch.tensor(expected, dtype=F64)
-    torch.testing.assert_close(
-        got_t.detach().to(F64), exp_t.detach().to(F64), msg=msg or None, **(tol or TOL)
-    )
+    got_t, exp_t = got_t.detach(), exp_t.detach()
+    kw = LOSS_TOL | tol
+    if kw.get("scale") is None:
+        kw["scale"] = max([1.0, *([float(exp_t.abs().max())] if exp_t.numel() else [])])
+    tolerance.assert_close(got_t, exp_t.to(got_t.device), msg=msg or None, **kw)
 
 
 def check_scalar_output(value: torch.Tensor, name: str) -> None:

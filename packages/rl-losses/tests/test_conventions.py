@@ -62,7 +62,7 @@ def test_rollout_correction_matches_reference(seed: int, shape: tuple[int, int],
     out = rl.rollout_correction(old, samp, x["mask"], **kw)
     w, m = rc.ref_rollout_correction_ext(old, samp, x["mask"], **kw)
     lib.close(out.weights, w)
-    assert torch.equal(out.mask, m)
+    assert torch.equal(out.mask, m)  # bit-exact: bool masks (seeded ratios, none on a bound)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -79,6 +79,7 @@ def test_off_policy_mask_matches_reference(seed: int, shape: tuple[int, int], kw
     x = _inputs(seed, shape)
     args = (x["logprobs"], x["old_logprobs"], x["advantages"], x["mask"])
     got = rl.off_policy_mask(*args, **kw)
+    # bit-exact: bool masks (seeded log-ratios, none on a bound)
     assert torch.equal(got, rc.ref_off_policy_mask(*args, **kw))
     assert not (got & ~x["mask"]).any()
 
@@ -179,10 +180,10 @@ def test_off_policy_mask_by_hand() -> None:
     adv = torch.tensor([-1.0, 1.0], dtype=F64)
     # token band (0.5, 5): drops the 1/3 token only
     keep = rl.off_policy_mask(lp, beh, adv, m, token_bounds=(0.5, 5.0))
-    assert keep.tolist() == [[False, True], [True, True]]
+    assert keep.tolist() == [[False, True], [True, True]]  # bit-exact: bool masks
     # row 0 drift log(3)/2 ~ 0.55 > 0.5 with A < 0: dropped; row 1 has A > 0: kept
     keep = rl.off_policy_mask(lp, beh, adv, m, sequence_threshold=0.5)
-    assert keep.tolist() == [[False, False], [True, True]]
+    assert keep.tolist() == [[False, False], [True, True]]  # bit-exact: bool masks
 
 
 def test_kl_importance_weight_by_hand() -> None:

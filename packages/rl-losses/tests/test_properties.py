@@ -18,7 +18,6 @@ from losses_testlib import AGGREGATIONS, F64, grad_of
 from rl_testing.strategies import mask_batches, rewards, turn_ids_for
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-PROP_TOL: dict[str, float] = {"rtol": 1e-9, "atol": 1e-9}
 LEVELS = ("token", "turn", "trajectory")
 AGG = st.sampled_from(AGGREGATIONS)
 # log-ratios on a grid: units stay away from the clip bounds (checked anyway)
@@ -39,7 +38,7 @@ API = pytest.mark.parametrize("api", [_Impl(), _Ref()], ids=["impl", "ref"])
 
 
 def close(got: Any, expected: Any, msg: str = "") -> None:
-    lib.close(got, expected, msg, **PROP_TOL)
+    lib.close(got, expected, msg)  # rl_testing.tolerance with lib.LOSS_TOL
 
 
 @st.composite
@@ -467,7 +466,7 @@ def test_masked_positions_never_matter(
     out_b, grads_b = _outputs(name, filled)
     for a, c in zip(out_a, out_b, strict=True):
         if a.dtype == torch.bool:
-            assert torch.equal(a, c)
+            assert torch.equal(a, c)  # bit-exact: bool masks
         else:
             torch.testing.assert_close(c, a, rtol=1e-12, atol=1e-12, equal_nan=True)
     for a, c in zip(grads_a, grads_b, strict=True):
@@ -539,7 +538,7 @@ def test_rollout_correction_weights(
     assert bool((out.weights >= 0).all())
     if mode == "truncate":
         assert bool((out.weights <= cap).all())
-        assert torch.equal(out.mask, mask)
+        assert torch.equal(out.mask, mask)  # bit-exact: bool masks (truncation keeps them)
     else:
         assert bool((out.mask <= mask).all())
         assert bool((out.weights[mask & ~out.mask] == 0).all())
