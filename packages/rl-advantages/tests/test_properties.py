@@ -186,8 +186,12 @@ def test_group_relative_invariant_to_per_group_shift(
     shifts = data.draw(st.lists(SHIFTS, min_size=b, max_size=b))
     kw = {"group_size": g, "scale": scale, "unbiased": unbiased, "mask": mask}
     base = api.group_relative(rewards=r, **kw)
-    shifted = api.group_relative(rewards=r + _per_group(shifts, b, g), **kw)
-    torch.testing.assert_close(shifted, base, rtol=1e-9, atol=1e-9)
+    moved = r + _per_group(shifts, b, g)
+    shifted = api.group_relative(rewards=moved, **kw)
+    # the group mean over g rewards, then the std; the terms are the shifted rewards, divided by
+    # the std for "group" (GRID keeps every non-zero group std >= 0.1)
+    terms = float(moved.abs().max()) / (0.1 if scale == "group" else 1.0)
+    assert_close(shifted, base, reduction=g, stages=2, scale=terms)
 
 
 @API
@@ -200,9 +204,11 @@ def test_group_relative_batch_invariant_to_global_shift(
     g, r, mask = case["g"], case["rewards"], case["mask"]
     kw = {"group_size": g, "scale": "batch", "unbiased": unbiased, "mask": mask}
     base = api.group_relative(rewards=r, **kw)
-    torch.testing.assert_close(
-        api.group_relative(rewards=r + shift, **kw), base, rtol=1e-9, atol=1e-9
-    )
+    # the batch std over every reward; the terms are the shifted rewards over that std (a
+    # non-zero std of at most 16 GRID rewards is >= 0.05)
+    terms = float((r + shift).abs().max()) / 0.05
+    assert_close(api.group_relative(rewards=r + shift, **kw), base, reduction=r.numel(),
+                 stages=2, scale=terms)  # fmt: skip
 
 
 @API
@@ -232,7 +238,8 @@ def test_dr_grpo_is_scale_equivariant(api: Any, case: dict[str, Any], factor: fl
     kw = {"group_size": g, "scale": "none", "mask": mask}
     base = api.group_relative(rewards=r, **kw)
     scaled = api.group_relative(rewards=r * factor, **kw)
-    torch.testing.assert_close(scaled, base * factor, rtol=1e-9, atol=1e-9)
+    # r - mean over g rewards, scaled: the scaled rewards are the terms
+    assert_close(scaled, base * factor, reduction=g, scale=float((r * factor).abs().max()))
 
 
 @API
