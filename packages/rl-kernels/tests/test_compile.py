@@ -7,6 +7,11 @@ from rl_testing.tolerance import assert_close
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    torch.backends.cpu.get_cpu_capability() == "DEFAULT",
+    reason="ATEN_CPU_CAPABILITY=default: inductor's C++ for CPU reductions still names at::vec "
+    "without its header ('at::vec has not been declared'), whatever our code",
+)
 @pytest.mark.parametrize("with_entropy", [False, True])
 def test_compiled_chunk_body_matches_eager(with_entropy: bool) -> None:
     gen = torch.Generator().manual_seed(0)
