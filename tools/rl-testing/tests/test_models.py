@@ -36,6 +36,7 @@ PROMPTS = ["1+1=", "what is 12+30?", "7"]
 
 def _same_weights(a: PreTrainedModel, b: PreTrainedModel) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
+    # bit-exact: the same seeded initialisation, or a save/load round trip
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
@@ -64,7 +65,7 @@ def test_seed_determinism_and_global_rng(arch: str) -> None:
     torch.manual_seed(123)
     state = torch.get_rng_state()
     a = build(50, seed=7)
-    assert torch.equal(torch.get_rng_state(), state)  # caller's RNG untouched
+    assert torch.equal(torch.get_rng_state(), state)  # bit-exact: caller's RNG bytes untouched
     torch.manual_seed(999)  # a different global state must not matter
     b = build(50, seed=7)
     c = build(50, seed=8)
@@ -130,10 +131,11 @@ def test_generate_with_padding(
     assert not [r for r in hf_records.records if r.levelno >= logging.WARNING]
     assert out.shape[0] == len(PROMPTS)
     assert P < out.shape[1] <= P + 6
-    assert torch.equal(out[:, :P], batch["input_ids"])
+    assert torch.equal(out[:, :P], batch["input_ids"])  # bit-exact: integer token ids
     assert bool((out < len(tok)).all())
     # Sampling is reproducible under the global seed.
     torch.manual_seed(0)
+    # bit-exact: the same kernels and random draws on the same inputs, in one process
     assert torch.equal(_generate(model, batch), out)
 
 
@@ -188,7 +190,7 @@ def _assert_same_pair(
     assert loaded_tok.get_vocab() == tok.get_vocab()
     assert _same_weights(model, loaded)
     batch = tok([*PROMPTS, text], padding=True, return_tensors="pt")
-    with torch.no_grad():
+    with torch.no_grad():  # bit-exact: the loaded weights are the saved ones, same kernels
         assert torch.equal(loaded(**batch).logits, model(**batch).logits)
     for name in ("pad_token_id", "eos_token_id", "bos_token_id"):
         assert getattr(loaded.config, name) == getattr(model.config, name)

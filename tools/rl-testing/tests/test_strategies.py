@@ -35,7 +35,7 @@ def draw_one(strategy: st.SearchStrategy[object]) -> object:
 def check_turn_ids(mask: torch.Tensor, ids: torch.Tensor, max_turns: int | None) -> None:
     assert ids.dtype == torch.int64
     assert ids.shape == mask.shape
-    assert torch.equal(ids == -1, ~mask)
+    assert torch.equal(ids == -1, ~mask)  # bit-exact: bool masks
     for row_mask, row_ids in zip(mask.tolist(), ids.tolist(), strict=True):
         prev_pos, prev_id = -1, -1
         for pos, (valid, turn) in enumerate(zip(row_mask, row_ids, strict=True)):
@@ -97,7 +97,7 @@ def test_masks_reach_empty_rows_and_holes() -> None:
 def test_mask_batches_shrink_to_minimal_example() -> None:
     # Built from lists, so hypothesis shrinks to the smallest mask with 3 rows: 3 x 1, all True.
     found = find(mask_batches(), lambda m: m.shape[0] >= 3)
-    assert torch.equal(found, torch.ones(3, 1, dtype=torch.bool))
+    assert torch.equal(found, torch.ones(3, 1, dtype=torch.bool))  # bit-exact: bool masks
 
 
 @SETTINGS
