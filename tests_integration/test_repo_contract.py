@@ -106,3 +106,41 @@ def test_installs_compile_bytecode() -> None:
     assert tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["uv"]["compile-bytecode"]
     source = transformers.modeling_utils.__file__
     assert Path(importlib.util.cache_from_source(source)).is_file(), f"no bytecode for {source}"
+
+
+#: A comparison that demands bit-for-bit equality (docs/testing.md, "Tolerances").
+EXACT = re.compile(r"torch\.equal\(|atol=0([^.0-9]|$)|atol=0\.0([^0-9]|$)|rtol=0([^.0-9]|$)")
+#: Elapsed wall time compared against a number: a speed limit in a test.
+TIMED = re.compile(r"(elapsed|monotonic\(\) - \w+|perf_counter\(\) - \w+)\s*<")
+
+
+def _test_files() -> list[Path]:
+    roots = [*(ROOT / "packages").glob("*/tests"), ROOT / "tests_integration"]
+    roots.append(ROOT / "tools" / "rl-testing" / "tests")
+    this = Path(__file__).resolve()  # its patterns are not comparisons
+    return sorted(f for r in roots for f in r.rglob("*.py") if f.resolve() != this)
+
+
+def test_every_bit_exact_comparison_says_why() -> None:
+    """Bit-exact only where the same kernels run the same inputs, with a ``# bit-exact:`` reason
+    on the line or within the two lines above; everything else uses rl_testing.tolerance."""
+    missing = []
+    for path in _test_files():
+        lines = path.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if EXACT.search(line) and "bit-exact" not in " ".join(lines[max(0, i - 2) : i + 1]):
+                missing.append(f"{path.relative_to(ROOT)}:{i + 1}: {line.strip()}")
+    assert not missing, "bit-exact comparisons without a `# bit-exact:` reason:\n" + "\n".join(
+        missing
+    )
+
+
+def test_no_test_asserts_a_wall_clock_limit() -> None:
+    """Speed is a benchmark figure, never a test's verdict; hang guards wait, they do not assert."""
+    timed = [
+        f"{path.relative_to(ROOT)}:{i + 1}: {line.strip()}"
+        for path in _test_files()
+        for i, line in enumerate(path.read_text().splitlines())
+        if "assert" in line and TIMED.search(line)
+    ]
+    assert not timed, "wall-clock limits asserted in tests:\n" + "\n".join(timed)

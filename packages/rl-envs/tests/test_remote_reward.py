@@ -63,10 +63,6 @@ REWARDS = textwrap.dedent(
     '''
 )
 
-#: Seconds after which a call that must fail within its own (seconds-long) budget counts as hung: a
-#: hang guard, far beyond any budget configured here, never a speed limit.
-HANG_GUARD_S = 120.0
-
 PROMPTS = ["2+2=", "what is 3+4?", "name a colour", "x"]
 COMPLETIONS = ["4", "7 or so", "", "xyz"]
 ANSWERS = ["4", "7", "red", "x"]
@@ -228,7 +224,6 @@ def test_silent_server_fails_within_the_timeout(silent_server: str) -> None:
     attempts = re.search(r"; (\d+) attempts? in ", message)
     assert attempts is not None and 1 <= int(attempts[1]) <= 3, message
     assert elapsed >= 1.4  # the whole budget was waited
-    assert elapsed < HANG_GUARD_S  # a hang guard, not a speed limit
 
 
 def test_retry_reaches_a_server_that_starts_late() -> None:
