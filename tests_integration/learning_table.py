@@ -76,8 +76,12 @@ class Curve:
     """Step of the first evaluation with accuracy >= ``TARGET`` (None: never)."""
     held: bool = False
     """Accuracy >= ``AFTER`` ``HOLD`` steps after ``reached``."""
+    use_sequence_packing: bool | None = None
+    """The agent's setting during the run (None: auto)."""
     packed_forwards: int = 0
     padded_forwards: int = 0
+    """Forwards the auto setting packed or ran padded (``agent.packing_report``; both 0 when
+    the setting is explicit)."""
 
     @property
     def passed(self) -> bool:
@@ -133,6 +137,7 @@ def run(algo: str, seed: int, max_steps: int, **options: Any) -> Curve:
                 state.stop = True  # the budget is spent
 
     train_loop([agent], ReasoningSource(env), steps=max_steps + HOLD, hooks=[ToTarget()])
+    curve.use_sequence_packing = agent.use_sequence_packing
     report = agent.packing_report
     curve.packed_forwards, curve.padded_forwards = report.packed_forwards, report.padded_forwards
     return curve

@@ -33,6 +33,8 @@ def _learns(algo: str, **options: object) -> table.Curve:
 def test_algorithm_learns_successor_digit(algo: str) -> None:
     """The default, packed forwards (``use_sequence_packing=None``: the tiny Qwen2 runs SDPA)."""
     curve = _learns(algo)
+    # what the default (None, "auto") chose: always packed
+    assert curve.use_sequence_packing is None, curve
     assert curve.packed_forwards > 0 and curve.padded_forwards == 0, curve
 
 
@@ -51,7 +53,7 @@ PADDED_ALGOS = [
 def test_algorithm_learns_padded(algo: str) -> None:
     """The table holds with the padded opt-out (packed and padded differ by float rounding)."""
     curve = _learns(algo, use_sequence_packing=False)
-    assert curve.packed_forwards == 0 and curve.padded_forwards > 0, curve
+    assert curve.use_sequence_packing is False and curve.packed_forwards == 0, curve
 
 
 #: Packed rows in token-budget micro-batches (``micro_batch_tokens=48``, issue 20): one case
@@ -64,7 +66,7 @@ TOKEN_BUDGET_ALGOS = ["grpo", "dr_grpo", "reinforce", "ppo"]
 def test_algorithm_learns_with_token_budget_micro_batches(algo: str) -> None:
     """The table holds with packed rows in micro-batches of at most 48 tokens (issue 20)."""
     curve = _learns(algo, use_sequence_packing=True, micro_batch_tokens=48)
-    assert curve.packed_forwards > 0 and curve.padded_forwards == 0, curve
+    assert curve.use_sequence_packing is True and curve.padded_forwards == 0, curve
 
 
 @pytest.mark.parametrize("algo", ["grpo", "reinforce", "ppo"])

@@ -94,10 +94,12 @@ def test_no_source_file_is_over_600_lines() -> None:
 
 
 def test_installs_compile_bytecode() -> None:
-    """Every environment uv syncs holds compiled bytecode, so no start recompiles torch/transformers.
+    """An imported module has its bytecode, so no start recompiles torch/transformers.
 
     With ``PYTHONDONTWRITEBYTECODE`` set (Docker images, CI) Python never writes ``.pyc`` files
     itself; ``compile-bytecode`` makes uv write them at install (docs/benchmarks.md, start-up).
+    The nox sessions leave it to Python's first import unless that variable is set (noxfile.py,
+    ``sync``): either way the module imported here has its ``.pyc``.
     """
     import importlib.util
 
