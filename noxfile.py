@@ -96,6 +96,14 @@ def sync(session: nox.Session, *args: str) -> None:
     )
 
 
+#: pytest-xdist: one worker per CPU, each test file on one worker (the files' tests share
+#: module fixtures and run in order). Every test runs with one torch thread
+#: (``rl_testing.fixtures.single_torch_thread``), so the workers fill the cores without
+#: oversubscribing them; ``-- -n 0`` runs in one process. The slow session stays serial: its
+#: tests launch several processes each.
+XDIST = ["-n", "auto", "--dist", "loadfile"]
+
+
 def _test_session(package: str, directory: str) -> None:
     @nox.session(name=f"test-{package}", tags=["test"])
     def test(session: nox.Session) -> None:
@@ -105,7 +113,9 @@ def _test_session(package: str, directory: str) -> None:
         cov = [f"--cov={module}", "--cov-report=term-missing:skip-covered"]
         if package in COVERAGE_FLOOR:
             cov.append(f"--cov-fail-under={COVERAGE_FLOOR[package]}")
-        session.run("pytest", f"{directory}/tests", "-m", "not slow", *cov, *session.posargs)
+        session.run(
+            "pytest", f"{directory}/tests", "-m", "not slow", *XDIST, *cov, *session.posargs
+        )
 
 
 for _pkg in PACKAGES:
@@ -152,7 +162,7 @@ def isolation(session: nox.Session) -> None:
 @nox.session
 def integration(session: nox.Session) -> None:
     sync(session, "--all-packages", "--extra", "deepspeed", "--group", "test")
-    session.run("pytest", "tests_integration", "-m", "not slow", *session.posargs)
+    session.run("pytest", "tests_integration", "-m", "not slow", *XDIST, *session.posargs)
 
 
 @nox.session
