@@ -99,8 +99,9 @@ def sync(session: nox.Session, *args: str) -> None:
 #: pytest-xdist: one worker per CPU, each test file on one worker (the files' tests share
 #: module fixtures and run in order). Every test runs with one torch thread
 #: (``rl_testing.fixtures.single_torch_thread``), so the workers fill the cores without
-#: oversubscribing them; ``-- -n 0`` runs in one process. The slow session stays serial: its
-#: tests launch several processes each.
+#: oversubscribing them; ``-- -n 0`` runs in one process. Multi-process tests (torchrun,
+#: DeepSpeed, rollout workers) then share the cores with the other worker: their timeouts are
+#: hang guards, minutes beyond their run time.
 XDIST = ["-n", "auto", "--dist", "loadfile"]
 
 
@@ -174,7 +175,7 @@ def slow(session: nox.Session) -> None:
     dirs = [f"packages/{p}/tests" for p in PACKAGES]
     session.run(
         "pytest", *dirs, "tools/rl-testing/tests", "tools/tests", "tests_integration", "-m", "slow",
-        *session.posargs,
+        *XDIST, *session.posargs,
         success_codes=[0, 5],  # 5: nothing is marked slow yet
     )  # fmt: skip
 
