@@ -86,7 +86,9 @@ def test_frozen() -> None:
         {"logits_processor": lambda ids, scores: scores},
         {"return_logprobs": True},
     ],
-    ids=repr,
+    ids=lambda kwargs: ",".join(
+        f"{k}=<callable>" if callable(v) else f"{k}={v!r}" for k, v in kwargs.items()
+    ),  # no object address in a test id: every pytest-xdist worker collects the same ids
 )
 def test_valid_values_accepted(kwargs: dict[str, Any]) -> None:
     p = SamplingParams(**kwargs)
