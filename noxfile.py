@@ -72,28 +72,35 @@ TYPED_SOURCES = [
 ]
 
 
+#: Where the sessions' Python writes bytecode when ``PYTHONDONTWRITEBYTECODE`` is set (``sync``).
+PYCACHE = ROOT / ".nox" / "pycache"
+
+
 def sync(session: nox.Session, *args: str) -> None:
     """Sync the session venv from uv.lock with exactly the given packages/groups.
 
-    Bytecode: pyproject.toml has uv compile every installed file (``compile-bytecode``), for
-    start-ups where ``PYTHONDONTWRITEBYTECODE`` keeps Python from writing ``.pyc`` files. A test
-    session imports a fraction of its 6,000-17,000 files, and Python writes their ``.pyc`` on the
-    first import, so the sessions skip the install-time compile (20-45 s each on 2 cores,
-    docs/testing.md) unless ``PYTHONDONTWRITEBYTECODE`` is set.
+    Bytecode: pyproject.toml has uv compile every installed file (``compile-bytecode``) for the
+    root environment's start-ups (``uv run rl-train demo``) where ``PYTHONDONTWRITEBYTECODE``
+    keeps Python from writing ``.pyc`` files. A test session imports a fraction of its
+    6,000-18,000 files, so its install skips that compile (15-48 s a session on 2 cores,
+    docs/testing.md) and Python writes the ``.pyc`` of what the session imports, on first import.
+    Where ``PYTHONDONTWRITEBYTECODE`` is set, the session's processes write them anyway, under
+    ``.nox/pycache`` (``PYTHONPYCACHEPREFIX``) rather than next to any source: without them every
+    test process and every process a test launches would recompile torch's sources at start.
     """
-    compile_bytecode = (
-        [] if os.environ.get("PYTHONDONTWRITEBYTECODE") else ["--no-compile-bytecode"]
-    )
     session.run_install(
         "uv",
         "sync",
         "--locked",
         "--exact",
         "--no-default-groups",
-        *compile_bytecode,
+        "--no-compile-bytecode",
         *args,
         env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
     )
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        session.env["PYTHONDONTWRITEBYTECODE"] = ""  # Python: only a non-empty value disables
+        session.env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
 
 
 #: pytest-xdist: one worker per CPU, each test file on one worker (the files' tests share

@@ -98,8 +98,8 @@ def test_installs_compile_bytecode() -> None:
 
     With ``PYTHONDONTWRITEBYTECODE`` set (Docker images, CI) Python never writes ``.pyc`` files
     itself; ``compile-bytecode`` makes uv write them at install (docs/benchmarks.md, start-up).
-    The nox sessions leave it to Python's first import unless that variable is set (noxfile.py,
-    ``sync``): either way the module imported here has its ``.pyc``.
+    The nox sessions leave it to Python's first import, under ``.nox/pycache`` where that
+    variable is set (noxfile.py, ``sync``): either way the module imported here has its ``.pyc``.
     """
     import importlib.util
 

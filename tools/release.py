@@ -216,8 +216,12 @@ def make_venv(path: Path) -> Path:
 
 
 def install(python: Path, targets: Iterable[str | Path], find_links: Path | None = None) -> None:
-    """``uv pip install`` into the environment of ``python`` (no workspace sources)."""
-    args = [uv(), "pip", "install", "--quiet", "--python", str(python)]
+    """``uv pip install`` into the environment of ``python`` (no workspace sources).
+
+    Without the install-time bytecode compile that pyproject.toml asks for: these environments
+    run a few ``python -I`` commands, which write the ``.pyc`` of what they import themselves.
+    """
+    args = [uv(), "pip", "install", "--quiet", "--no-compile-bytecode", "--python", str(python)]
     if find_links is not None:
         # our wheels are rebuilt under an unchanged version: never take one from uv's cache
         ours = sorted({w.name.split("-")[0].replace("_", "-") for w in find_links.glob("*.whl")})
