@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import importlib.util
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
@@ -29,6 +30,7 @@ from rl_adapters.lean_mlp import lean_swiglu
 from rl_adapters.lean_norm import lean_rms_norm
 from rl_adapters.lean_rotary import lean_rotary
 from rl_adapters.lora import default_lora_config, scope_lora_config, validate_lora_config
+from rl_adapters.replay import Switch, enable_checkpointing, replayable
 from rl_adapters.roles import LoraSites
 from rl_adapters.value_head import ValueHead
 
@@ -136,9 +138,7 @@ class PolicyModel(nn.Module):
         self.value_head: ValueHead | None = None
         self._sites: LoraSites | None = None
         if gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
+            enable_checkpointing(model)  # recomputations replay the forward's switches
         if full_finetune:
             self.peft: PeftModel | None = None
             self.causal_lm: PreTrainedModel = model
@@ -296,33 +296,46 @@ class PolicyModel(nn.Module):
     def use_role(self, role: str) -> Iterator[None]:
         """Run the body with ``role``'s weights; the actor and its trainable set after.
 
+        The switch is :func:`rl_adapters.replay.replayable`: a checkpointed layer that runs
+        forward in the body recomputes, during the backward, with ``role`` active again.
+
         Raises:
             ValueError: For a role this model does not have.
         """
         self._check_role(role)
-        if self.peft is None or role == "actor":
+        switch = self._role_switch(role)
+        if switch is None:
             yield
             return
+        with replayable(switch):
+            yield
+
+    def _role_switch(self, role: str) -> Switch | None:
+        """The switch that makes ``role`` active (None: the actor, already active)."""
+        if self.peft is None or role == "actor":
+            return None
         sites = self.lora_sites()
-        if sites is not None:  # only the LoRA layers are visited
+        if sites is None:  # peft's model-level switches (ZeRO-3)
+            return functools.partial(self._peft_role, role)
+        if role == "reference" and self.reference_mode == "base":
+            return sites.bypassed
+        if role == "reference" and not torch.is_grad_enabled():
+            # frozen: the base model where its delta is exactly zero (a reference copied
+            # from a fresh actor), else its delta merged; both at base-model speed
+            if sites.delta_is_zero(role):
+                return sites.bypassed
+            return functools.partial(sites.merged, role)
+        return functools.partial(sites.active, role)
+
+    @contextlib.contextmanager
+    def _peft_role(self, role: str) -> Iterator[None]:
+        """``role`` through peft's model-level switches (ZeRO-3); the actor after."""
+        try:
             if role == "reference" and self.reference_mode == "base":
-                with sites.bypassed():
-                    yield
-            elif role == "reference" and not torch.is_grad_enabled():
-                # frozen: the base model where its delta is exactly zero (a reference copied
-                # from a fresh actor), else its delta merged; both at base-model speed
-                with sites.bypassed() if sites.delta_is_zero(role) else sites.merged(role):
+                with self.peft.disable_adapter():  # type: ignore[union-attr]
                     yield
             else:
-                with sites.active(role):
-                    yield
-            return
-        try:  # peft's model-level switches (ZeRO-3)
-            if role == "reference" and self.reference_mode == "base":
-                with self.peft.disable_adapter():
-                    yield
-            else:
-                self.peft.set_adapter(role)
+                self.peft.set_adapter(role)  # type: ignore[union-attr]
                 yield
         finally:
             self._restore()
@@ -358,17 +371,17 @@ class PolicyModel(nn.Module):
         Also runs the lean rotary embedding (:func:`rl_adapters.lean_rotary.lean_rotary`),
         RMSNorm (:func:`rl_adapters.lean_norm.lean_rms_norm`) and SwiGLU gate
         (:func:`rl_adapters.lean_mlp.lean_swiglu`), each bit-equal to transformers' own step,
-        for the whole body, so the forwards a checkpointed layer recomputes during the backward
-        use them too. Nothing changes with ``enabled=False``.
+        for the whole body. Every swap is :func:`rl_adapters.replay.replayable`, so a layer
+        checkpointed in the body recomputes with the swaps of its forward also when the backward
+        runs after the body. Nothing changes with ``enabled=False``.
         """
         sites = self.lora_sites() if enabled else None
-        lean = sites.lean() if sites is not None else contextlib.nullcontext()
         model = self.causal_lm
         with (
-            lean_rotary(model, enabled),
-            lean_rms_norm(model, enabled),
-            lean_swiglu(model, enabled),
-            lean,
+            replayable(functools.partial(lean_rotary, model, enabled)),
+            replayable(functools.partial(lean_rms_norm, model, enabled)),
+            replayable(functools.partial(lean_swiglu, model, enabled)),
+            replayable(sites.lean) if sites is not None else contextlib.nullcontext(),
         ):
             yield
 
@@ -443,14 +456,18 @@ class PolicyModel(nn.Module):
             if self.activation_offload
             else contextlib.nullcontext()
         )
-        # the lean rotary, RMSNorm and SwiGLU (bit-equal to transformers'), except where a
-        # checkpointed layer will recompute this forward in a backward outside this call: its
-        # saved tensors must match (inside lean_lora() the swap is the enclosing block's)
-        recomputed = self.gradient_checkpointing and torch.is_grad_enabled()
-        rotary = lean_rotary(model, enabled=not recomputed)
-        norm = lean_rms_norm(model, enabled=not recomputed)
-        mlp = lean_swiglu(model, enabled=not recomputed)
-        with self.use_role(role), offload, self._checkpointing(model), rotary, norm, mlp:
+        # every switch the forward reads is replayable (rl_adapters.replay): a checkpointed
+        # layer recomputes, in the backward, with the role, the lean rotary, RMSNorm and SwiGLU
+        # (bit-equal to transformers') and the checkpointing flags of this forward. The offload
+        # hooks are autograd's own saved-tensor hooks, which the recomputation replaces.
+        with (
+            self.use_role(role),
+            offload,
+            replayable(functools.partial(self._checkpointing, model)),
+            replayable(functools.partial(lean_rotary, model)),
+            replayable(functools.partial(lean_rms_norm, model)),
+            replayable(functools.partial(lean_swiglu, model)),
+        ):
             out = decoder_of(model)(
                 input_ids=input_ids,
                 attention_mask=attention_mask,

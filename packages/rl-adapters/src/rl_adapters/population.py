@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -18,6 +19,7 @@ from transformers import PreTrainedModel
 
 from rl_adapters.lora import default_lora_config, validate_lora_config
 from rl_adapters.policy import causal_lm_of, copy_adapter, decoder_of, is_lora_param_of
+from rl_adapters.replay import replayable
 
 __all__ = ["SharedBasePopulation"]
 
@@ -105,7 +107,7 @@ class SharedBasePopulation:
     ) -> torch.Tensor:
         """[N, T, H] agent ``index``'s last hidden states."""
         causal_lm = causal_lm_of(self.peft)
-        with self.member(index):
+        with replayable(functools.partial(self.member, index)):  # rl_adapters.replay
             out = decoder_of(causal_lm)(input_ids=input_ids, attention_mask=attention_mask)
         hidden = out.last_hidden_state
         assert isinstance(hidden, torch.Tensor)

@@ -17,7 +17,8 @@ attention call). Attention stays inside each row, by implementation:
 * ``sdpa`` and ``eager`` (CPU and CUDA): for the packed forward the model runs
   :func:`varlen_sdpa_attention` (registered in transformers' ``AttentionInterface`` as
   ``"rl_varlen_sdpa"``; the config's implementation is switched for the forward and restored
-  after): causal SDPA on each row's slice, so the cost is ``sum_i L_i^2`` and no ``[S, S]``
+  after, a :func:`rl_adapters.replay.replayable` switch, so a checkpointed layer recomputes
+  with it too): causal SDPA on each row's slice, so the cost is ``sum_i L_i^2`` and no ``[S, S]``
   mask is built. Equal to the padded forward to float rounding.
 * ``flex_attention``: transformers' own packed path. With ``attention_mask=None`` and
   restarting ``position_ids`` (no cache), ``masking_utils.create_causal_mask`` detects the
@@ -42,13 +43,16 @@ reason and the counts and last reason on the report (``agent.packing_report``).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from rl_adapters.replay import replayable
 
 __all__ = [
     "FLASH_IMPLEMENTATIONS",
@@ -231,22 +235,30 @@ def packed_hidden_states(
         "max_length_k": rows.max_length,
     }
     model = policy.reference_model if role == "reference" else None
-    configs = _configs(policy.causal_lm if model is None else model)
-    switch = impl in ("sdpa", "eager")
-    if switch:
+    switch: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if impl in ("sdpa", "eager"):
         _register_varlen()
-    saved = [c._attn_implementation_internal for c in configs]
-    try:
-        if switch:
-            for c in configs:
-                c._attn_implementation_internal = VARLEN_SDPA
+        configs = _configs(policy.causal_lm if model is None else model)
+        # replayable: a checkpointed layer recomputes with the varlen attention too
+        switch = replayable(functools.partial(_attention, tuple(configs), VARLEN_SDPA))
+    with switch:
         hidden: torch.Tensor = policy.hidden_states(
             rows.input_ids, None, role=role, position_ids=rows.position_ids, **extra
         )
+    return unpack(hidden, rows)
+
+
+@contextlib.contextmanager
+def _attention(configs: Sequence[Any], impl: str) -> Iterator[None]:
+    """Run the body with attention implementation ``impl`` in ``configs``; restore after."""
+    saved = [c._attn_implementation_internal for c in configs]
+    try:
+        for c in configs:
+            c._attn_implementation_internal = impl
+        yield
     finally:
         for c, value in zip(configs, saved, strict=True):
             c._attn_implementation_internal = value
-    return unpack(hidden, rows)
 
 
 def _unpadded_hidden_states(

@@ -1,0 +1,99 @@
+"""Activation checkpointing replays the forward's switches (``rl_adapters.replay``).
+
+A checkpointed forward recomputes during the backward, after the ``with`` blocks around it
+have exited. A toy switch shows the failure mode and the fix; on the policy, a critic forward
+(the role switch) backpropagated after ``use_role`` exits equals the unchecked one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+
+import adapters_testlib as tl
+import torch
+from rl_adapters import PolicyModel
+from rl_adapters.replay import checkpoint_context, recorded, replayable
+from rl_testing.tolerance import assert_close
+from torch.utils.checkpoint import checkpoint
+
+
+class _Scaled(torch.nn.Module):
+    """``(scale * x)^2``: the backward reads ``scale * x``, which a recomputation rebuilds."""
+
+    scale = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.scale * x) ** 2
+
+
+@contextlib.contextmanager
+def _scale(module: _Scaled, value: float) -> Iterator[None]:
+    saved = module.scale
+    module.scale = value
+    try:
+        yield
+    finally:
+        module.scale = saved
+
+
+def _grad(module: _Scaled, switch: bool, checkpointed: bool, twice: bool = False) -> torch.Tensor:
+    x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    enter = functools.partial(_scale, module, 3.0)
+    with replayable(enter) if switch else enter():
+        if checkpointed:
+            y = checkpoint(module, x, use_reentrant=False, context_fn=checkpoint_context)
+        else:
+            y = module(x)
+    assert module.scale == 1.0 and not recorded()  # restored before the backward
+    y.sum().backward(retain_graph=twice)
+    if twice:  # a second recomputation replays again
+        y.sum().backward()
+        assert x.grad is not None
+        return x.grad / 2
+    assert x.grad is not None
+    return x.grad
+
+
+def test_a_recomputation_replays_the_switch() -> None:
+    module = _Scaled()
+    want = 2 * 9.0 * torch.tensor([1.0, -2.0, 3.0])  # d/dx (3x)^2 = 18 x
+    assert_close(_grad(module, switch=False, checkpointed=False), want)
+    # a plain switch: the recomputation ran with scale 1, so the gradient is 6x, not 18x
+    assert_close(_grad(module, switch=False, checkpointed=True), want / 3)
+    assert_close(_grad(module, switch=True, checkpointed=True), want)
+    assert_close(_grad(module, switch=True, checkpointed=True, twice=True), want)
+
+
+def test_recorded_lists_the_open_switches_outermost_first() -> None:
+    module = _Scaled()
+    outer, inner = functools.partial(_scale, module, 2.0), functools.partial(_scale, module, 5.0)
+    with replayable(outer):
+        with replayable(inner):
+            assert recorded() == (outer, inner) and module.scale == 5.0
+        assert recorded() == (outer,) and module.scale == 2.0
+    assert recorded() == () and module.scale == 1.0
+
+
+def _critic_grads(checkpointing: bool) -> dict[str, torch.Tensor]:
+    model = tl.base("qwen2")
+    policy = PolicyModel(
+        model, lora_config=tl.lora(), critic=True, gradient_checkpointing=checkpointing
+    )
+    tl.perturb(policy.trainable_parameters("actor"), seed=1)  # actor != critic
+    ids, mask = tl.batch(tl.vocab_size(model))
+    policy.values(ids, mask).sum().backward()  # the backward runs after use_role("critic")
+    named = tl.named(policy)
+    critic = tl.ids(policy.trainable_parameters("critic"))
+    return {n: p.grad for n, p in named.items() if id(p) in critic and p.grad is not None}
+
+
+def test_checkpointed_critic_backward_runs_the_critic_adapter() -> None:
+    plain, checkpointed = _critic_grads(False), _critic_grads(True)
+    assert set(plain) == set(checkpointed) and any(".lora_A." in n for n in plain)
+    for name, grad in checkpointed.items():
+        if ".lora_A." in name:  # the critic's lora_B is zero: its lora_A gets exactly nothing
+            assert not bool(grad.any()), name
+        else:
+            assert_close(grad, plain[name], **tl.GRADS, msg=name)
