@@ -152,3 +152,17 @@ def test_lean_under_activation_checkpointing_recomputes_the_same_gradients() -> 
     torch.testing.assert_close(lean[0], plain[0], **tl.EXACT)
     for a, b in zip(lean[1:], plain[1:], strict=True):
         assert_close(a, b, **tl.GRADS, msg="gradient")
+
+
+def test_lean_falls_back_to_peft_under_cpu_autocast() -> None:
+    """Autocast of the input's device (here the CPU's, bfloat16) runs peft's forward, which
+    autocast casts; the lean node would mix dtypes. Logits equal the plain run's."""
+    policy, model = _policy(tl.lora(r=4, alpha=8))
+    ids, mask = tl.batch(tl.vocab_size(model))
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        plain = policy.logits(ids, mask)
+        with policy.lean_lora():
+            lean = policy.logits(ids, mask)
+    assert lean.dtype == plain.dtype == torch.bfloat16
+    # bit-exact: under autocast both runs are peft's forward, the same kernels on the same inputs
+    assert torch.equal(lean, plain)

@@ -415,3 +415,14 @@ def test_filtered_groups_leave_the_loss_and_its_normaliser() -> None:
     ga = tl.agent_grads(a.policy, names)
     assert max(float(g.abs().max()) for g in ga.values()) > 1e-3, "degenerate test case"
     tl.assert_grads_close(ga, tl.agent_grads(b.policy, names))
+
+
+def test_shared_value_head_seeding_leaves_the_cuda_generators_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shared critic's value head is seeded on the CPU generator only (restored after):
+    ``torch.manual_seed`` would also reseed every CUDA generator, which nothing restores."""
+    calls: list[int] = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", calls.append)
+    agent = tl.make_agent("LLMPPO", critic_mode="shared")
+    assert agent.policy.value_head is not None and calls == []

@@ -635,3 +635,18 @@ def test_greedy_generation_does_not_warn_about_sampling_flags(
     with caplog.at_level("WARNING"):
         engine.generate(PROMPTS, SamplingParams.eval_preset(max_new_tokens=3))
     assert "not valid" not in caplog.text
+
+
+def test_seeded_generate_leaves_other_generators_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SamplingParams.seed`` seeds the CPU generator (and the model's CUDA device's), which
+    ``fork_rng`` restores, and no other: ``torch.manual_seed`` would reseed every CUDA device."""
+    calls: list[int] = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", calls.append)
+    engine, _, _ = make()
+    params = SamplingParams(n=2, max_new_tokens=4, seed=0)
+    before = torch.random.get_rng_state()
+    first = engine.generate(PROMPTS, params)
+    assert calls == []
+    # bit-exact: the caller's CPU generator is restored exactly
+    assert torch.equal(torch.random.get_rng_state(), before)
+    assert_same_result(engine.generate(PROMPTS, params), first)  # the seed still repeats

@@ -74,6 +74,18 @@ def test_seed_determinism_and_global_rng(arch: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_seeding_leaves_the_cuda_generators_alone(
+    arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the CPU generator, which is restored, is seeded: ``torch.manual_seed`` would also
+    reseed every CUDA generator (queued until CUDA starts), which nothing restores."""
+    calls: list[int] = []
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", calls.append)
+    BUILDERS[arch](50, seed=7)
+    assert calls == []
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_defaults(arch: str) -> None:
     model = BUILDERS[arch](40)
     expected_cls = Qwen2ForCausalLM if arch == "qwen2" else LlamaForCausalLM

@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from rl_adapters._checkpoint_read import CheckpointError, _load_tensors, _read_json
+from rl_adapters.seeding import seeded
 
 __all__ = ["ILQLHeads", "ILQLHeadsConfig", "ILQLHeadsOutput"]
 
@@ -114,8 +115,7 @@ class ILQLHeads(nn.Module):
             raise TypeError(f"`config` must be an ILQLHeadsConfig, got {type(config).__name__}")
         self.config = config
         n = 2 if config.two_qs else 1
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded(seed):  # the heads are built on the CPU
             self.v_head = _head(config.hidden_size, 1, config.mlp)
             self.q_heads = nn.ModuleList(
                 _head(config.hidden_size, config.vocab_size, config.mlp) for _ in range(n)

@@ -139,7 +139,7 @@ class LeanLora(nn.Module):
 
     def _plan(self, x: torch.Tensor) -> _Plan | None:
         layer = self.layer
-        if torch.is_autocast_enabled():
+        if torch.is_autocast_enabled(x.device.type):  # autocast of the input's device
             return None
         key = (tuple(layer.active_adapters), layer.disable_adapters, len(layer.merged_adapters))
         if key not in self._plans:

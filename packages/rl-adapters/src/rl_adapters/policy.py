@@ -32,6 +32,7 @@ from rl_adapters.lean_rotary import lean_rotary
 from rl_adapters.lora import default_lora_config, scope_lora_config, validate_lora_config
 from rl_adapters.replay import Switch, enable_checkpointing, replayable
 from rl_adapters.roles import LoraSites
+from rl_adapters.seeding import seeded
 from rl_adapters.value_head import ValueHead
 
 if TYPE_CHECKING:
@@ -154,8 +155,7 @@ class PolicyModel(nn.Module):
             self.lora_config = config
             self._attach_adapters(model, config)
         if critic:
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed + 1)
+            with seeded(seed + 1):  # the head is built on the CPU
                 self.value_head = ValueHead(self.causal_lm.config.hidden_size)
         self._restore()
 
@@ -163,8 +163,7 @@ class PolicyModel(nn.Module):
         """Wrap ``model`` with this policy's LoRA adapters, seeded (global RNG untouched)."""
         from peft import PeftModel, get_peft_model  # heavy: only with LoRA
 
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed)
+        with seeded(self.seed, model):  # the adapters are built where the model lives
             peft_model = get_peft_model(model, config, adapter_name="actor")
             if not isinstance(peft_model, PeftModel):  # pragma: no cover - peft contract
                 raise TypeError("get_peft_model did not return a PeftModel")

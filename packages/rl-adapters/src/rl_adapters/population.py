@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 from rl_adapters.lora import default_lora_config, validate_lora_config
 from rl_adapters.policy import causal_lm_of, copy_adapter, decoder_of, is_lora_param_of
 from rl_adapters.replay import replayable
+from rl_adapters.seeding import seeded
 
 __all__ = ["SharedBasePopulation"]
 
@@ -49,8 +50,7 @@ class SharedBasePopulation:
             if lora_config is not None
             else default_lora_config(model)
         )
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+        with seeded(seed, model):  # the adapters are built where the model lives
             peft_model = get_peft_model(model, config, adapter_name="agent_0")
             if not isinstance(peft_model, PeftModel):  # pragma: no cover - peft contract
                 raise TypeError("get_peft_model did not return a PeftModel")

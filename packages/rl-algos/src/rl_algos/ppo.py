@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 from rl_adapters import ValueHead
+from rl_adapters.seeding import seeded
 from rl_losses import value_loss
 
 from rl_algos.base import AgentParts, Batch, LLMAlgorithm
@@ -84,8 +85,7 @@ class LLMPPO(LLMAlgorithm):
         if self.config.critic_mode == "shared":
             # trlX's layout: a value head on the actor's own hidden states (shared trunk; the
             # value loss also trains the trunk). Works with full fine-tuning.
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(self.config.seed + 1)
+            with seeded(self.config.seed + 1):  # built on the CPU, then moved
                 head = ValueHead(int(self.policy.causal_lm.config.hidden_size))
             self.policy.value_head = head.to(self.device)
             broadcast_module(self.policy.value_head)

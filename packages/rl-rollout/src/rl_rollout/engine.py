@@ -328,8 +328,11 @@ class HFEngine:
         devices = [device] if device.type == "cuda" else []
         lean = self.uses_lean_decode(params)
         with torch.random.fork_rng(devices=devices):
-            if params.seed is not None:
-                torch.manual_seed(params.seed)
+            if params.seed is not None:  # only the generators fork_rng restores
+                torch.default_generator.manual_seed(params.seed)
+                if devices:
+                    index = torch.cuda.current_device() if device.index is None else device.index
+                    torch.cuda.default_generators[index].manual_seed(params.seed)
             if lean:
                 completion, logprobs = lean_decode(
                     self.model,

@@ -77,8 +77,8 @@ def tiny_model(vocab_size: int, seed: int = 0) -> Qwen2ForCausalLM:
         eos_token_id=2,
         tie_word_embeddings=True,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):  # restores the CPU generator: seed only that one
+        torch.default_generator.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = 2
     model.generation_config.pad_token_id = 0

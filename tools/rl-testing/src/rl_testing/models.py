@@ -73,8 +73,8 @@ def _build(
     # Initialise under a forked RNG: the weights depend only on `seed`, and the caller's global
     # CPU RNG state is restored afterwards (models are built on the CPU, so no CUDA RNG is used).
     ctor: Callable[[PretrainedConfig], _M] = model_cls  # `@auto_docstring` hides the signature
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):  # restores the CPU generator: seed only that one
+        torch.default_generator.manual_seed(seed)
         model = ctor(config)
     torch.nn.Module.float(model)  # even if the default dtype was changed; typed, unlike `.float`
     model.train(False)  # = eval(); transformers' `eval` override is unannotated
