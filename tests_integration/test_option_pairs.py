@@ -301,6 +301,22 @@ def _assert_same_update(actual: Update, expected: Update, where: str) -> None:
         )
 
 
+@pytest.fixture
+def recomputations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per checkpointed recomputation (``rl_adapters.replay``'s replay context)."""
+    from rl_adapters import replay
+
+    seen: list[int] = []
+    enter = replay._Replay.__enter__
+
+    def counted(self: Any) -> None:
+        seen.append(len(self.switches))
+        enter(self)
+
+    monkeypatch.setattr(replay._Replay, "__enter__", counted)
+    return seen
+
+
 @pytest.mark.parametrize(("base_name", "combo"), CASES)
 def test_neutral_options_give_the_plain_update(
     base_name: str,
@@ -308,6 +324,7 @@ def test_neutral_options_give_the_plain_update(
     model: torch.nn.Module,
     sampling: torch.Tensor,
     plain: Callable[[str], Update],
+    recomputations: list[int],
 ) -> None:
     base = BASES[base_name]
     refused = refusal(base_name, combo)
@@ -316,8 +333,16 @@ def test_neutral_options_give_the_plain_update(
         with pytest.raises(ValueError, match=pattern):
             _build(model, base, _options(combo))
         return
+    expected = plain(base_name)
+    recomputations.clear()
     agent = _build(model, base, _options(combo))
-    _assert_same_update(_learn(agent, base, sampling), plain(base_name), f"{base_name} + {combo}")
+    _assert_same_update(_learn(agent, base, sampling), expected, f"{base_name} + {combo}")
+    # checkpointing really recomputed the layers in the backward (and only with it), each time
+    # inside the switches of the forward (at least the checkpointing flags)
+    if "gradient_checkpointing" in combo:
+        assert recomputations and min(recomputations) >= 1
+    else:
+        assert not recomputations
 
 
 def test_the_matrix_covers_every_base_and_option() -> None:
