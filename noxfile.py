@@ -114,6 +114,10 @@ def sync(session: nox.Session, *args: str) -> None:
 #: DeepSpeed, rollout workers) then share the cores with the other worker: their timeouts are
 #: hang guards, minutes beyond their run time.
 XDIST = ["-n", "auto", "--dist", "loadfile"]
+#: integration and slow: a few long tests (the learning table, DeepSpeed launches) dominate, so
+#: tests go to whichever worker is free; a file whose tests share state in order is one
+#: ``xdist_group`` (test_release.py's workspace, test_deepspeed.py's op build).
+XDIST_BY_TEST = ["-n", "auto", "--dist", "loadgroup"]
 
 
 def _test_session(package: str, directory: str) -> None:
@@ -192,7 +196,7 @@ def isolation(session: nox.Session) -> None:
 @nox.session
 def integration(session: nox.Session) -> None:
     sync(session, "--all-packages", "--extra", "deepspeed", "--group", "test")
-    session.run("pytest", "tests_integration", "-m", "not slow", *XDIST, *session.posargs)
+    session.run("pytest", "tests_integration", "-m", "not slow", *XDIST_BY_TEST, *session.posargs)
 
 
 @nox.session
@@ -204,7 +208,7 @@ def slow(session: nox.Session) -> None:
     dirs = [f"packages/{p}/tests" for p in PACKAGES]
     session.run(
         "pytest", *dirs, "tools/rl-testing/tests", "tools/tests", "tests_integration", "-m", "slow",
-        *XDIST, *session.posargs,
+        *XDIST_BY_TEST, *session.posargs,
         success_codes=[0, 5],  # 5: nothing is marked slow yet
     )  # fmt: skip
 

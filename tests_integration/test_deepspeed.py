@@ -27,7 +27,8 @@ from safetensors.torch import load_file
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-pytestmark = pytest.mark.slow
+# one xdist worker runs them in turn: the first launch builds the op the others load
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("deepspeed")]
 
 
 def launch(out: Path, stage: int, *extra: str, timeout: float = 420) -> None:

@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 import release
 
+# the bump tests share one copied workspace, in order: one xdist worker runs the file
+pytestmark = pytest.mark.xdist_group("release")
+
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = {".git", ".venv", ".nox", "dist", "site", ".pytest_cache", ".mypy_cache", ".ruff_cache",
         ".hypothesis", "__pycache__"}  # fmt: skip
