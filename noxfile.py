@@ -116,7 +116,7 @@ def sync(session: nox.Session, *args: str) -> None:
 XDIST = ["-n", "auto", "--dist", "loadfile"]
 #: integration and slow: a few long tests (the learning table, DeepSpeed launches) dominate, so
 #: tests go to whichever worker is free; a file whose tests share state in order is one
-#: ``xdist_group`` (test_release.py's workspace, test_deepspeed.py's op build).
+#: ``xdist_group`` (test_release.py's workspace).
 XDIST_BY_TEST = ["-n", "auto", "--dist", "loadgroup"]
 
 
@@ -201,8 +201,6 @@ def integration(session: nox.Session) -> None:
 
 @nox.session
 def slow(session: nox.Session) -> None:
-    # DeepSpeed's first launch JIT-builds a C++ op (~75 s); later launches reuse the cache in
-    # TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions)
     # the tools group: tools/tests' release dry run (release.yml's steps, without the publish)
     sync(session, "--all-packages", "--extra", "deepspeed", "--group", "test", "--group", "tools")
     dirs = [f"packages/{p}/tests" for p in PACKAGES]

@@ -23,10 +23,12 @@ from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ddp_common import DS_AGENT, PACKED_AGENT, STEPS, global_batches, make_agent
+from ds_cpu import skip_shm_comm_op
 from rl_algos.distributed import gathered
 
 
 def main() -> None:
+    skip_shm_comm_op()  # an inference-only op DeepSpeed would JIT-build (ds_cpu.py)
     out, stage = Path(sys.argv[1]), int(sys.argv[2])
     mode = sys.argv[3] if len(sys.argv) > 3 else ""
     inject_nan = mode == "nan"
