@@ -57,6 +57,9 @@ MEDIAN_STEPS = {
     "ppo": 350,
 }
 
+#: Options that only take effect when the agent is built (the model is wrapped for them).
+BUILD_OPTIONS = frozenset({"gradient_checkpointing"})
+
 
 def budget(algo: str) -> int:
     """``MARGIN`` x the measured median steps to the target, rounded up to an evaluation."""
@@ -82,6 +85,8 @@ class Curve:
     padded_forwards: int = 0
     """Forwards the auto setting packed or ran padded (``agent.packing_report``; both 0 when
     the setting is explicit)."""
+    checkpointed: bool = False
+    """The model ran with gradient (activation) checkpointing on."""
 
     @property
     def passed(self) -> bool:
@@ -97,12 +102,14 @@ def run(algo: str, seed: int, max_steps: int, **options: Any) -> Curve:
         seed: The model, data and sampling seed.
         max_steps: The budget: a run that has not reached the target by then stops.
         options: Agent config fields set after building (``use_sequence_packing``,
-            ``micro_batch_tokens``), reaching every ``learn()``.
+            ``micro_batch_tokens``), reaching every ``learn()``; the construction-time ones of
+            :data:`BUILD_OPTIONS` (``gradient_checkpointing``) go to the agent's constructor.
 
     Returns:
         The :class:`Curve`, with the packing report's forward counts.
     """
-    from rl_train.demo import DemoConfig, build_agent, build_env
+    from rl_train.builder import build_agent
+    from rl_train.demo import DemoConfig, build_env
     from rl_train.evaluation import greedy_accuracy
     from rl_train.hooks import Hook, LoopState
     from rl_train.loop import train_loop
@@ -112,9 +119,12 @@ def run(algo: str, seed: int, max_steps: int, **options: Any) -> Curve:
     config = DemoConfig(algo=algo, seed=seed, lr=LR.get(algo, DemoConfig.lr))
     tok = tiny_tokenizer()
     env = build_env(config, tok)
-    agent = build_agent(config, tiny_model(len(tok), seed=seed), tok)
+    run_config = config.run_config()
+    run_config.agent.update({k: v for k, v in options.items() if k in BUILD_OPTIONS})
+    agent = build_agent(run_config, tiny_model(len(tok), seed=seed), tok)
     for name, value in options.items():
-        setattr(agent, name, value)  # config fields: reach the next learn()
+        if name not in BUILD_OPTIONS:
+            setattr(agent, name, value)  # config fields: reach the next learn()
     curve = Curve(algo, seed, dict(options))
     start = greedy_accuracy(agent, env)
     if start > 0.1:
@@ -138,6 +148,7 @@ def run(algo: str, seed: int, max_steps: int, **options: Any) -> Curve:
 
     train_loop([agent], ReasoningSource(env), steps=max_steps + HOLD, hooks=[ToTarget()])
     curve.use_sequence_packing = agent.use_sequence_packing
+    curve.checkpointed = bool(agent.policy.causal_lm.is_activation_checkpointing)
     report = agent.packing_report
     curve.packed_forwards, curve.padded_forwards = report.packed_forwards, report.padded_forwards
     return curve
