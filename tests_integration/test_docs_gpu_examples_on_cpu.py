@@ -11,6 +11,10 @@ fails here instead of silently running something else):
   -> its ``tokenizer/`` subdirectory (a char tokenizer with a chat template; kept apart from the
   model's qwen2 ``config.json`` so transformers does not swap its pre-tokenizer);
 - ``device="cuda"`` -> ``"cpu"``, ``torch.bfloat16`` -> ``torch.float32``;
+- ILQL's sentiment classifier (``lvwerra/distilbert-imdb``) -> a tiny random-weight
+  ``Qwen2ForSequenceClassification`` with the labels ``NEGATIVE``/``POSITIVE``, saved with
+  ``save_pretrained`` next to the same char tokenizer (its scores are noise; the block's
+  ``eval_fn`` runs the pipeline as written);
 - step counts, batch sizes, group sizes, ``max_output_tokens`` and ``max_model_len`` reduced so
   each block trains one or two steps in a few seconds.
 
@@ -21,7 +25,7 @@ small local ``datasets.Dataset`` objects with the same columns for the names the
 raises for any other name (nothing is downloaded: the hub is offline).
 
 Blocks run: ``algorithms/grpo.md``, ``algorithms/ppo.md``, ``algorithms/reinforce.md``,
-``tutorials/reasoning.md``, ``tutorials/multiturn.md``, ``tutorials/tools.md``,
+``algorithms/ilql.md``, ``tutorials/reasoning.md``, ``tutorials/multiturn.md``, ``tutorials/tools.md``,
 ``tutorials/hpo.md``.
 
 Blocks left out, and why:
@@ -31,9 +35,6 @@ Blocks left out, and why:
   (``tests_integration/test_deepspeed.py`` covers the launch on CPU).
 - ``tutorials/checkpoints.md``: loads a checkpoint that the GRPO page's 500-step run writes; it
   trains nothing.
-- ``algorithms/ilql.md``: its ``eval_fn`` runs a sentiment classifier downloaded from the hub
-  (``pipeline("sentiment-analysis", model="lvwerra/distilbert-imdb", device=0)``); a local
-  stand-in classifier is not built yet, so this block is not covered here (open in issue 37).
 
 Each block trains two steps: ``metrics.jsonl`` must show steps 1 and 2, each with a finite loss
 and gradient norm and no skipped update. With a random-weight model most rewards are 0, so the
@@ -55,11 +56,14 @@ import datasets
 import pytest
 import torch
 from rl_testing.docs import python_blocks
-from rl_testing.models import TOKENIZER_SUBDIR, save_tiny, tiny_causal_lm
+from rl_testing.models import TINY_DEFAULTS, TOKENIZER_SUBDIR, save_tiny, tiny_causal_lm
+from rl_testing.tokenizer import char_tokenizer, save_tokenizer
+from transformers import Qwen2Config, Qwen2ForSequenceClassification
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 HUB_MODEL = '"Qwen/Qwen2.5-0.5B-Instruct"'
-MODEL_DIR = "{model_dir}"  # filled in with the tiny model's directory
+MODEL_DIR = "{model_dir}"  # filled in with the tiny model's directory (a str literal)
+CLASSIFIER_DIR = "{classifier_dir}"  # ... and the tiny sentiment classifier's
 
 Table = list[tuple[str, str]]
 
@@ -98,6 +102,23 @@ PAGES: dict[str, Table] = {
         ("max_model_len=512", "max_model_len=128"),
         ("max_steps=300", "max_steps=2"),
         ("evaluation_interval=25", "evaluation_interval=2"),
+    ],
+    "algorithms/ilql.md": [
+        *ON_CPU,
+        (".select(range(20000))", ".select(range(8))"),
+        ("max_length=128", "max_length=48"),
+        ("batch_size=64", "batch_size=4"),
+        ("micro_batch_size_per_gpu=16", "micro_batch_size_per_gpu=2"),
+        ("max_output_tokens=48", "max_output_tokens=4"),
+        ("max_model_len=192", "max_model_len=64"),
+        (
+            'model="lvwerra/distilbert-imdb", device=0',
+            f'model={CLASSIFIER_DIR}, tokenizer={CLASSIFIER_DIR} + "/{TOKENIZER_SUBDIR}", '
+            'device="cpu"',
+        ),
+        ("steps=2000", "steps=2"),
+        ("evaluation_interval=200", "evaluation_interval=2"),
+        ("checkpoint_steps=500", "checkpoint_steps=2"),
     ],
     "algorithms/reinforce.md": [
         *ON_CPU,
@@ -174,9 +195,18 @@ def _gsm8k() -> datasets.DatasetDict:
     )
 
 
+def _imdb() -> datasets.DatasetDict:
+    review = "this movie was a great and fun film i liked the acting very much"
+    texts = [review[i:] + " " + review[:i] for i in range(0, 30, 3)]
+    return datasets.DatasetDict(
+        {"train": datasets.Dataset.from_dict({"text": texts, "label": [i % 2 for i in range(10)]})}
+    )
+
+
 #: (path, config name) -> the local stand-in of what the pages download.
 LOCAL_DATASETS: dict[tuple[str, str | None], Callable[[], Any]] = {
     ("openai/gsm8k", "main"): _gsm8k,
+    ("stanfordnlp/imdb", None): _imdb,
 }
 
 
@@ -195,11 +225,18 @@ def _gpu_block(page: str) -> tuple[Path, Any]:
     return path, blocks[0]
 
 
-def substituted(code: str, table: Table, model_dir: Path) -> str:
-    """``code`` with every substitution of ``table`` applied; each pattern must occur."""
+def substituted(code: str, table: Table, dirs: dict[str, Path]) -> str:
+    """``code`` with every substitution of ``table`` applied; each pattern must occur.
+
+    ``dirs`` fills the placeholders (:data:`MODEL_DIR`, :data:`CLASSIFIER_DIR`) of the
+    replacements with string literals of the directories.
+    """
     for old, new in table:
         assert old in code, f"the docs block no longer contains {old!r}: update the table"
-        code = code.replace(old, new.replace(MODEL_DIR, repr(str(model_dir))))
+        literal = new
+        for placeholder, directory in dirs.items():
+            literal = literal.replace(placeholder, repr(str(directory)))
+        code = code.replace(old, literal)
     return code
 
 
@@ -208,6 +245,26 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("tiny-qwen2")
     model, tokenizer = tiny_causal_lm("qwen2")
     save_tiny(model, tokenizer, directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight sequence classifier with ILQL's page's labels, and its tokenizer."""
+    directory = tmp_path_factory.mktemp("tiny-classifier")
+    tokenizer = char_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        **TINY_DEFAULTS,
+        pad_token_id=tokenizer.pad_token_id,
+        id2label={0: "NEGATIVE", 1: "POSITIVE"},
+        label2id={"NEGATIVE": 0, "POSITIVE": 1},
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.default_generator.manual_seed(0)
+        classifier = Qwen2ForSequenceClassification(config)
+    classifier.save_pretrained(str(directory))
+    save_tokenizer(tokenizer, directory / TOKENIZER_SUBDIR)
     return directory
 
 
@@ -229,9 +286,12 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 @pytest.mark.parametrize("page", sorted(PAGES))
-def test_gpu_example_trains_on_cpu(page: str, model_dir: Path, sandbox: Path) -> None:
+def test_gpu_example_trains_on_cpu(
+    page: str, model_dir: Path, classifier_dir: Path, sandbox: Path
+) -> None:
     path, block = _gpu_block(page)
-    code = substituted(block.code, PAGES[page], model_dir)
+    dirs = {MODEL_DIR: model_dir, CLASSIFIER_DIR: classifier_dir}
+    code = substituted(block.code, PAGES[page], dirs)
     source = "\n" * (block.line - 1) + code  # tracebacks point at the Markdown lines
     namespace: dict[str, Any] = {"__name__": "__docs__"}
     exec(compile(source, str(path), "exec"), namespace)
@@ -243,3 +303,5 @@ def test_gpu_example_trains_on_cpu(page: str, model_dir: Path, sandbox: Path) ->
     for row in rows:  # ... with an applied update: a finite loss and gradient norm, no skip
         assert math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"]), row
         assert "skipped_steps" not in row, row
+    if "eval_fn=positive_rate" in block.code:  # ILQL's evaluation ran the classifier
+        assert 0.0 <= rows[-1]["positive"] <= 1.0, rows[-1]
