@@ -134,6 +134,13 @@ def test_conversations_without_a_chat_template_and_an_offline_hub_name_say_the_f
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    # the libraries read the variables when imported: offline now, not after their HTTP
+    # retries (about 23 s of backoff where the hub cannot be reached)
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     assert load_config(None, ["data.hub=trl-lib/DeepMath-103K"]).data.hub == "trl-lib/DeepMath-103K"
     code = main(["run", str(config), "data.hub=trl-lib/DeepMath-103K", "--quiet"])
     err = capsys.readouterr().err
