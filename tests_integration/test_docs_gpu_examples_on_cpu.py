@@ -40,7 +40,11 @@ Each block trains two steps: ``metrics.jsonl`` must show steps 1 and 2, each wit
 and gradient norm and no skipped update. With a random-weight model most rewards are 0, so the
 group-normalised updates (GRPO, DAPO, REINFORCE here) are often exactly zero; the forward and
 the backward through the checkpointed layers still run, and PPO's value loss and the multi-turn
-game's rewards give non-zero gradients.
+game's rewards give non-zero gradients. Where the page turns on ``gradient_checkpointing``, the
+model must be checkpointing and the backward must have recomputed layers (counted at
+``rl_adapters.replay``'s replay context); elsewhere nothing may be recomputed.
+
+CPU cost: about 15 s of test time on one thread for the eight blocks (2-core EPYC, 2026-11-27).
 """
 
 from __future__ import annotations
@@ -285,9 +289,25 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     torch.set_num_threads(threads)
 
 
+@pytest.fixture
+def recomputations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per checkpointed layer recomputed in a backward (``rl_adapters.replay``)."""
+    from rl_adapters import replay
+
+    seen: list[int] = []
+    enter = replay._Replay.__enter__
+
+    def counted(self: Any) -> None:
+        seen.append(1)
+        enter(self)
+
+    monkeypatch.setattr(replay._Replay, "__enter__", counted)
+    return seen
+
+
 @pytest.mark.parametrize("page", sorted(PAGES))
 def test_gpu_example_trains_on_cpu(
-    page: str, model_dir: Path, classifier_dir: Path, sandbox: Path
+    page: str, model_dir: Path, classifier_dir: Path, sandbox: Path, recomputations: list[int]
 ) -> None:
     path, block = _gpu_block(page)
     dirs = {MODEL_DIR: model_dir, CLASSIFIER_DIR: classifier_dir}
@@ -295,8 +315,13 @@ def test_gpu_example_trains_on_cpu(
     source = "\n" * (block.line - 1) + code  # tracebacks point at the Markdown lines
     namespace: dict[str, Any] = {"__name__": "__docs__"}
     exec(compile(source, str(path), "exec"), namespace)
-    if "gradient_checkpointing=True" in block.code:
-        assert namespace["agent"].config.gradient_checkpointing
+    if "gradient_checkpointing=True" in block.code:  # on, and the backward recomputed
+        agent = namespace["agent"]
+        assert agent.config.gradient_checkpointing
+        assert agent.policy.causal_lm.is_activation_checkpointing
+        assert recomputations
+    else:
+        assert not recomputations
     (metrics,) = (sandbox / "runs").glob("*/metrics.jsonl")  # the block's one run directory
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     assert [row["step"] for row in rows] == [1, 2]  # both steps trained ...
