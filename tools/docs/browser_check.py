@@ -285,45 +285,6 @@ def check_site(
     return results
 
 
-def _check_shard(site: Path, pages: list[str], options: dict[str, Any]) -> list[PageResult]:
-    """One worker of :func:`check_site_parallel`: its pages, logged when all are done."""
-    return check_site(site, pages=pages, log=lambda _: None, **options)
-
-
-def check_site_parallel(
-    site: Path,
-    *,
-    browser: str,
-    jobs: int,
-    timeout: float = HANG_GUARD_S,
-    screenshots: Path | None = None,
-    log: Any = print,
-) -> list[PageResult]:
-    """:func:`check_site` on every page, split over ``jobs`` processes (a browser each).
-
-    The pages go round-robin to the processes; the results come back in the site's page
-    order and are logged as :func:`check_site` logs them. A page's load time is then measured
-    with the other processes' pages loading beside it.
-    """
-    pages = site_pages(site)
-    jobs = max(1, min(jobs, len(pages)))
-    options = {"browser": browser, "timeout": timeout, "screenshots": screenshots}
-    if jobs == 1:
-        return check_site(site, pages=pages, log=log, **options)
-    from concurrent.futures import ProcessPoolExecutor
-
-    shards = [pages[i::jobs] for i in range(jobs)]
-    with ProcessPoolExecutor(jobs) as pool:
-        done = list(pool.map(_check_shard, [site] * jobs, shards, [options] * jobs))
-    by_path = {r.path: r for shard in done for r in shard}
-    results = [by_path[path or "index.html"] for path in pages]
-    for result in results:
-        log(f"{'FAIL' if result.problems else 'ok':4} {result.seconds:5.2f} s  {result.path}")
-        for problem in result.problems:
-            log(f"       {problem}")
-    return results
-
-
 def summary(results: list[PageResult], seconds: float) -> str:
     """The load times of a check, as figures: pages, total time, the slowest page and its time."""
     if not results:
@@ -348,25 +309,12 @@ def main(argv: list[str] | None = None) -> int:
         help="hang guard: seconds after which a page that is still not ready fails "
         "(a slow page does not fail; its load time is reported)",
     )
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=min(os.cpu_count() or 1, 2),
-        help="pages checked at once, each process with its own browser (default: the CPUs, "
-        "at most 2)",
-    )
     args = parser.parse_args(argv)
     if args.browser is None:
         parser.error("no Chromium found: install it (apt-get install chromium) or pass --browser")
-    if args.jobs < 1:
-        parser.error(f"--jobs {args.jobs}: give 1 or more")
     start = time.perf_counter()
-    results = check_site_parallel(
-        args.site,
-        browser=args.browser,
-        jobs=args.jobs,
-        timeout=args.timeout,
-        screenshots=args.screenshots,
+    results = check_site(
+        args.site, browser=args.browser, timeout=args.timeout, screenshots=args.screenshots
     )
     failed = [r for r in results if r.problems]
     print(f"{summary(results, time.perf_counter() - start)}; {len(failed)} failed")

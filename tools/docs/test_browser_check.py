@@ -19,15 +19,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from browser_check import (
-    HANG_GUARD_S,
-    PageResult,
-    check_site,
-    check_site_parallel,
-    find_browser,
-    site_pages,
-    summary,
-)
+from browser_check import HANG_GUARD_S, PageResult, check_site, find_browser, site_pages, summary
 
 ROOT = Path(__file__).resolve().parents[2]
 BROWSER = find_browser()
@@ -211,18 +203,3 @@ def test_page_never_ready_within_the_hang_guard_fails(site: Path) -> None:
         p.startswith("never ready: not loaded with every formula typeset after 2 s (the hang guard")
         for p in result.problems
     ), result.problems
-
-
-def test_pages_checked_in_parallel_come_back_in_site_order_with_their_problems(site: Path) -> None:
-    assert BROWSER is not None
-    lines: list[str] = []
-    # a small hang guard: two pages of the fixture never become ready
-    results = check_site_parallel(site, browser=BROWSER, jobs=2, timeout=5, log=lines.append)
-    assert [r.path for r in results] == [p or "index.html" for p in site_pages(site)]
-    by_path = {r.path: r.problems for r in results}
-    assert by_path["good/"] == []
-    assert by_path["slow.html"] == []
-    assert any("console error: boom" in p for p in by_path["console.html"])
-    assert any("request outside the site" in p for p in by_path["cdn.html"])
-    assert any(p.startswith("never ready") for p in by_path["never-ready.html"])
-    assert [line.split()[-1] for line in lines if not line.startswith(" ")] == list(by_path)
