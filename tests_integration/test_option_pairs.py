@@ -3,7 +3,8 @@
 A *neutral* option changes how ``learn()`` computes, not what: gradient checkpointing, padded
 forwards instead of packed ones (packing is the default), micro-batches by rows or by tokens,
 the fused (Liger-style) loss, activation offload, the fused head's chunk rows. On each *base*
-(an agent and the options that change what runs: GRPO, GSPO and the DAPO preset, REINFORCE,
+(an agent and the options that change what runs: GRPO, GSPO and every preset of the GRPO
+family (DAPO, CISPO, Dr. GRPO, RLOO, REINFORCE++), REINFORCE,
 PPO with a critic adapter or a shared value head, ILQL; a KL term with a reference adapter,
 ``update_epochs > 1``, full fine-tuning, the base model as reference, sampling log-probs with
 the mismatch correction or with ``clip_against_sampler``), one ``learn()`` on a ragged batch
@@ -106,6 +107,13 @@ BASES: dict[str, Base] = {
     "gspo": Base("GSPO", {"group_size": GROUP_SIZE}),
     # the DAPO preset's defaults (clip-higher, token mean, dynamic sampling, no KL)
     "dapo": Base("GRPO", get_preset("dapo").resolve({"group_size": GROUP_SIZE})),
+    # the other presets of the GRPO family: another loss (CISPO) or advantage estimator
+    **{
+        name: Base(
+            get_preset(name).agent.__name__, get_preset(name).resolve({"group_size": GROUP_SIZE})
+        )
+        for name in ("cispo", "dr_grpo", "rloo", "reinforce_pp")
+    },
     "grpo-epochs2": Base("GRPO", {"group_size": GROUP_SIZE, "update_epochs": 2, "lr": 0.0}),
     "grpo-full": Base("GRPO", {"group_size": GROUP_SIZE, "full_finetune": True}),
     "grpo-base-reference": Base(
@@ -349,6 +357,6 @@ def test_the_matrix_covers_every_base_and_option() -> None:
     """The size of the matrix (reported in the issue's closing note)."""
     run = [(b, c) for b, base in BASES.items() for c in combinations(base)]
     refused = [key for key in run if refusal(*key) is not None]
-    assert len(BASES) == 12 and len(NEUTRAL) == 7
-    assert len(run) == 2 * (7 + 21) + 10 * (7 + 6)  # 186
+    assert len(BASES) == 16 and len(NEUTRAL) == 7
+    assert len(run) == 2 * (7 + 21) + 14 * (7 + 6)  # 238
     assert len(refused) == 2  # GSPO's fused loss, alone and with checkpointing
