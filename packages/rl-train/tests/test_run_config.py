@@ -203,3 +203,19 @@ def test_packing_options_reach_the_agent_from_yaml(
                  f"train.run_dir={tmp_path}", "agent.use_sequence_packing=true",
                  "agent.micro_batch_tokens=64", "--quiet"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
+
+
+def test_lean_forwards_reaches_the_agent_from_yaml() -> None:
+    """``agent.lean_forwards`` passes through to the agent's policy: False swaps
+    nothing, the default "auto" the tiny Qwen2's rotary, RMSNorm and SwiGLU."""
+    from rl_train.builder import build
+
+    off = build(
+        load_config(EXAMPLES / "grpo_tiny.yaml", ["agent.lean_forwards=false"]), distributed=False
+    )
+    assert off.agent.lean_report.mode is False and off.agent.lean_report.swapped == ()
+    auto = build(
+        load_config(EXAMPLES / "grpo_tiny.yaml", ["agent.lean_forwards=auto"]), distributed=False
+    )
+    assert auto.agent.lean_report.mode == "auto"
+    assert auto.agent.lean_report.forwards == ("rotary", "rms_norm", "swiglu")  # full fine-tuning

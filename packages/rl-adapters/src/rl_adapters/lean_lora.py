@@ -34,7 +34,9 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["LeanLora", "LoraLinearFunction", "lean_eligible"]
+from rl_adapters import _compat
+
+__all__ = ["LeanLora", "LoraLinearFunction", "adapter_blocker", "lean_blocker", "lean_eligible"]
 
 
 class LoraLinearFunction(torch.autograd.Function):
@@ -80,24 +82,67 @@ class LoraLinearFunction(torch.autograd.Function):
         return grad_x, None, None, grad_a, grad_b, None
 
 
-def _dropout_is_identity(dropout: nn.Module) -> bool:
+def _dropout_is_identity(dropout: Any) -> bool:
     if isinstance(dropout, nn.Identity):
         return True
     return isinstance(dropout, nn.Dropout) and (dropout.p == 0.0 or not dropout.training)
 
 
-def lean_eligible(layer: Any) -> bool:
-    """Whether a peft LoRA layer's base is a plain floating-point ``nn.Linear`` (not ZeRO-3).
+def lean_blocker(layer: Any) -> tuple[str, bool] | None:
+    """Why a peft LoRA layer cannot run the lean forward, or None where it can.
 
-    The static half of the check (done when the layer is swapped); :class:`LeanLora` checks
-    the rest (active adapter, dropout, frozen base, dtypes) at the first call of each body in
-    each state of the layer (see :meth:`LeanLora.refresh`), and the input dtype and autocast
-    at every call.
+    The static half of the check (done when the layer is swapped and when the policy's
+    :class:`~rl_adapters.lean_report.LeanReport` is made): every internal in
+    :data:`rl_adapters._compat.LORA_INTERNALS` is readable, and the base is a plain
+    floating-point ``nn.Linear`` (not ZeRO-3). :class:`LeanLora` checks the rest (active
+    adapter, variant, dropout, frozen base, dtypes) at the first call of each body in each
+    state of the layer (see :meth:`LeanLora.refresh`), and the input dtype and autocast at
+    every call.
+
+    Returns:
+        ``(reason, unexpected)``: ``unexpected`` is True where a peft internal is missing or
+        renamed; None where the layer can run the lean forward.
     """
-    base = getattr(layer, "base_layer", None)
-    if type(base) is not nn.Linear or getattr(layer, "fan_in_fan_out", False):
-        return False
-    return base.weight.is_floating_point() and not hasattr(base.weight, "ds_id")
+    gone = _compat.missing(layer, _compat.LORA_INTERNALS)
+    if gone:
+        return _compat.describe_missing(layer, gone, "peft"), True
+    base = _compat.read(layer, "base_layer")
+    if type(base) is not nn.Linear:
+        return f"base layer is {type(base).__name__}, not a plain nn.Linear", False
+    if _compat.read(layer, "fan_in_fan_out", False):
+        return "fan_in_fan_out weights", False
+    if not base.weight.is_floating_point():
+        return f"{base.weight.dtype} base weight", False
+    if hasattr(base.weight, "ds_id"):
+        return "ZeRO-3 partitioned base weight", False
+    return None
+
+
+def lean_eligible(layer: Any) -> bool:
+    """Whether a peft LoRA layer can run the lean forward (:func:`lean_blocker` finds nothing)."""
+    return lean_blocker(layer) is None
+
+
+def adapter_blocker(layer: Any, name: str) -> str | None:
+    """Why adapter ``name`` of a LoRA layer runs peft's forward, or None for plain LoRA.
+
+    Not plain: missing from the layer, a variant (DoRA and peft's other ``lora_variant``
+    entries, or ``use_dora``), a LoRA bias. Internals that cannot be read count as not plain.
+    """
+    lora_a = _compat.read(layer, "lora_A")
+    variants = _compat.read(layer, "lora_variant")
+    bias = _compat.read(layer, "lora_bias")
+    if lora_a is _compat.MISSING or variants is _compat.MISSING or bias is _compat.MISSING:
+        return "peft internals missing"
+    if name not in lora_a:
+        return f"no adapter {name!r}"
+    if name in variants:
+        return f"{type(variants[name]).__name__} variant"
+    if _compat.read(layer, "use_dora", {}).get(name, False):
+        return "DoRA"
+    if bias.get(name, False):
+        return "LoRA bias"
+    return None
 
 
 @dataclass(frozen=True)
@@ -141,29 +186,36 @@ class LeanLora(nn.Module):
         layer = self.layer
         if torch.is_autocast_enabled(x.device.type):  # autocast of the input's device
             return None
-        key = (tuple(layer.active_adapters), layer.disable_adapters, len(layer.merged_adapters))
+        active = _compat.read(layer, "active_adapters")
+        disabled = _compat.read(layer, "disable_adapters")
+        merged = _compat.read(layer, "merged_adapters")
+        if active is _compat.MISSING or disabled is _compat.MISSING or merged is _compat.MISSING:
+            return None  # peft's forward (_compat warned once)
+        key = (tuple(active), disabled, len(merged))
         if key not in self._plans:
-            self._plans[key] = self._decide(x)
+            self._plans[key] = None if disabled or merged else self._decide(x, active)
         plan = self._plans[key]
         return plan if plan is not None and plan.dtype == x.dtype else None
 
-    def _decide(self, x: torch.Tensor) -> _Plan | None:
+    def _decide(self, x: torch.Tensor, active: Any) -> _Plan | None:
         layer = self.layer
-        if layer.disable_adapters or layer.merged:
-            return None
-        active = layer.active_adapters
         name = active[0] if len(active) == 1 else None
-        if name is None or name not in layer.lora_A or name in layer.lora_variant:
+        if name is None or adapter_blocker(layer, name) is not None:
             return None
-        if layer.lora_bias.get(name, False) or not _dropout_is_identity(layer.lora_dropout[name]):
+        dropout = _compat.read(layer, "lora_dropout")
+        base = _compat.read(layer, "base_layer")
+        lora_b = _compat.read(layer, "lora_B")
+        scaling = _compat.read(layer, "scaling")
+        if any(v is _compat.MISSING for v in (dropout, base, lora_b, scaling)):
             return None
-        base = layer.base_layer
+        if name not in dropout or not _dropout_is_identity(dropout[name]):
+            return None
         if base.weight.requires_grad or (base.bias is not None and base.bias.requires_grad):
             return None  # a trained base needs its own gradient
-        lora_a, lora_b = layer.lora_A[name].weight, layer.lora_B[name].weight
+        lora_a, lora_b = _compat.read(layer, "lora_A")[name].weight, lora_b[name].weight
         if len({x.dtype, base.weight.dtype, lora_a.dtype, lora_b.dtype}) != 1:
             return None
-        return _Plan(x.dtype, base.weight, base.bias, lora_a, lora_b, float(layer.scaling[name]))
+        return _Plan(x.dtype, base.weight, base.bias, lora_a, lora_b, float(scaling[name]))
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         """[..., out] what the peft layer computes for [..., in] ``x``."""

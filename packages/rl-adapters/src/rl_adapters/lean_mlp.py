@@ -45,9 +45,11 @@ from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.nn.functional import silu
 
+from rl_adapters import _compat
 from rl_adapters._swap import instance_forwards
+from rl_adapters.lean_report import LeanFallback, LeanSwap, count_swap, group_fallbacks
 
-__all__ = ["lean_swiglu", "silu_mul"]
+__all__ = ["lean_swiglu", "silu_mul", "survey"]
 
 _PROBE_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 _PARTS = ("gate_proj", "up_proj", "down_proj", "act_fn")
@@ -115,7 +117,40 @@ _MLPS: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = weakref.WeakKeyDi
 
 def _is_gated_mlp(module: nn.Module) -> bool:
     """Whether ``module`` has the parts of a gated MLP (three projections and an activation)."""
-    return all(isinstance(getattr(module, name, None), nn.Module) for name in _PARTS)
+    return all(
+        isinstance(_compat.read(module, name, None, library="transformers"), nn.Module)
+        for name in _PARTS
+    )
+
+
+def survey(model: nn.Module) -> tuple[LeanSwap, list[LeanFallback]]:
+    """The gated MLPs :func:`lean_swiglu` swaps, and those it leaves alone (with the reason).
+
+    For the policy's :class:`~rl_adapters.lean_report.LeanReport`.
+
+    Candidates are the modules with the three projections; one without ``act_fn`` is an
+    unexpected internal (a renamed attribute).
+    """
+    lean: list[str] = []
+    fell: list[tuple[str, str, bool]] = []
+    for module in model.modules():
+        target = type(module).__name__
+        parts = [_compat.read(module, n, None, library="transformers") for n in _PARTS[:3]]
+        if not all(isinstance(p, nn.Module) for p in parts):
+            continue
+        if not _is_gated_mlp(module):
+            fell.append(
+                (target, _compat.describe_missing(module, ["act_fn"], "transformers"), True)
+            )
+        elif "forward" in module.__dict__ and not hasattr(module.forward, "lean_swiglu_of"):
+            fell.append((target, "an instance forward is set (a hook library's)", False))
+        elif not _lean_dtypes(module):
+            fell.append(
+                (target, "class forward is not SiLU(gate) * up (bit-equality probe)", False)
+            )
+        else:
+            lean.append(target)
+    return count_swap("swiglu", lean), group_fallbacks("swiglu", fell)
 
 
 def _lean_call(module: Any, x: torch.Tensor, act: Callable[..., Any]) -> Any:

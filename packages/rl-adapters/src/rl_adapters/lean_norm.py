@@ -46,9 +46,11 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from rl_adapters import _compat
 from rl_adapters._swap import instance_forwards
+from rl_adapters.lean_report import LeanFallback, LeanSwap, count_swap, group_fallbacks
 
-__all__ = ["lean_rms_norm", "rms_norm"]
+__all__ = ["lean_rms_norm", "rms_norm", "survey"]
 
 #: Where transformers' RMSNorm modules keep their epsilon.
 _EPS_NAMES = ("variance_epsilon", "eps")
@@ -146,15 +148,59 @@ _NORMS: weakref.WeakKeyDictionary[nn.Module, list[tuple[nn.Module, str]]] = (
 
 def _eps_name(module: nn.Module) -> str | None:
     """The epsilon attribute of an RMSNorm-like module with a [D] weight (None: not one)."""
-    weight = getattr(module, "weight", None)
+    weight = _compat.read(module, "weight", None, library="transformers")
     if "RMSNorm" not in type(module).__name__ or not isinstance(weight, nn.Parameter):
         return None
     if weight.dim() != 1 or not weight.is_floating_point() or hasattr(weight, "ds_id"):
         return None  # ZeRO-3 partitions weights: only the module's own hooks gather them
     for name in _EPS_NAMES:
-        if isinstance(getattr(module, name, None), float):
+        if isinstance(_compat.read(module, name, None, library="transformers"), float):
             return name
     return None
+
+
+def _blocker(module: nn.Module) -> tuple[str, bool] | None:  # noqa: PLR0911
+    """Why an ``*RMSNorm*`` module keeps its own forward (None: it runs the lean one)."""
+    weight = _compat.read(module, "weight", None, library="transformers")
+    if not isinstance(weight, nn.Parameter):
+        return _compat.describe_missing(module, ["weight"], "transformers"), True
+    if weight.dim() != 1 or not weight.is_floating_point():
+        return f"weight of shape {tuple(weight.shape)} and dtype {weight.dtype}", False
+    if hasattr(weight, "ds_id"):
+        return "ZeRO-3 partitioned weight", False
+    name = _eps_name(module)
+    if name is None:
+        return _compat.describe_missing(module, ["/".join(_EPS_NAMES)], "transformers"), True
+    if "forward" in module.__dict__ and not hasattr(module.forward, "lean_rms_norm_of"):
+        return "an instance forward is set (a hook library's)", False
+    if not _lean_dtypes(module, name):
+        return "class forward is not transformers' RMSNorm (bit-equality probe)", False
+    return None
+
+
+def survey(model: nn.Module) -> tuple[LeanSwap, list[LeanFallback]]:
+    """The RMSNorms :func:`lean_rms_norm` swaps, and those it leaves alone (with the reason).
+
+    For the policy's :class:`~rl_adapters.lean_report.LeanReport`.
+
+    Candidates are the modules whose class name contains ``RMSNorm``. A trained weight (full
+    fine-tuning) is counted as swapped and noted: its training forwards run the module's own
+    forward, its no-grad forwards the lean one.
+    """
+    lean: list[str] = []
+    fell: list[tuple[str, str, bool]] = []
+    for module in model.modules():
+        target = type(module).__name__
+        if "RMSNorm" not in target:
+            continue
+        blocked = _blocker(module)
+        if blocked is not None:
+            fell.append((target, *blocked))
+            continue
+        lean.append(target)
+        if module.weight.requires_grad:
+            fell.append((target, "trained weight: its training forwards run their own", False))
+    return count_swap("rms_norm", lean), group_fallbacks("rms_norm", fell)
 
 
 def _probe(module: nn.Module, eps: float) -> frozenset[torch.dtype]:
@@ -199,7 +245,9 @@ def _lean_dtypes(module: nn.Module, eps_name: str) -> frozenset[torch.dtype]:
     assert isinstance(weight, torch.Tensor)
     key = (type(module).forward, weight.dtype, weight.device.type)
     if key not in _PROBED:
-        _PROBED[key] = _probe(module, float(getattr(module, eps_name)))
+        _PROBED[key] = _probe(
+            module, float(_compat.read(module, eps_name, 0.0, library="transformers"))
+        )
     return _PROBED[key]
 
 
@@ -223,7 +271,9 @@ def _lean_forward(
         ):
             out: torch.Tensor = original(module, hidden_states)
             return out
-        eps = float(getattr(module, eps_name))
+        eps = _compat.read(module, eps_name, library="transformers")
+        if not isinstance(eps, float):
+            return original(module, hidden_states)  # type: ignore[no-any-return]
         if grad and hidden_states.requires_grad:
             y: torch.Tensor = _RMSNorm.apply(hidden_states, weight, eps)
             return y

@@ -42,7 +42,10 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["lean_rotary", "rotary_embedding"]
+from rl_adapters import _compat
+from rl_adapters.lean_report import LeanFallback, LeanSwap, count_swap, group_fallbacks
+
+__all__ = ["lean_rotary", "rotary_embedding", "survey"]
 
 _STANDARD = ("q", "k", "cos", "sin", "unsqueeze_dim")
 _SWAP_NAME = "apply_rotary_pos_emb"
@@ -242,8 +245,35 @@ def _modeling_modules(model: nn.Module) -> list[Any]:
     if model not in _MODULES:
         names = {type(m).__module__ for m in model.modules()}
         found = [sys.modules.get(n) for n in sorted(names)]
-        _MODULES[model] = [m for m in found if m is not None and hasattr(m, _SWAP_NAME)]
+        _MODULES[model] = [
+            m
+            for m in found
+            if m is not None and _compat.read(m, _SWAP_NAME, None, library="transformers")
+        ]
     return _MODULES[model]
+
+
+def survey(model: nn.Module) -> tuple[LeanSwap, list[LeanFallback]]:
+    """The modeling modules whose rotary :func:`lean_rotary` swaps, and the others (and why).
+
+    For the policy's :class:`~rl_adapters.lean_report.LeanReport`.
+    """
+    lean: list[str] = []
+    fell: list[tuple[str, str, bool]] = []
+    modules = _modeling_modules(model)
+    with _LOCK:
+        for module in modules:
+            fn = _compat.read(module, _SWAP_NAME, None, library="transformers")
+            if hasattr(fn, "lean_rotary_of") or _lean_for(fn) is not None:
+                lean.append(module.__name__)
+            else:
+                reason = (
+                    f"{_SWAP_NAME} is not the standard rotary (signature or bit-equality probe)"
+                )
+                fell.append((module.__name__, reason, False))
+    if not modules:
+        fell.append((type(model).__name__, f"no modeling module defines {_SWAP_NAME}", False))
+    return count_swap("rotary", lean), group_fallbacks("rotary", fell)
 
 
 @contextlib.contextmanager
@@ -261,7 +291,7 @@ def lean_rotary(model: nn.Module, enabled: bool = True) -> Iterator[list[str]]:
     if enabled:
         with _LOCK:
             for module in _modeling_modules(model):
-                original = getattr(module, _SWAP_NAME)
+                original = _compat.read(module, _SWAP_NAME, None, library="transformers")
                 lean = _lean_for(original)
                 if lean is not None:
                     setattr(module, _SWAP_NAME, lean)

@@ -27,8 +27,18 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from rl_adapters.lean_mlp import lean_swiglu
+from rl_adapters.lean_mlp import survey as survey_mlp
 from rl_adapters.lean_norm import lean_rms_norm
+from rl_adapters.lean_norm import survey as survey_norm
+from rl_adapters.lean_report import (
+    LeanForwards,
+    LeanReport,
+    check_lean_forwards,
+    log_report,
+    make_report,
+)
 from rl_adapters.lean_rotary import lean_rotary
+from rl_adapters.lean_rotary import survey as survey_rotary
 from rl_adapters.lora import default_lora_config, scope_lora_config, validate_lora_config
 from rl_adapters.replay import Switch, enable_checkpointing, replayable
 from rl_adapters.roles import LoraSites
@@ -98,6 +108,16 @@ class PolicyModel(nn.Module):
         seed: Seed of the adapters' random initialisation (LoRA A and the value head), drawn
             from a private generator state: the caller's global RNG is left untouched and two
             policies built alike start bit-identical.
+        lean_forwards: Where the training and scoring forwards run the lean LoRA, rotary,
+            RMSNorm and SwiGLU forwards (:meth:`lean_lora`, :meth:`hidden_states`): ``"auto"``
+            wherever their checks pass (the rest runs peft's and transformers' own forwards),
+            True the same but raise when they pass nowhere on this model, False nowhere.
+            :attr:`lean_report` says what they serve.
+
+    Raises:
+        ValueError: A bad ``reference``, ``critic`` in full fine-tuning, a ``lean_forwards``
+            other than ``"auto"``, True or False, or ``lean_forwards=True`` on a model where
+            no lean forward applies (with the reasons).
     """
 
     def __init__(
@@ -112,8 +132,10 @@ class PolicyModel(nn.Module):
         activation_offload: bool = False,
         lora_target_scope: Literal["language", "all"] = "language",
         seed: int = 0,
+        lean_forwards: LeanForwards = "auto",
     ) -> None:
         super().__init__()
+        self.lean_forwards: LeanForwards = check_lean_forwards(lean_forwards)
         if not isinstance(model, PreTrainedModel):
             raise TypeError(f"`model` must be a transformers PreTrainedModel, got {type(model)}")
         allowed = ("copy", None) if full_finetune else ("adapter", "base", None)
@@ -158,6 +180,38 @@ class PolicyModel(nn.Module):
             with seeded(seed + 1):  # the head is built on the CPU
                 self.value_head = ValueHead(self.causal_lm.config.hidden_size)
         self._restore()
+        self.lean_report: LeanReport = self._survey()
+
+    def _survey(self) -> LeanReport:
+        """What the lean forwards serve on this model (:mod:`rl_adapters.lean_report`), logged.
+
+        Raises:
+            ValueError: ``lean_forwards=True`` and no lean forward applies.
+        """
+        model = self.causal_lm
+        if self.lean_forwards is False:
+            report = make_report(False, model, [])
+        else:
+            sites = self.lora_sites()
+            parts = [
+                *([sites.survey("actor")] if sites is not None else []),
+                survey_rotary(model),
+                survey_norm(model),
+                survey_mlp(model),
+            ]
+            report = make_report(self.lean_forwards, model, parts)
+            if self.lean_forwards is True and not report.swapped:
+                reasons = (
+                    "; ".join(f"{f.forward} {f.target}: {f.reason}" for f in report.fallbacks)
+                    or "no LoRA layer, rotary, RMSNorm or gated MLP found"
+                )
+                raise ValueError(
+                    f"lean_forwards=True: no lean forward applies to {type(model).__name__} "
+                    f"({reasons}); pass lean_forwards='auto' (own forwards where none applies) "
+                    "or False"
+                )
+        log_report(report)
+        return report
 
     def _attach_adapters(self, model: PreTrainedModel, config: LoraConfig) -> None:
         """Wrap ``model`` with this policy's LoRA adapters, seeded (global RNG untouched)."""
@@ -190,6 +244,7 @@ class PolicyModel(nn.Module):
             raise TypeError("peft unload did not return a PreTrainedModel")
         self._attach_adapters(base, validate_lora_config(config, base))
         self._restore()
+        self.lean_report = self._survey()
 
     @property
     def base_model(self) -> PreTrainedModel:
@@ -317,11 +372,12 @@ class PolicyModel(nn.Module):
         if sites is None:  # peft's model-level switches (ZeRO-3)
             return functools.partial(self._peft_role, role)
         if role == "reference" and self.reference_mode == "base":
-            return sites.bypassed
+            # peft's disable_adapter() where a layer's base_layer cannot be read (_compat)
+            return sites.bypassed if sites.bypassable else functools.partial(self._peft_role, role)
         if role == "reference" and not torch.is_grad_enabled():
             # frozen: the base model where its delta is exactly zero (a reference copied
             # from a fresh actor), else its delta merged; both at base-model speed
-            if sites.delta_is_zero(role):
+            if sites.delta_is_zero(role) and sites.bypassable:
                 return sites.bypassed
             return functools.partial(sites.merged, role)
         return functools.partial(sites.active, role)
@@ -372,8 +428,10 @@ class PolicyModel(nn.Module):
         (:func:`rl_adapters.lean_mlp.lean_swiglu`), each bit-equal to transformers' own step,
         for the whole body. Every swap is :func:`rl_adapters.replay.replayable`, so a layer
         checkpointed in the body recomputes with the swaps of its forward also when the backward
-        runs after the body. Nothing changes with ``enabled=False``.
+        runs after the body. Nothing changes with ``enabled=False`` or with the policy's
+        ``lean_forwards=False``.
         """
+        enabled = enabled and self.lean_forwards is not False
         sites = self.lora_sites() if enabled else None
         model = self.causal_lm
         with (
@@ -457,15 +515,17 @@ class PolicyModel(nn.Module):
         )
         # every switch the forward reads is replayable (rl_adapters.replay): a checkpointed
         # layer recomputes, in the backward, with the role, the lean rotary, RMSNorm and SwiGLU
-        # (bit-equal to transformers') and the checkpointing flags of this forward. The offload
+        # (bit-equal to transformers'; none with lean_forwards=False) and the checkpointing
+        # flags of this forward. The offload
         # hooks are autograd's own saved-tensor hooks, which the recomputation replaces.
+        lean = self.lean_forwards is not False
         with (
             self.use_role(role),
             offload,
             replayable(functools.partial(self._checkpointing, model)),
-            replayable(functools.partial(lean_rotary, model)),
-            replayable(functools.partial(lean_rms_norm, model)),
-            replayable(functools.partial(lean_swiglu, model)),
+            replayable(functools.partial(lean_rotary, model, lean)),
+            replayable(functools.partial(lean_rms_norm, model, lean)),
+            replayable(functools.partial(lean_swiglu, model, lean)),
         ):
             out = decoder_of(model)(
                 input_ids=input_ids,

@@ -36,7 +36,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from rl_adapters.lean_lora import LeanLora, lean_eligible
+from rl_adapters import _compat
+from rl_adapters.lean_lora import LeanLora, adapter_blocker, lean_blocker
+from rl_adapters.lean_report import LeanFallback, LeanSwap, count_swap, group_fallbacks
 
 __all__ = ["LoraSite", "LoraSites"]
 
@@ -97,7 +99,7 @@ class LoraSites:
         """
         if not self.sites:
             return False
-        base = getattr(self.sites[0].layer, "base_layer", None)
+        base = _compat.read(self.sites[0].layer, "base_layer", None)
         weight = getattr(base, "weight", None)
         if weight is not None:
             return hasattr(weight, "ds_id")
@@ -121,10 +123,19 @@ class LoraSites:
             for site, previous in reversed(done):
                 site.parent._modules[site.name] = previous
 
+    @property
+    def bypassable(self) -> bool:
+        """Whether every LoRA layer's ``base_layer`` can be read (:meth:`bypassed` needs it)."""
+        return all(not _compat.missing(s.layer, ("base_layer",)) for s in self.sites)
+
     @contextlib.contextmanager
     def bypassed(self) -> Iterator[None]:
-        """Run the base model: every LoRA layer replaced by its own base layer."""
-        with self._swapped([(s, s.layer.base_layer) for s in self.sites]):
+        """Run the base model: every LoRA layer replaced by its own base layer.
+
+        Needs :attr:`bypassable` (the policy uses peft's ``disable_adapter()`` otherwise).
+        """
+        bases = [(s, _compat.read(s.layer, "base_layer")) for s in self.sites]
+        with self._swapped(bases):
             yield
 
     @contextlib.contextmanager
@@ -148,7 +159,7 @@ class LoraSites:
     def lean(self) -> Iterator[None]:
         """Train through :class:`~rl_adapters.lean_lora.LeanLora`: one autograd node per layer.
 
-        Each plain LoRA linear layer (:func:`~rl_adapters.lean_lora.lean_eligible`) currently
+        Each plain LoRA linear layer (:func:`~rl_adapters.lean_lora.lean_blocker`) currently
         hanging in its parent is wrapped for the body; the forward and its backward (also an
         activation-checkpointing recomputation inside the body) compute what the peft layer
         computes, to float rounding, with fewer full-size temporaries. Role switches inside
@@ -156,7 +167,12 @@ class LoraSites:
         """
         replacements: list[tuple[LoraSite, nn.Module]] = []
         for k, site in enumerate(self.sites):
-            if site.parent._modules[site.name] is not site.layer or not lean_eligible(site.layer):
+            if site.parent._modules[site.name] is not site.layer:
+                continue
+            blocked = lean_blocker(site.layer)
+            if blocked is not None:
+                if blocked[1]:  # a peft internal went missing since the policy's report
+                    _compat.warn_once(blocked[0], "peft")
                 continue
             if k not in self._lean:
                 self._lean[k] = LeanLora(site.layer)
@@ -164,6 +180,26 @@ class LoraSites:
             replacements.append((site, self._lean[k]))
         with self._swapped(replacements):
             yield
+
+    def survey(self, adapter: str = "actor") -> tuple[LeanSwap, list[LeanFallback]]:
+        """The layers that run the lean LoRA forward with ``adapter`` active, and the others.
+
+        The others run peft's forward, with the reason; for the policy's
+        :class:`~rl_adapters.lean_report.LeanReport`.
+        """
+        lean: list[str] = []
+        fell: list[tuple[str, str, bool]] = []
+        for site in self.sites:
+            target = type(site.layer).__name__
+            blocked = lean_blocker(site.layer)
+            if blocked is None:
+                reason = adapter_blocker(site.layer, adapter)
+                blocked = None if reason is None else (f"{adapter} adapter: {reason}", False)
+            if blocked is None:
+                lean.append(target)
+            else:
+                fell.append((target, *blocked))
+        return count_swap("lora", lean), group_fallbacks("lora", fell)
 
     def mergeable(self, adapter: str) -> list[LoraSite]:
         """Sites whose ``adapter`` can be merged: plain LoRA over an ``nn.Linear``.
@@ -174,13 +210,12 @@ class LoraSites:
         out = []
         for site in self.sites:
             layer = site.layer
-            base = getattr(layer, "base_layer", None)
+            base = _compat.read(layer, "base_layer", None)
             ok = (
                 type(base) is nn.Linear
-                and adapter in getattr(layer, "lora_A", {})
-                and adapter not in getattr(layer, "lora_variant", {})
-                and not getattr(layer, "lora_bias", {}).get(adapter, False)
-                and not getattr(layer, "merged", False)
+                and adapter_blocker(layer, adapter) is None
+                and not _compat.read(layer, "merged_adapters", ["unknown"])
+                and callable(_compat.read(layer, "get_delta_weight", None))
                 and base.weight.dtype.is_floating_point
                 and not hasattr(base.weight, "ds_id")  # ZeRO-3 partition
             )
@@ -199,7 +234,7 @@ class LoraSites:
         (its identity and ``Tensor._version``, which every in-place write bumps). What makes a
         layer mergeable (its base, variant and LoRA bias) is fixed when the adapter is built.
         """
-        lora_b = [getattr(site.layer, "lora_B", {}) for site in self.sites]
+        lora_b = [_compat.read(site.layer, "lora_B", {}) for site in self.sites]
         if not self.sites or any(adapter not in b for b in lora_b):
             return False
         weights = [b[adapter].weight for b in lora_b]
@@ -224,8 +259,8 @@ class LoraSites:
         replacements: list[tuple[LoraSite, nn.Module]] = []
         with torch.no_grad():
             for site in mergeable:
-                base = site.layer.base_layer
-                delta = site.layer.get_delta_weight(adapter)
+                base = _compat.read(site.layer, "base_layer")
+                delta = _compat.read(site.layer, "get_delta_weight")(adapter)
                 weight = base.weight + delta.to(base.weight.dtype)
                 replacements.append((site, _MergedLinear(weight, base.bias)))
         rest = len(mergeable) < len(self.sites)

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 import torch
 from rl_adapters import PolicyModel
+from rl_adapters.lean_report import LeanReport
 from rl_losses import rollout_correction
 from rl_rollout import HFEngine, SamplingParams
 
@@ -227,6 +228,7 @@ class LLMAlgorithm:
             "lora_target_scope": cfg.lora_target_scope or "language",
             "seed": cfg.seed,
             "full_finetune": cfg.full_finetune,
+            "lean_forwards": cfg.lean_forwards,
         }
         if actor_network is None:
             policy = PolicyModel.from_pretrained(
@@ -237,6 +239,15 @@ class LLMAlgorithm:
         policy.to(self.device)
         policy.eval()
         return policy
+
+    @property
+    def lean_report(self) -> LeanReport:
+        """What the lean forwards serve on the policy's model (``config.lean_forwards``).
+
+        ``rl_adapters.lean_report.LeanReport``: each lean forward set and on how many modules
+        of which classes, each fallback to peft's or transformers' own forward with the reason.
+        """
+        return self.policy.lean_report
 
     def make_engine(self, policy: PolicyModel) -> HFEngine:
         """The Hugging Face generation engine over ``policy``'s model."""

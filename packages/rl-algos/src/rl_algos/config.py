@@ -249,6 +249,13 @@ class AgentConfig:
     """Strings that end a completion (need a tokenizer)."""
     use_vllm: bool = False
     """Generate with a colocated vLLM engine (CUDA)."""
+    lean_forwards: str | bool = "auto"
+    """Where the training and scoring forwards run rl-adapters' lean LoRA, rotary, RMSNorm and
+    SwiGLU forwards (``rl_adapters.PolicyModel(lean_forwards=...)``): ``"auto"`` wherever their
+    checks pass (peft's and transformers' own forwards elsewhere), True the same but raise at
+    construction when they pass nowhere on the model, False peft's and transformers' own
+    forwards everywhere. Read when the agent is built; ``agent.lean_report`` says what they
+    serve."""
     merge_lora_for_generation: bool = True
     """LoRA: sample with the actor's delta merged into new base weights (bare-model speed, one
     extra copy of the adapted weights while generating; see
@@ -270,6 +277,12 @@ class AgentConfig:
             raise ValueError(
                 "`use_sequence_packing` must be None or 'auto' (pack where possible), True or "
                 f"False, got {self.use_sequence_packing!r}"
+            )
+        if not (self.lean_forwards == "auto" or isinstance(self.lean_forwards, bool)):
+            raise ValueError(
+                "`lean_forwards` must be 'auto' (lean forwards where they apply), True (the same, "
+                f"and raise where none applies) or False (peft's and transformers' own), got "
+                f"{self.lean_forwards!r}"
             )
         budget = self.micro_batch_tokens
         if budget is not None and (isinstance(budget, bool) or budget < 1):
