@@ -182,9 +182,10 @@ def test_missing_peft_internal_falls_back_when_the_policy_is_built(
     with policy.lean_lora():
         assert next(_lean_modules(policy)) == 0  # no LeanLora hung
     logits, grads = _train_forward(policy, lean=False)
+    # bit-exact: both runs are peft's LoRA forward and the same lean rotary/norm/SwiGLU nodes
     assert torch.equal(lean_logits, logits)
     for got, want in zip(lean_grads, grads, strict=True):
-        assert got is not None and torch.equal(got, want)
+        assert got is not None and torch.equal(got, want)  # bit-exact: as above
 
 
 def test_peft_internal_missing_after_the_report_warns_once(
@@ -205,7 +206,7 @@ def test_peft_internal_missing_after_the_report_warns_once(
     (warning,) = caplog.records
     assert warning.name == "rl_adapters._compat" and "Linear.lora_bias" in warning.getMessage()
     logits, _ = _train_forward(policy, lean=False)
-    assert torch.equal(lean_logits, logits)
+    assert torch.equal(lean_logits, logits)  # bit-exact: peft's LoRA forward in both runs
 
 
 def test_lean_lora_reads_peft_state_through_compat(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,18 +27,9 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from rl_adapters.lean_mlp import lean_swiglu
-from rl_adapters.lean_mlp import survey as survey_mlp
 from rl_adapters.lean_norm import lean_rms_norm
-from rl_adapters.lean_norm import survey as survey_norm
-from rl_adapters.lean_report import (
-    LeanForwards,
-    LeanReport,
-    check_lean_forwards,
-    log_report,
-    make_report,
-)
+from rl_adapters.lean_report import LeanForwards, LeanReport, check_lean_forwards, survey
 from rl_adapters.lean_rotary import lean_rotary
-from rl_adapters.lean_rotary import survey as survey_rotary
 from rl_adapters.lora import default_lora_config, scope_lora_config, validate_lora_config
 from rl_adapters.replay import Switch, enable_checkpointing, replayable
 from rl_adapters.roles import LoraSites
@@ -183,35 +174,9 @@ class PolicyModel(nn.Module):
         self.lean_report: LeanReport = self._survey()
 
     def _survey(self) -> LeanReport:
-        """What the lean forwards serve on this model (:mod:`rl_adapters.lean_report`), logged.
-
-        Raises:
-            ValueError: ``lean_forwards=True`` and no lean forward applies.
-        """
-        model = self.causal_lm
-        if self.lean_forwards is False:
-            report = make_report(False, model, [])
-        else:
-            sites = self.lora_sites()
-            parts = [
-                *([sites.survey("actor")] if sites is not None else []),
-                survey_rotary(model),
-                survey_norm(model),
-                survey_mlp(model),
-            ]
-            report = make_report(self.lean_forwards, model, parts)
-            if self.lean_forwards is True and not report.swapped:
-                reasons = (
-                    "; ".join(f"{f.forward} {f.target}: {f.reason}" for f in report.fallbacks)
-                    or "no LoRA layer, rotary, RMSNorm or gated MLP found"
-                )
-                raise ValueError(
-                    f"lean_forwards=True: no lean forward applies to {type(model).__name__} "
-                    f"({reasons}); pass lean_forwards='auto' (own forwards where none applies) "
-                    "or False"
-                )
-        log_report(report)
-        return report
+        """:func:`rl_adapters.lean_report.survey` of this policy's model (logged once)."""
+        sites = self.lora_sites() if self.lean_forwards is not False else None
+        return survey(self.lean_forwards, self.causal_lm, sites)
 
     def _attach_adapters(self, model: PreTrainedModel, config: LoraConfig) -> None:
         """Wrap ``model`` with this policy's LoRA adapters, seeded (global RNG untouched)."""

@@ -27,7 +27,6 @@ from typing import Any, ClassVar
 
 import torch
 from rl_adapters import PolicyModel
-from rl_adapters.lean_report import LeanReport
 from rl_losses import rollout_correction
 from rl_rollout import HFEngine, SamplingParams
 
@@ -114,6 +113,7 @@ class LLMAlgorithm:
     _registry: ClassVar[dict[str, type[LLMAlgorithm]]] = {}
     _init_kwargs: dict[str, Any]
     config: AgentConfig
+    lean_report = property(lambda self: self.policy.lean_report, doc="The policy's LeanReport.")
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -231,23 +231,13 @@ class LLMAlgorithm:
             "lean_forwards": cfg.lean_forwards,
         }
         if actor_network is None:
-            policy = PolicyModel.from_pretrained(
-                str(model_name), model_config=model_config, **options
-            )
+            name = str(model_name)
+            policy = PolicyModel.from_pretrained(name, model_config=model_config, **options)
         else:
             policy = PolicyModel(actor_network, **options)
         policy.to(self.device)
         policy.eval()
         return policy
-
-    @property
-    def lean_report(self) -> LeanReport:
-        """What the lean forwards serve on the policy's model (``config.lean_forwards``).
-
-        ``rl_adapters.lean_report.LeanReport``: each lean forward set and on how many modules
-        of which classes, each fallback to peft's or transformers' own forward with the reason.
-        """
-        return self.policy.lean_report
 
     def make_engine(self, policy: PolicyModel) -> HFEngine:
         """The Hugging Face generation engine over ``policy``'s model."""
