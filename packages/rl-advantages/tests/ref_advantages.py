@@ -21,6 +21,11 @@ Readings of the spec chosen here where it is not explicit (see also the notes at
   kept group. The reference follows the function's own clause (every member, invalid ones too);
   the tests compare valid positions only.
 * ``kl_in_reward(kl=None)``: no KL term, only the score on the last valid token.
+* ``gap`` (``discounted_returns``, ``gae``, ``reinforce_plus_plus``; issue 44): each row is cut
+  into episodes first (``_episodes``), then each episode runs the plain recursion:
+  ``"skip"`` one episode of the valid steps; ``"reset"`` one terminal episode per run of
+  consecutive valid steps (the bootstrap goes to the last); ``"carry"`` one episode of every step
+  from the first valid to the last, with reward 0 and value 0 at the invalid ones.
 """
 
 from __future__ import annotations
@@ -266,11 +271,35 @@ def ref_broadcast_to_tokens(
 # --------------------------------------------------------------------------- returns
 
 
+def _episodes(row_mask: list[bool], gap: str) -> list[list[int]]:
+    """The episodes of one row under ``gap``, each a list of step indices in time order.
+
+    The last episode ends where the row's trajectory ends (the bootstrap applies after it); the
+    others are terminal. ``"carry"`` episodes include the invalid steps inside the row.
+    """
+    valid = [t for t, ok in enumerate(row_mask) if ok]
+    if not valid:
+        return []
+    if gap == "skip":
+        return [valid]
+    if gap == "carry":
+        return [list(range(valid[0], valid[-1] + 1))]
+    assert gap == "reset", gap
+    runs: list[list[int]] = [[valid[0]]]
+    for t in valid[1:]:
+        if t == runs[-1][-1] + 1:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    return runs
+
+
 def ref_discounted_returns(
     rewards: torch.Tensor,
     mask: torch.Tensor,
     gamma: float,
     bootstrap: torch.Tensor | None = None,
+    gap: str = "skip",
 ) -> torch.Tensor:
     r = _lst(rewards)
     m = _lst(mask)
@@ -278,13 +307,14 @@ def ref_discounted_returns(
     N, K = rewards.shape
     out = [[0.0] * K for _ in range(N)]
     for n in range(N):
-        valid = [t for t in range(K) if m[n][t]]
-        if not valid:
-            continue  # rows with no valid step are all 0
-        g = 0.0 if boot is None else boot[n]  # G after the last valid step
-        for t in reversed(valid):  # invalid steps are skipped, not terminal
-            g = r[n][t] + gamma * g
-            out[n][t] = g
+        episodes = _episodes(m[n], gap)  # rows with no valid step are all 0
+        for e, steps in enumerate(episodes):
+            last = e == len(episodes) - 1
+            g = boot[n] if last and boot is not None else 0.0  # G after the episode
+            for t in reversed(steps):  # an invalid step here is a carried gap: reward 0
+                g = (r[n][t] if m[n][t] else 0.0) + gamma * g
+                if m[n][t]:
+                    out[n][t] = g
     return _tensor(out, (N, K))
 
 
@@ -311,6 +341,7 @@ def ref_gae(
     gamma: float,
     lmbda: float,
     bootstrap: torch.Tensor | None = None,
+    gap: str = "skip",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r = _lst(rewards)
     v = _lst(values)
@@ -320,18 +351,20 @@ def ref_gae(
     adv = [[0.0] * K for _ in range(N)]
     ret = [[0.0] * K for _ in range(N)]
     for n in range(N):
-        valid = [t for t in range(K) if m[n][t]]
-        if not valid:
-            continue
-        v_next = 0.0 if boot is None else boot[n]  # V_end
-        a_next = 0.0  # A_end
-        for t in reversed(valid):
-            delta = r[n][t] + gamma * v_next - v[n][t]
-            a = delta + gamma * lmbda * a_next
-            adv[n][t] = a
-            ret[n][t] = a + v[n][t]
-            v_next = v[n][t]
-            a_next = a
+        episodes = _episodes(m[n], gap)
+        for e, steps in enumerate(episodes):
+            last = e == len(episodes) - 1
+            v_next = boot[n] if last and boot is not None else 0.0  # V_end
+            a_next = 0.0  # A_end
+            for t in reversed(steps):
+                r_t, v_t = (r[n][t], v[n][t]) if m[n][t] else (0.0, 0.0)  # a carried gap step
+                delta = r_t + gamma * v_next - v_t
+                a = delta + gamma * lmbda * a_next
+                if m[n][t]:
+                    adv[n][t] = a
+                    ret[n][t] = a + v_t
+                v_next = v_t
+                a_next = a
     return _tensor(adv, (N, K)), _tensor(ret, (N, K))
 
 
@@ -573,8 +606,9 @@ def ref_reinforce_plus_plus(
     gamma: float = 1.0,
     unbiased: bool = True,
     eps: float = 1e-8,
+    gap: str = "skip",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    returns = ref_discounted_returns(token_rewards, mask, gamma)
+    returns = ref_discounted_returns(token_rewards, mask, gamma, gap=gap)
     advantages = ref_whiten(returns, mask, shift_mean=True, unbiased=unbiased, eps=eps)
     return advantages, returns
 

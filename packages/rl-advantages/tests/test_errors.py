@@ -288,6 +288,20 @@ OPTION_ERRORS: dict[str, tuple[Callable[[], Any], str]] = {
         ),
         "nonfinite",
     ),
+    "discounted_returns_gap": (
+        lambda: ra.discounted_returns(rewards=ones(2, 2), mask=bmask(2, 2), gamma=1.0, gap="zero"),
+        "gap",
+    ),
+    "gae_gap": (
+        lambda: ra.gae(
+            rewards=ones(2, 2), values=ones(2, 2), mask=bmask(2, 2), gamma=1.0, lmbda=1.0, gap=""
+        ),
+        "gap",
+    ),
+    "reinforce_plus_plus_gap": (
+        lambda: ra.reinforce_plus_plus(token_rewards=ones(2, 2), mask=bmask(2, 2), gap="Reset"),
+        "gap",
+    ),
 }
 
 

@@ -178,6 +178,54 @@ def test_discounted_returns_skip_invalid_steps(api: Any) -> None:
 
 
 @API
+def test_discounted_returns_gap_options(api: Any) -> None:
+    # row 0: a gap at step 2 between valid steps 1 and 3; row 1: only padding around its valid
+    # steps (not a gap), so every option gives the same row; gamma = .5
+    r = t([[1.0, 2.0, 100.0, 4.0], [7.0, 1.0, 2.0, 7.0]])
+    m = b([[T, T, F, T], [F, T, T, F]])
+    row1 = [0.0, 2.0, 2.0, 0.0]  # G2 = 2, G1 = 1 + .5 * 2 = 2
+
+    def returns(gap: str, boot: float = 0.0) -> torch.Tensor:
+        return api.discounted_returns(
+            rewards=r, mask=m, gamma=0.5, bootstrap=t([boot, 0.0]), gap=gap
+        )
+
+    # skip: G3 = 4, G1 = 2 + .5 * 4 = 4, G0 = 1 + .5 * 4 = 3
+    close(returns("skip"), [[3.0, 4.0, 0.0, 4.0], row1])
+    # reset (AgileRL's token path): steps 0-1 are a terminal episode: G1 = 2, G0 = 1 + 1 = 2
+    close(returns("reset"), [[2.0, 2.0, 0.0, 4.0], row1])
+    # carry (OpenRLHF): the gap is a step with reward 0: G2 = .5 * 4 = 2, G1 = 2 + 1 = 3,
+    # G0 = 1 + 1.5 = 2.5
+    close(returns("carry"), [[2.5, 3.0, 0.0, 4.0], row1])
+    # bootstrap 8 goes after the last valid step only: G3 = 4 + 4 = 8 in every option
+    close(returns("skip", 8.0), [[4.0, 6.0, 0.0, 8.0], row1])  # G1 = 2 + 4, G0 = 1 + 3
+    close(returns("reset", 8.0), [[2.0, 2.0, 0.0, 8.0], row1])  # the first episode is unchanged
+    close(returns("carry", 8.0), [[3.0, 4.0, 0.0, 8.0], row1])  # G2 = 4, G1 = 4, G0 = 3
+    # gamma = 1: a carried gap step adds reward 0 and costs no discount, so carry = skip
+    for gap in ("skip", "carry"):
+        close(
+            api.discounted_returns(rewards=r, mask=m, gamma=1.0, gap=gap),
+            [[7.0, 6.0, 0.0, 4.0], [0.0, 3.0, 2.0, 0.0]],
+        )
+
+
+@API
+def test_reset_is_each_segment_as_its_own_episode(api: Any) -> None:
+    # AgileRL 2.58's token GAE: a gap ends the episode, so the row equals its two segments run
+    # as two terminal rows
+    r = t([[1.0, 2.0, 9.0, 9.0, 3.0, 4.0]])
+    v = t([[0.5, -1.0, 9.0, 9.0, 2.0, 0.25]])
+    m = b([[T, T, F, F, T, T]])
+    adv, ret = api.gae(rewards=r, values=v, mask=m, gamma=0.5, lmbda=0.5, gap="reset")
+    seg_m = b([[T, T, F, F, F, F], [F, F, F, F, T, T]])
+    seg_adv, seg_ret = api.gae(
+        rewards=r.expand(2, 6), values=v.expand(2, 6), mask=seg_m, gamma=0.5, lmbda=0.5
+    )
+    assert_close(adv, seg_adv.sum(0, keepdim=True), **HAND)
+    assert_close(ret, seg_ret.sum(0, keepdim=True), **HAND)
+
+
+@API
 def test_scalar_reward_on_last_token_gives_constant_returns(api: Any) -> None:
     # The AgileRL pitfall: the sequence reward R sits on the LAST token only, so with gamma = 1
     # every token's return is R ([R, R, R, R]), not a count-down [4, 3, 2, 1] * something.
@@ -255,6 +303,27 @@ def test_gae_skips_holes(api: Any) -> None:
     adv, ret = api.gae(rewards=r, values=v, mask=m, gamma=0.5, lmbda=0.5)
     close(adv, [[1.375, 0.0, 0.5]])
     close(ret, [[1.875, 0.0, 2.0]])
+
+
+@API
+def test_gae_gap_options(api: Any) -> None:
+    r = t([[1.0, 99.0, 2.0]])
+    v = t([[0.5, -99.0, 1.5]])
+    m = b([[T, F, T]])
+    # gamma = lmbda = .5; step 2 in every option: delta2 = 2 - 1.5 = .5, A2 = .5
+    # skip (verl): as test_gae_skips_holes
+    adv, ret = api.gae(rewards=r, values=v, mask=m, gamma=0.5, lmbda=0.5, gap="skip")
+    close(adv, [[1.375, 0.0, 0.5]])
+    close(ret, [[1.875, 0.0, 2.0]])
+    # reset (AgileRL's token path): step 0 is terminal: delta0 = 1 + 0 - .5 = .5, A0 = .5
+    adv, ret = api.gae(rewards=r, values=v, mask=m, gamma=0.5, lmbda=0.5, gap="reset")
+    close(adv, [[0.5, 0.0, 0.5]])
+    close(ret, [[1.0, 0.0, 2.0]])
+    # carry (OpenRLHF): the gap step has r = V = 0: delta1 = 0 + .5 * 1.5 - 0 = .75,
+    # A1 = .75 + .25 * .5 = .875; delta0 = 1 + .5 * 0 - .5 = .5, A0 = .5 + .25 * .875 = .71875
+    adv, ret = api.gae(rewards=r, values=v, mask=m, gamma=0.5, lmbda=0.5, gap="carry")
+    close(adv, [[0.71875, 0.0, 0.5]])
+    close(ret, [[1.21875, 0.0, 2.0]])
 
 
 @API

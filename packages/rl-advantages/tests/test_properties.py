@@ -37,9 +37,12 @@ API = pytest.mark.parametrize("api", [_Impl(), _Ref()], ids=["impl", "ref"])
 
 
 @st.composite
-def token_batches(draw: st.DrawFn, max_n: int = 6, max_t: int = 8) -> dict[str, Any]:
+def token_batches(
+    draw: st.DrawFn, max_n: int = 6, max_t: int = 8, right_padded: bool | None = None
+) -> dict[str, Any]:
     """mask [N, T] (empty rows, holes), rewards, values, optional bootstrap [N]."""
-    right_padded = draw(st.booleans())
+    if right_padded is None:
+        right_padded = draw(st.booleans())
     mask = draw(mask_batches(max_n, max_t, allow_empty_rows=True, right_padded=right_padded))
     n, t = mask.shape
     out: dict[str, Any] = {
@@ -140,6 +143,120 @@ def test_discounted_returns_skip_holes(api: Any, batch: dict[str, Any], gamma: f
         }
         assert_close(out[i][valid], compact[0, :k], **tol)  # holes vs the compacted row
         assert bool((out[i][~valid] == 0).all())
+
+
+# --------------------------------------------------------------------------- gaps (issue 44)
+
+GAPS = st.sampled_from(["skip", "reset", "carry"])
+
+
+def _runs(row: torch.Tensor) -> list[list[int]]:
+    """The runs of consecutive valid steps of one mask row, in order."""
+    out: list[list[int]] = []
+    for s in row.nonzero().flatten().tolist():
+        if out and s == out[-1][-1] + 1:
+            out[-1].append(s)
+        else:
+            out.append([s])
+    return out
+
+
+def _gap_outputs(api: Any, batch: dict[str, Any], gamma: float, lmbda: float, **kw: Any):
+    """(returns, advantages, value targets) of ``batch`` under the keyword arguments."""
+    common = {"mask": batch["mask"], "gamma": gamma, "bootstrap": batch["bootstrap"]}
+    g = api.discounted_returns(rewards=batch["rewards"], **common, **kw)
+    adv, ret = api.gae(
+        rewards=batch["rewards"], values=batch["values"], lmbda=lmbda, **common, **kw
+    )
+    return g, adv, ret
+
+
+@API
+@SETTINGS
+@given(batch=token_batches(right_padded=False), gamma=GAMMA, lmbda=LMBDA)
+def test_gap_reset_runs_each_segment_as_a_terminal_episode(
+    api: Any, batch: dict[str, Any], gamma: float, lmbda: float
+) -> None:
+    # AgileRL's token paths: gap="reset" equals the default on a batch with one row per run of
+    # consecutive valid steps, the bootstrap going to each row's last run only
+    mask, boot = batch["mask"], batch["bootstrap"]
+    rows, seg_masks, seg_boot = [], [], []
+    for i in range(mask.shape[0]):
+        runs = _runs(mask[i])
+        for k, run in enumerate(runs):
+            seg = torch.zeros_like(mask[i])
+            seg[run] = True
+            rows.append(i)
+            seg_masks.append(seg)
+            last = k == len(runs) - 1
+            seg_boot.append(float(boot[i]) if boot is not None and last else 0.0)
+    got = _gap_outputs(api, batch, gamma, lmbda, gap="reset")
+    tol = {
+        "reduction": max(1, mask.shape[-1]),
+        "scale": _scan_scale(batch["rewards"], batch["values"]),
+    }
+    if not rows:
+        for out in got:
+            assert bool((out == 0).all())
+        return
+    idx = torch.tensor(rows)
+    seg_batch = {
+        "mask": torch.stack(seg_masks),
+        "rewards": batch["rewards"][idx],
+        "values": batch["values"][idx],
+        "bootstrap": torch.tensor(seg_boot, dtype=F64) if boot is not None else None,
+    }
+    for out, seg_out in zip(got, _gap_outputs(api, seg_batch, gamma, lmbda), strict=True):
+        expected = torch.zeros_like(out).index_add_(0, idx, seg_out)  # runs do not overlap
+        assert_close(out, expected, **tol)
+
+
+@API
+@SETTINGS
+@given(batch=token_batches(right_padded=False), gamma=GAMMA, lmbda=LMBDA)
+def test_gap_carry_is_a_step_with_reward_and_value_zero(
+    api: Any, batch: dict[str, Any], gamma: float, lmbda: float
+) -> None:
+    # OpenRLHF: gap="carry" equals the default with every gap step made valid, reward 0, value 0
+    mask = batch["mask"]
+    before = mask.cumsum(-1) > 0
+    after = mask.flip(-1).cumsum(-1).flip(-1) > 0
+    filled = mask | (before & after)
+    zero = torch.zeros((), dtype=F64)
+    filled_batch = {
+        "mask": filled,
+        "rewards": torch.where(mask, batch["rewards"], zero),
+        "values": torch.where(mask, batch["values"], zero),
+        "bootstrap": batch["bootstrap"],
+    }
+    got = _gap_outputs(api, batch, gamma, lmbda, gap="carry")
+    boot = batch["bootstrap"]
+    tol = {
+        "reduction": max(1, mask.shape[-1]),
+        "scale": _scan_scale(
+            batch["rewards"], batch["values"], None if boot is None else boot[:, None]
+        ),
+    }
+    for out, ref in zip(got, _gap_outputs(api, filled_batch, gamma, lmbda), strict=True):
+        assert_close(out, torch.where(mask, ref, zero), **tol)
+
+
+@API
+@SETTINGS
+@given(batch=token_batches(), gamma=GAMMA, lmbda=LMBDA, gap=GAPS)
+def test_gap_options_agree_on_rows_without_a_gap(
+    api: Any, batch: dict[str, Any], gamma: float, lmbda: float, gap: str
+) -> None:
+    mask = batch["mask"]
+    no_gap = torch.tensor([len(_runs(row)) <= 1 for row in mask], dtype=torch.bool)
+    got = _gap_outputs(api, batch, gamma, lmbda, gap=gap)
+    default = _gap_outputs(api, batch, gamma, lmbda)
+    for out, ref in zip(got, default, strict=True):
+        assert torch.equal(out[no_gap], ref[no_gap])  # the same recursion, bit for bit
+    if gamma == 1.0 and gap == "carry":  # reward 0 at no discount: the returns agree everywhere
+        boot = batch["bootstrap"]
+        scale = _scan_scale(batch["rewards"], None if boot is None else boot[:, None])
+        assert_close(got[0], default[0], reduction=max(1, mask.shape[-1]), scale=scale)
 
 
 # --------------------------------------------------------------------------- ReBN
@@ -315,16 +432,18 @@ def _token_case(draw: st.DrawFn, name: str) -> MaskedCase:
     r = torch.where(mask, batch["rewards"], 0.0)
     if name == "discounted_returns":
         kwargs = {"rewards": r, "mask": mask, "gamma": draw(GAMMA), "bootstrap": batch["bootstrap"]}
+        kwargs["gap"] = draw(GAPS)
         return kwargs, [("rewards", ~mask)]
     if name == "gae":
         v = torch.where(mask, batch["values"], 0.0)
         kwargs = {"rewards": r, "values": v, "mask": mask, "gamma": draw(GAMMA)}
-        kwargs.update(lmbda=draw(LMBDA), bootstrap=batch["bootstrap"])
+        kwargs.update(lmbda=draw(LMBDA), bootstrap=batch["bootstrap"], gap=draw(GAPS))
         return kwargs, [("rewards", ~mask), ("values", ~mask)]
     if name == "remax":
         kwargs = {"token_rewards": r, "mask": mask, "baselines": draw(rewards(mask.shape[0]))}
         return kwargs, [("token_rewards", ~mask)]
-    return {"token_rewards": r, "mask": mask, "gamma": draw(GAMMA)}, [("token_rewards", ~mask)]
+    kwargs = {"token_rewards": r, "mask": mask, "gamma": draw(GAMMA), "gap": draw(GAPS)}
+    return kwargs, [("token_rewards", ~mask)]
 
 
 def _score_case(draw: st.DrawFn, name: str) -> MaskedCase:

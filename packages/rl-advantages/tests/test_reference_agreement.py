@@ -52,6 +52,7 @@ GROUP_SIZES = [2, 3, 4]
 REWARD_KINDS = ["normal", "binary", "ties"]
 ROW_KINDS = ("empty", "single", "prefix", "holes", "full")
 GROUP_KINDS = ("all", "none", "single", "all_but_one", "random")
+GAPS = ["skip", "reset", "carry"]  # what a gap between valid steps means (returns, GAE)
 
 Kwargs = dict[str, Any]
 Case = tuple[Kwargs, torch.Tensor | None]  # (kwargs, validity mask of the outputs)
@@ -199,6 +200,11 @@ def assert_agree(name: str, kwargs: Kwargs, valid: torch.Tensor | None) -> None:
         tol = {"reduction": _reduction(kwargs), "stages": STAGES[name]}
         assert_close(g, e, **tol, scale=_scale(kwargs, e), msg=name)
     _assert_zero_at_invalid(got, valid)
+
+
+def _with_gap(kwargs: Kwargs, gap: str) -> Kwargs:
+    """``gap`` passed unless it is the default ("skip" then runs the default path)."""
+    return kwargs if gap == "skip" else {**kwargs, "gap": gap}
 
 
 # --------------------------------------------------------------------------- case builders
@@ -533,9 +539,11 @@ def test_broadcast_to_tokens(t: int, placement: str, ids_kind: str) -> None:
 @pytest.mark.parametrize("gamma", GAMMAS)
 @pytest.mark.parametrize("bootstrap", [False, True])
 @pytest.mark.parametrize("kind", ["normal", "ties"])
-def test_discounted_returns(k: int, gamma: float, bootstrap: bool, kind: str) -> None:
+@pytest.mark.parametrize("gap", GAPS)
+def test_discounted_returns(k: int, gamma: float, bootstrap: bool, kind: str, gap: str) -> None:
     gen = _gen("discounted_returns", k, gamma, bootstrap, kind)
-    assert_agree("discounted_returns", *case_discounted_returns(gen, k, gamma, bootstrap, kind))
+    kwargs, valid = case_discounted_returns(gen, k, gamma, bootstrap, kind)
+    assert_agree("discounted_returns", _with_gap(kwargs, gap), valid)
 
 
 @pytest.mark.parametrize("k", LENGTHS)
@@ -551,9 +559,11 @@ def test_rebn(k: int, unbiased: bool, mask_kind: str, eps: float) -> None:
 @pytest.mark.parametrize("gamma", GAMMAS)
 @pytest.mark.parametrize("lmbda", LMBDAS)
 @pytest.mark.parametrize("bootstrap", [False, True])
-def test_gae(k: int, gamma: float, lmbda: float, bootstrap: bool) -> None:
+@pytest.mark.parametrize("gap", GAPS)
+def test_gae(k: int, gamma: float, lmbda: float, bootstrap: bool, gap: str) -> None:
     gen = _gen("gae", k, gamma, lmbda, bootstrap)
-    assert_agree("gae", *case_gae(gen, k, gamma, lmbda, bootstrap))
+    kwargs, valid = case_gae(gen, k, gamma, lmbda, bootstrap)
+    assert_agree("gae", _with_gap(kwargs, gap), valid)
 
 
 # --------------------------------------------------------------------------- group-relative
@@ -650,9 +660,11 @@ def test_kl_in_reward(t: int, with_kl: bool, beta: float) -> None:
 @pytest.mark.parametrize("t", LENGTHS)
 @pytest.mark.parametrize("gamma", GAMMAS)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_reinforce_plus_plus(t: int, gamma: float, seed: int) -> None:
+@pytest.mark.parametrize("gap", GAPS)
+def test_reinforce_plus_plus(t: int, gamma: float, seed: int, gap: str) -> None:
     gen = _gen("reinforce_plus_plus", t, gamma, seed)
-    assert_agree("reinforce_plus_plus", *case_reinforce_plus_plus(gen, t, gamma))
+    kwargs, valid = case_reinforce_plus_plus(gen, t, gamma)
+    assert_agree("reinforce_plus_plus", _with_gap(kwargs, gap), valid)
 
 
 @pytest.mark.parametrize("t", LENGTHS)

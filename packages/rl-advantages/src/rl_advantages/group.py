@@ -4,9 +4,10 @@ Rows come as B contiguous groups of G samples of the same prompt: rows ``[b*G, (
 group b, so ``rewards`` [N] reshapes to [B, G]. An optional ``mask`` [N] marks the samples that
 count (False for a sample whose reward is missing); masked samples take no part in any group
 statistic and get advantage 0. A group with fewer than two valid members has no baseline and
-gives 0 to its members. Peers differ, deliberately not followed: verl's loop estimators
-``grpo``, ``rloo``, ``opo`` and ``gpg`` give a lone sample mean 0 (and std 1), i.e. A = r
-(times GPG's alpha); verl's ``rloo_vectorized`` and ``grpo_vectorized`` give 0 as we do.
+gives 0 to its members. verl differs, deliberately not followed: a lone sample's baseline is 0
+there. Its ``grpo`` and ``grpo_vectorized`` take mean 0 and std 1 (``grpo_vectorized`` through
+``group_mean_std``'s singleton fallback), so A = r / (1 + eps); its loop ``rloo`` and ``opo``
+leave A = r and ``gpg`` A = alpha * r / f_norm. Only verl's ``rloo_vectorized`` gives 0 as we do.
 """
 
 from __future__ import annotations
@@ -122,8 +123,8 @@ def group_relative(
     ``docs/conformance.md``):
 
     * verl 0.9.1: equal with ``eps=1e-6`` (default); ``scale="none"`` for
-      ``norm_adv_by_std_in_grpo=False``. Group of one: verl's loop gives A = r, ours 0 (differs by
-      design: no baseline).
+      ``norm_adv_by_std_in_grpo=False``. Group of one: verl's ``grpo`` and ``grpo_vectorized`` take
+      mean 0, std 1 (A = r / (1 + eps)), ours 0 (differs by design: no baseline).
     * OpenRLHF 0.11.2: equal with ``group_norm``: ``eps=1e-9``; ``dr_grpo``: ``scale="none"``.
     * TRL 1.16.0: equal with ``eps=1e-4``; ``scale_rewards``: ``scale="batch"`` / ``"none"``.
     * AgileRL 2.58.0: equal with ``eps=1e-8``; ``adv_norm="mean_only"`` is ``scale="none"``.
@@ -232,7 +233,7 @@ def rloo(
     ``docs/conformance.md``):
 
     * verl 0.9.1: equal: ``rloo`` and ``rloo_vectorized``. Group of one: verl's loop ``rloo`` leaves
-      A = r, ours 0 (differs by design: no baseline; ``rloo_vectorized`` gives 0 too).
+      A = r, ours 0 (differs by design: no baseline); ``rloo_vectorized`` gives 0 as ours.
     * OpenRLHF 0.11.2: equal: ``rloo`` estimator (gamma forced to 1).
     * TRL 1.16.0: equal: RLOOTrainer's leave-one-out baseline.
     * No counterpart: Liger, AgileRL.

@@ -14,7 +14,7 @@ from rl_advantages._checks import (
     check_unit_interval,
     shape_str,
 )
-from rl_advantages.returns import AdvantagesReturns, discount, steps
+from rl_advantages.returns import AdvantagesReturns, Gap, discount, steps
 from rl_advantages.stats import masked_mean, whiten
 
 __all__ = ["kl_in_reward", "reinforce_plus_plus", "reinforce_plus_plus_baseline"]
@@ -105,6 +105,7 @@ def reinforce_plus_plus(
     nonfinite: NonFinite = "raise",
     unbiased: bool = True,
     eps: float = 1e-8,
+    gap: Gap = "skip",
 ) -> AdvantagesReturns:
     r"""REINFORCE++ (Hu, arXiv 2501.03262, Sec. 3): token returns whitened over the batch.
 
@@ -122,10 +123,9 @@ def reinforce_plus_plus(
     Peers (the call that reproduces each; the checked cases are in
     ``docs/conformance.md``):
 
-    * verl 0.9.1: equal: ``reinforce_plus_plus``, any gamma.
-    * OpenRLHF 0.11.2: equal with ``unbiased=False, eps=0`` (gamma 1; with gamma < 1 and holes:
-      OpenRLHF and AgileRL's token paths treat a masked gap as a time step (reward 0, value 0) and
-      discount across it; ours skips observation tokens (they are not actions)).
+    * verl 0.9.1: equal: ``reinforce_plus_plus``, any gamma (gaps skipped as ours: ``gap="skip"``).
+    * OpenRLHF 0.11.2: equal with ``unbiased=False, eps=0``; ``gap="carry"`` for gamma < 1 with gaps
+      (OpenRLHF discounts across a masked gap, one step per masked token).
     * No counterpart: TRL, Liger, AgileRL.
 
     Args:
@@ -135,12 +135,14 @@ def reinforce_plus_plus(
         nonfinite: ``"raise"`` on a NaN/inf reward, or ``"mask"`` to drop it.
         unbiased: Whitening variance with ``n - 1`` (True) or ``n`` (False, OpenRLHF).
         eps: Added to the variance inside the square root (>= 0; 0 for OpenRLHF).
+        gap: What a gap between valid tokens means for the returns: ``"skip"`` (observation
+            tokens cost no discount), ``"reset"`` or ``"carry"`` (see :func:`discounted_returns`).
 
     Returns:
         ``AdvantagesReturns(advantages [N, T], returns [N, T])``, 0 at invalid tokens.
     """
     r, m = steps(token_rewards, mask, nonfinite, name="token_rewards")
-    returns = discount(r, m, gamma)
+    returns = discount(r, m, gamma, gap=gap)
     return AdvantagesReturns(whiten(returns, m, unbiased=unbiased, eps=eps), returns)
 
 

@@ -2,15 +2,21 @@
 
 The step axis is the last one: turns ([N, K], each turn one action) or tokens ([N, T]); the
 functions are the same on both. The valid steps of a row, in order, form its trajectory:
-invalid steps (observation tokens, padding, turns not played) are skipped, not terminal, and
-the trajectory ends after the row's last valid step. Whether that end is a true terminal or a
+invalid steps (observation tokens, padding, turns not played) are skipped, not terminal (by
+default: see ``gap`` below), and the trajectory ends after the row's last valid step. Whether that end is a true terminal or a
 truncation is the caller's ``bootstrap``: pass the value estimate of the state after the last
 step for truncated rows and 0 for terminated ones.
+
+A *gap* is a run of invalid steps between two valid steps of a row (padding before the first or
+after the last valid step is never a gap). ``gap`` chooses what it means: ``"skip"`` (default:
+the steps around it are consecutive), ``"reset"`` (the valid step before it ends an episode: the
+row splits into independent terminal episodes, AgileRL's token paths) or ``"carry"`` (each gap
+step is a time step with reward 0 and value 0, discounted across: OpenRLHF).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -28,6 +34,9 @@ from rl_advantages._checks import (
 from rl_advantages.stats import masked_mean, masked_var
 
 __all__ = ["AdvantagesReturns", "discounted_returns", "gae", "rebn"]
+
+Gap = Literal["skip", "reset", "carry"]
+GAPS = ("skip", "reset", "carry")
 
 
 class AdvantagesReturns(NamedTuple):
@@ -48,6 +57,24 @@ def steps(
     m = as_mask("mask", mask, name, rewards)
     m = check_finite_values(name, rewards, m, nonfinite)
     return torch.where(m, rewards, torch.zeros((), dtype=rewards.dtype, device=rewards.device)), m
+
+
+def gap_steps(m: torch.Tensor, gap: Gap) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(carry, clear)`` [N, K] masks of the backward recursions under ``gap``.
+
+    The carried quantities (next return, next value, next advantage) update at ``carry`` steps:
+    the valid ones, plus the gap steps for ``"carry"`` (reward 0, value 0 there); they are
+    cleared to 0 at ``clear`` steps: the gap steps for ``"reset"``, none otherwise.
+    """
+    if gap not in GAPS:
+        raise ValueError(f"`gap` must be 'skip', 'reset' or 'carry', got {gap!r}")
+    none = torch.zeros_like(m)
+    if gap == "skip":
+        return m, none
+    seen_before = m.cumsum(-1) > 0
+    seen_after = m.flip(-1).cumsum(-1).flip(-1) > 0
+    gaps = ~m & seen_before & seen_after
+    return (m | gaps, none) if gap == "carry" else (m, gaps)
 
 
 def _bootstrap(bootstrap: torch.Tensor | None, rewards: torch.Tensor) -> torch.Tensor:
@@ -71,6 +98,7 @@ def discounted_returns(
     gamma: float,
     bootstrap: torch.Tensor | None = None,
     *,
+    gap: Gap = "skip",
     nonfinite: NonFinite = "raise",
 ) -> torch.Tensor:
     r"""Monte-Carlo discounted returns over the valid steps of each row.
@@ -82,15 +110,21 @@ def discounted_returns(
     REINFORCE return (Williams 1992; Sutton & Barto eq. 3.8) used turn-level by AgileRL's
     LLMREINFORCE and token-level by REINFORCE++ (arXiv 2501.03262, eq. 4 of Sec. 3).
 
+    Across a gap (invalid steps between two valid ones) ``gap`` chooses :math:`G_{j'}`:
+    ``"skip"`` the return at the next valid step (observation tokens are not actions, so they
+    cost no discount; verl's ``reinforce_plus_plus`` and GAE); ``"reset"`` 0 (the valid step
+    before the gap ends a terminal episode: AgileRL's token path); ``"carry"``
+    :math:`\gamma^{g} G_{j'}` over the :math:`g` gap steps (each a step with reward 0:
+    OpenRLHF). All three agree on rows without a gap, and for ``gamma = 1`` ``"skip"`` and
+    ``"carry"`` agree everywhere.
+
     Peers (the call that reproduces each; the checked cases are in
     ``docs/conformance.md``):
 
-    * OpenRLHF 0.11.2: differs by design: OpenRLHF and AgileRL's token paths treat a masked gap as a
-      time step (reward 0, value 0) and discount across it; ours skips observation tokens (they are
-      not actions).
-    * AgileRL 2.58.0: differs by design: OpenRLHF and AgileRL's token paths treat a masked gap as a
-      time step (reward 0, value 0) and discount across it; ours skips observation tokens (they are
-      not actions) (token path); the turn-level returns are ours.
+    * OpenRLHF 0.11.2: equal with ``gap="carry"`` (``get_cumulative_returns`` discounts every step,
+      masked rewards 0; checked through ``reinforce_plus_plus``).
+    * AgileRL 2.58.0: equal with ``gap="reset"`` (token path: ``next_mask`` zeroes the carried
+      return at a gap; checked through ``rebn``); the turn-level returns are ours.
     * No counterpart: verl, TRL, Liger.
 
     Args:
@@ -98,27 +132,32 @@ def discounted_returns(
         mask: [N, K] bool, True at valid steps.
         gamma: Discount in [0, 1].
         bootstrap: [N] value after each row's last valid step, or None (all terminal).
+        gap: ``"skip"``, ``"reset"`` or ``"carry"``: what a gap between valid steps means.
         nonfinite: ``"raise"`` on a NaN/inf reward at a valid step, or ``"mask"`` to drop it.
 
     Returns:
         [N, K] returns, 0 at invalid steps (and on rows with no valid step).
     """
     r, m = steps(rewards, mask, nonfinite)
-    return discount(r, m, gamma, bootstrap)
+    return discount(r, m, gamma, bootstrap, gap)
 
 
 def discount(
-    r: torch.Tensor, m: torch.Tensor, gamma: float, bootstrap: torch.Tensor | None = None
+    r: torch.Tensor,
+    m: torch.Tensor,
+    gamma: float,
+    bootstrap: torch.Tensor | None = None,
+    gap: Gap = "skip",
 ) -> torch.Tensor:
     """The recursion of :func:`discounted_returns` on validated, zero-filled rewards."""
     check_unit_interval("gamma", gamma)
+    carry, clear = gap_steps(m, gap)
     nxt = _bootstrap(bootstrap, r)
     out = torch.zeros_like(r)
     for j in range(r.shape[1] - 1, -1, -1):
         g = r[:, j] + gamma * nxt
-        valid = m[:, j]
-        out[:, j] = torch.where(valid, g, 0.0)
-        nxt = torch.where(valid, g, nxt)
+        out[:, j] = torch.where(m[:, j], g, 0.0)
+        nxt = torch.where(carry[:, j], g, torch.where(clear[:, j], 0.0, nxt))
     return out
 
 
@@ -130,6 +169,7 @@ def gae(
     lmbda: float,
     bootstrap: torch.Tensor | None = None,
     *,
+    gap: Gap = "skip",
     nonfinite: NonFinite = "raise",
 ) -> AdvantagesReturns:
     r"""Generalized Advantage Estimation (Schulman et al., arXiv 1506.02438, eqs. 11-16).
@@ -143,17 +183,22 @@ def gae(
     (``[N, T]``, as TRL/verl PPO, where observation tokens are skipped, not terminal).
     ``lmbda = 1`` gives discounted returns minus values; ``gamma = 0`` the one-step TD error.
 
+    Across a gap (invalid steps between two valid ones) ``gap`` chooses :math:`V_{j'}` and
+    :math:`\hat A_{j'}`: ``"skip"`` those of the next valid step; ``"reset"`` 0 and 0 (the
+    valid step before the gap is terminal: each segment is its own episode); ``"carry"`` the
+    recursion runs through the gap steps with :math:`r = V = 0` there. All three agree on rows
+    without a gap.
+
     Peers (the call that reproduces each; the checked cases are in
     ``docs/conformance.md``):
 
-    * verl 0.9.1: equal with ``whiten(gae(...).advantages, mask)``: verl whitens inside; holes
-      skipped as ours.
-    * OpenRLHF 0.11.2: differs by design: OpenRLHF and AgileRL's token paths treat a masked gap as a
-      time step (reward 0, value 0) and discount across it; ours skips observation tokens (they are
-      not actions); without holes ``whiten(..., unbiased=False, eps=0)`` of ours reproduces it.
-    * AgileRL 2.58.0: differs by design: OpenRLHF and AgileRL's token paths treat a masked gap as a
-      time step (reward 0, value 0) and discount across it; ours skips observation tokens (they are
-      not actions) (token-level PPO path); its turn-level GAE is ours.
+    * verl 0.9.1: equal with ``whiten(gae(...).advantages, mask)``: verl whitens inside; gaps
+      skipped as ours (``gap="skip"``, the default).
+    * OpenRLHF 0.11.2: equal with ``gap="carry"`` (a masked gap is a step with reward 0, value 0),
+      ``whiten(..., unbiased=False, eps=0)`` of the advantages.
+    * AgileRL 2.58.0: equal with ``gap="reset"`` (token path ``_compute_gae_returns_token``: a gap
+      ends the episode, its ``next_mask`` zeroes the next value and ``last_gae``), ``whiten(...)``
+      of the advantages unless ``whiten_advantages=False``; its turn-level GAE is ours.
     * No counterpart: TRL (TRL's PPO is experimental; not compared), Liger.
 
     Args:
@@ -163,6 +208,7 @@ def gae(
         gamma: Discount in [0, 1].
         lmbda: GAE lambda in [0, 1].
         bootstrap: [N] value after each row's last valid step, or None (terminal).
+        gap: ``"skip"``, ``"reset"`` or ``"carry"``: what a gap between valid steps means.
         nonfinite: ``"raise"`` on a NaN/inf reward at a valid step, or ``"mask"`` to drop it.
 
     Returns:
@@ -173,6 +219,7 @@ def gae(
     check_same_shape("values", values, "rewards", rewards)
     check_unit_interval("gamma", gamma)
     check_unit_interval("lmbda", lmbda)
+    carry, clear = gap_steps(m, gap)
     v = torch.where(m, values.to(r.dtype), 0.0)
     if not bool(torch.isfinite(v).all()):
         raise ValueError("`values` holds non-finite values at valid steps")
@@ -180,12 +227,12 @@ def gae(
     next_adv = torch.zeros_like(next_value)
     adv = torch.zeros_like(r)
     for j in range(r.shape[1] - 1, -1, -1):
-        valid = m[:, j]
         delta = r[:, j] + gamma * next_value - v[:, j]
         a = delta + gamma * lmbda * next_adv
-        adv[:, j] = torch.where(valid, a, 0.0)
-        next_adv = torch.where(valid, a, next_adv)
-        next_value = torch.where(valid, v[:, j], next_value)
+        adv[:, j] = torch.where(m[:, j], a, 0.0)
+        step, cut = carry[:, j], clear[:, j]
+        next_adv = torch.where(step, a, torch.where(cut, 0.0, next_adv))
+        next_value = torch.where(step, v[:, j], torch.where(cut, 0.0, next_value))
     return AdvantagesReturns(adv, torch.where(m, adv + v, 0.0))
 
 
@@ -204,7 +251,8 @@ def rebn(
     Peers (the call that reproduces each; the checked cases are in
     ``docs/conformance.md``):
 
-    * AgileRL 2.58.0: equal: REINFORCE's Return Batch Normalization.
+    * AgileRL 2.58.0: equal: REINFORCE's Return Batch Normalization; its token path
+      ``_compute_rebn_advantages_token`` is ``rebn(discounted_returns(..., gap="reset"), mask)``.
     * No counterpart: verl, OpenRLHF, TRL, Liger.
 
     Args:
