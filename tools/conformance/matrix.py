@@ -80,10 +80,8 @@ ONLY = {
 }
 #: Cases that differ by design on rows with a hole (a masked gap between valid tokens) and are
 #: compared on the other rows only, for the per-row outputs named (the ``"design"`` cells' proof).
-DIFFERS = {
-    "openrlhf:adv[reinforce_gamma]": ("holes are discount steps in OpenRLHF", ("returns",)),
-    "openrlhf:adv[gae]": ("holes are GAE steps (value 0) in OpenRLHF", ("returns",)),
-}
+#: Empty since ``gap=`` reproduces OpenRLHF's and AgileRL's holes (issue 44).
+DIFFERS: dict[str, tuple[str, tuple[str, ...]]] = {}
 
 Cell = tuple[str, str, tuple[str, ...]]
 NONE: Cell = ("none", "no counterpart", ())
@@ -93,10 +91,6 @@ def _n(text: str = "no counterpart") -> Cell:
     return ("none", text, ())
 
 
-HOLES = (
-    "OpenRLHF and AgileRL's token paths treat a masked gap as a time step (reward 0, value 0) "
-    "and discount across it; ours skips observation tokens (they are not actions)"
-)
 ALL_ROWS = "divides by every row, empty ones included; ours by rows with a valid token"
 
 MATRIX: dict[str, dict[str, Cell]] = {
@@ -105,8 +99,9 @@ MATRIX: dict[str, dict[str, Cell]] = {
         "verl": (
             "args",
             '`eps=1e-6` (default); `scale="none"` for `norm_adv_by_std_in_grpo=False`. '
-            "Group of one: verl's loop gives A = r, ours 0 (differs by design: no baseline)",
-            ("grpo", "grpo_vectorized", "grpo_nostd"),
+            "Group of one: verl's `grpo` and `grpo_vectorized` take mean 0, std 1 "
+            "(A = r / (1 + eps)), ours 0 (differs by design: no baseline)",
+            ("grpo", "grpo_vectorized", "grpo_nostd", "grpo_lone", "grpo_vectorized_lone"),
         ),
         "openrlhf": (
             "args",
@@ -136,8 +131,8 @@ MATRIX: dict[str, dict[str, Cell]] = {
         "verl": (
             "equal",
             "`rloo` and `rloo_vectorized`. Group of one: verl's loop `rloo` leaves "
-            "A = r, ours 0 (differs by design: no baseline; `rloo_vectorized` gives 0 too)",
-            ("rloo", "rloo_vectorized"),
+            "A = r, ours 0 (differs by design: no baseline); `rloo_vectorized` gives 0 as ours",
+            ("rloo", "rloo_vectorized", "rloo_lone", "rloo_vectorized_lone"),
         ),
         "openrlhf": ("equal", "`rloo` estimator (gamma forced to 1)", ("adv[rloo]",)),
         "trl": ("equal", "RLOOTrainer's leave-one-out baseline", ()),
@@ -177,11 +172,16 @@ MATRIX: dict[str, dict[str, Cell]] = {
         "agilerl": _n(),
     },
     "rl_advantages.reinforce_plus_plus": {
-        "verl": ("equal", "`reinforce_plus_plus`, any gamma", ("rpp", "rpp_gamma")),
+        "verl": (
+            "equal",
+            '`reinforce_plus_plus`, any gamma (gaps skipped as ours: `gap="skip"`)',
+            ("rpp", "rpp_gamma"),
+        ),
         "openrlhf": (
             "args",
-            "`unbiased=False, eps=0` (gamma 1; with gamma < 1 and holes: " + HOLES + ")",
-            ("adv[reinforce]",),
+            '`unbiased=False, eps=0`; `gap="carry"` for gamma < 1 with gaps (OpenRLHF discounts '
+            "across a masked gap, one step per masked token)",
+            ("adv[reinforce]", "adv[reinforce_gamma]"),
         ),
         "trl": _n(),
         "liger": _n(),
@@ -213,31 +213,55 @@ MATRIX: dict[str, dict[str, Cell]] = {
     "rl_advantages.gae": {
         "verl": (
             "args",
-            "`whiten(gae(...).advantages, mask)`: verl whitens inside; holes skipped as ours",
+            "`whiten(gae(...).advantages, mask)`: verl whitens inside; gaps skipped as ours "
+            '(`gap="skip"`, the default)',
             ("gae",),
         ),
         "openrlhf": (
-            "design",
-            HOLES + "; without holes `whiten(..., unbiased=False, eps=0)` of ours reproduces it",
+            "args",
+            '`gap="carry"` (a masked gap is a step with reward 0, value 0), '
+            "`whiten(..., unbiased=False, eps=0)` of the advantages",
             ("adv[gae]",),
         ),
         "trl": _n("TRL's PPO is experimental; not compared"),
         "liger": _n(),
-        "agilerl": ("design", HOLES + " (token-level PPO path); its turn-level GAE is ours", ()),
+        "agilerl": (
+            "args",
+            '`gap="reset"` (token path `_compute_gae_returns_token`: a gap ends the episode, '
+            "its `next_mask` zeroes the next value and `last_gae`), `whiten(...)` of the "
+            "advantages unless `whiten_advantages=False`; its turn-level GAE is ours",
+            ("gae_token", "gae_token_raw", "gae_token_dense", "gae_token_dense_raw"),
+        ),
     },
     "rl_advantages.discounted_returns": {
         "verl": _n(),
-        "openrlhf": ("design", HOLES, ("adv[reinforce_gamma]",)),
+        "openrlhf": (
+            "args",
+            '`gap="carry"` (`get_cumulative_returns` discounts every step, masked rewards 0; '
+            "checked through `reinforce_plus_plus`)",
+            ("adv[reinforce_gamma]",),
+        ),
         "trl": _n(),
         "liger": _n(),
-        "agilerl": ("design", HOLES + " (token path); the turn-level returns are ours", ()),
+        "agilerl": (
+            "args",
+            '`gap="reset"` (token path: `next_mask` zeroes the carried return at a gap; checked '
+            "through `rebn`); the turn-level returns are ours",
+            ("rebn_token", "rebn_token_dense"),
+        ),
     },
     "rl_advantages.rebn": {
         "verl": _n(),
         "openrlhf": _n(),
         "trl": _n(),
         "liger": _n(),
-        "agilerl": ("equal", "REINFORCE's Return Batch Normalization", ()),
+        "agilerl": (
+            "equal",
+            "REINFORCE's Return Batch Normalization; its token path "
+            "`_compute_rebn_advantages_token` is "
+            '`rebn(discounted_returns(..., gap="reset"), mask)`',
+            ("rebn_token", "rebn_token_dense"),
+        ),
     },
     "rl_advantages.whiten": {
         "verl": ("equal", "`masked_whiten`", ("rpp",)),

@@ -35,18 +35,38 @@ def _tok(adv: torch.Tensor, m: torch.Tensor) -> Out:
     return {"advantages": a, "returns": a}
 
 
+def _lone(n: int, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``*_lone`` cases' groups (peer_verl.py): the last row is a prompt of its own.
+
+    Returns ``(keep, lone)``, [N] bool each: our ``mask`` (every row but the last, so the last
+    group of G keeps its G - 1 others) and the rows that are alone in verl's grouping.
+    """
+    index = torch.tensor([i // g for i in range(n - 1)] + [n // g])
+    keep = torch.arange(n) < n - 1
+    return keep, torch.bincount(index)[index] == 1
+
+
 def verl(b: dict[str, torch.Tensor], g: int) -> dict[str, Out]:
     m = b["mask"]
     tr = b["token_rewards"]
     scores = tr.sum(-1)
     lp, old = b["logprobs"], b["old_logprobs"]
     adv_t = b["advantages"][:, None] * m.to(F64)
+    keep, lone = _lone(m.shape[0], g)
+    # a group of one: verl's grpo / grpo_vectorized take mean 0, std 1 (A = r / (1 + eps)), its
+    # loop rloo leaves A = r, its rloo_vectorized gives 0; ours gives 0 (no baseline)
+    grpo_lone = torch.where(lone, scores / (1 + 1e-6), ra.group_relative(scores, g, mask=keep))
+    rloo_lone = ra.rloo(scores, g, mask=keep)
     out: dict[str, Out] = {
         "grpo": _tok(ra.group_relative(scores, g, eps=1e-6), m),
         "grpo_vectorized": _tok(ra.group_relative(scores, g, eps=1e-6), m),
+        "grpo_lone": _tok(grpo_lone, m),
+        "grpo_vectorized_lone": _tok(grpo_lone, m),
         "grpo_nostd": _tok(ra.group_relative(scores, g, scale="none"), m),
         "rloo": _tok(ra.rloo(scores, g), m),
         "rloo_vectorized": _tok(ra.rloo(scores, g), m),
+        "rloo_lone": _tok(torch.where(lone, scores, rloo_lone), m),
+        "rloo_vectorized_lone": _tok(rloo_lone, m),
         "opo": _tok(ra.opo(scores, m.sum(-1).to(F64), g, mask=m.any(-1)), m),
         "gpg": _tok(ra.gpg(scores, g, alpha="nonzero_rewards"), m),
         "passk": _tok(ra.pass_at_k(scores, g), m),
@@ -142,7 +162,21 @@ def agilerl(b: dict[str, torch.Tensor], g: int) -> dict[str, Out]:
         "cispo": with_grad(lambda x: rl.cispo_loss(x, old, adv, m, eps_high=0.2).loss, lp),
         "adv_mean_std": {"advantages": ra.group_relative(b["scores"], g, eps=1e-8)[:, None]},
         "adv_mean_only": {"advantages": ra.group_relative(b["scores"], g, scale="none")[:, None]},
+        **_agilerl_token_returns(b),
     }
+
+
+def _agilerl_token_returns(b: dict[str, torch.Tensor]) -> dict[str, Out]:
+    """AgileRL's token-level GAE and ReBN: a gap ends the episode (``gap="reset"``)."""
+    m = b["mask"]
+    out: dict[str, Out] = {}
+    for name, rewards in (("", b["token_rewards"]), ("_dense", b["returns"])):
+        a, r = ra.gae(rewards, b["values"], m, 0.9, 0.8, gap="reset")
+        out[f"gae_token{name}"] = {"advantages": ra.whiten(a, m), "returns": r}
+        out[f"gae_token{name}_raw"] = {"advantages": a, "returns": r}
+        returns = ra.discounted_returns(rewards, m, 0.9, gap="reset")
+        out[f"rebn_token{name}"] = {"advantages": ra.rebn(returns, m)}
+    return out
 
 
 def trl(b: dict[str, torch.Tensor], g: int) -> dict[str, Out]:
@@ -258,7 +292,7 @@ def openrlhf(b: dict[str, torch.Tensor], g: int) -> dict[str, Out]:
             lp,
         )
     for name, gamma in (("reinforce", 1.0), ("reinforce_gamma", 0.9)):
-        a, r = ra.reinforce_plus_plus(token_rewards, m, gamma, **whiten)  # type: ignore[arg-type]
+        a, r = ra.reinforce_plus_plus(token_rewards, m, gamma, gap="carry", **whiten)  # type: ignore[arg-type]
         out[f"adv[{name}]"] = {"advantages": a, "returns": r}
     a, r = ra.reinforce_plus_plus_baseline(scores, m, g, **whiten)  # type: ignore[arg-type]
     out["adv[reinforce_baseline]"] = {"advantages": a}
@@ -268,7 +302,7 @@ def openrlhf(b: dict[str, torch.Tensor], g: int) -> dict[str, Out]:
         ("dr_grpo", ra.group_relative(scores, g, scale="none")),
     ):
         out[f"adv[{name}]"] = _tok(a, m)
-    a, r = ra.gae(token_rewards, b["values"], m, 0.9, 0.8)
+    a, r = ra.gae(token_rewards, b["values"], m, 0.9, 0.8, gap="carry")
     out["adv[gae]"] = {"advantages": ra.whiten(a, m, **whiten), "returns": r}  # type: ignore[arg-type]
     return out
 

@@ -8,7 +8,9 @@ The agent is built with ``object.__new__`` (no model, no accelerator) and only t
 the loss reads are set; nothing is stubbed. One patch: ``_token_loss_weights`` builds its
 aggregation weights in float32 (``mask.to(torch.float32)``), which caps agreement at about
 1e-8; the cases run it in the inputs' dtype so the comparison holds at 1e-10 (the unpatched
-method is run too, as ``*_fp32`` cases compared at 1e-6).
+method is run too, as ``*_fp32`` cases compared at 1e-6). The token-level return paths run
+on bare agents too: ``PPO._compute_gae_returns_token`` (gamma 0.9, lambda 0.8, whitened or not)
+and ``REINFORCE._compute_rebn_advantages_token`` (gamma 0.9), on rows with masked gaps.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import peerlib
 import torch
 from agilerl.algorithms.grpo import GRPO
+from agilerl.algorithms.ppo_llm import PPO
+from agilerl.algorithms.reinforce_llm import REINFORCE
 
 
 def _agent(**kw: object) -> GRPO:
@@ -99,10 +103,31 @@ def _run(b: dict[str, torch.Tensor], g: int) -> dict[str, peerlib.Out]:
     case("trajectory", level="trajectory")
     case("turn", level="turn")
     case("cispo", objective="cispo")
+    _token_returns(b, out)
     for norm in ("mean_std", "mean_only"):
         agent = _agent(group_size=g, adv_norm=norm)
         out[f"adv_{norm}"] = {"advantages": agent._calculate_advantage(b["scores"])}
     return out
+
+
+def _token_returns(b: dict[str, torch.Tensor], out: dict[str, peerlib.Out]) -> None:
+    """LLMPPO's token-level GAE and LLMREINFORCE's token-level ReBN on rows with gaps.
+
+    Sparse rewards (the score on each row's last valid token) and dense ones (``returns``:
+    a random reward on every token, masked ones included, which both sides must drop).
+    """
+    m = b["mask"]
+    for name, rewards in (("", b["token_rewards"]), ("_dense", b["returns"])):
+        for whiten in (True, False):
+            ppo = object.__new__(PPO)
+            for k, v in {"gamma": 0.9, "whiten_advantages": whiten}.items():
+                object.__setattr__(ppo, k, v)
+            returns, adv = ppo._compute_gae_returns_token(rewards, b["values"], m, 0.8)
+            key = f"gae_token{name}" + ("" if whiten else "_raw")
+            out[key] = {"advantages": adv, "returns": returns}
+        agent = object.__new__(REINFORCE)
+        object.__setattr__(agent, "gamma", 0.9)
+        out[f"rebn_token{name}"] = {"advantages": agent._compute_rebn_advantages_token(rewards, m)}
 
 
 if __name__ == "__main__":

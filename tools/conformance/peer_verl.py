@@ -1,7 +1,8 @@
 """verl 0.9.1: ``verl.trainer.ppo.core_algos`` on the shared batches (run in verl's venv).
 
 Installed with ``--no-deps`` plus what ``core_algos`` imports: packaging, ray, tensordict,
-omegaconf, transformers, codetiming, orjson (CPU wheels; nothing is stubbed).
+omegaconf, transformers, codetiming, orjson (CPU wheels; nothing is stubbed). The ``*_lone``
+cases make each batch's last row a group of one (its own prompt index).
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ def run(b: dict[str, torch.Tensor], g: int) -> dict[str, peerlib.Out]:
         index,
         config=_Algo(norm_adv_by_std_in_grpo=True),
     )
+    # a group of one: the last row is its own prompt (index B), its G - 1 siblings keep theirs
+    lone = np.array([i // g for i in range(n - 1)] + [n // g])
+    adv("grpo_lone", ca.compute_grpo_outcome_advantage, tr, mf, lone)
+    adv("grpo_vectorized_lone", ca.compute_grpo_vectorized_outcome_advantage, tr, mf, lone)
+    adv("rloo_lone", ca.compute_rloo_outcome_advantage, tr, mf, lone)
+    adv("rloo_vectorized_lone", ca.compute_rloo_vectorized_outcome_advantage, tr, mf, lone)
     adv("rpp", ca.compute_reinforce_plus_plus_outcome_advantage, tr, mf, config=_Algo(gamma=1.0))
     adv(
         "rpp_gamma",
