@@ -1,8 +1,9 @@
 """Task runner for the rl-* workspace (nox with the uv backend).
 
 Plain ``nox`` runs the default sessions: lint, typecheck, tools, every ``test-<package>``,
-isolation, integration (which also executes every Python example of the docs site), slow, docs
-and docs-browser. ``nox -s affected -- origin/main...HEAD`` runs only those a change needs.
+isolation, compat-light, integration (which also executes every Python example of the docs
+site), slow, docs and docs-browser. ``nox -s affected -- origin/main...HEAD`` runs only those a
+change needs.
 Environments are synced from the committed ``uv.lock`` (``--locked``): a stale lock fails
 instead of being rewritten.
 
@@ -15,6 +16,11 @@ Sessions:
     typecheck        mypy (strict for rl-advantages, rl-losses, rl-kernels)
     isolation        wheels of the torch-only packages in fresh venvs: import, compute, and no
                      transformers/peft/accelerate/datasets
+    compat-light     rl-advantages, rl-losses, rl-kernels from wheels at their floors (every direct
+                     dependency at the lowest version it admits), their unit tests
+    compat           (not default) both ends of the declared ranges: ``floor-light``, ``floor``
+                     (all packages, extras, the DeepSpeed tests) and ``vllm`` (torch and
+                     transformers as the locked vLLM pins them); docs/versions.md
     integration      tests_integration/ (not slow)
     slow             every test marked ``slow`` (DeepSpeed ZeRO-2/3, SIGKILL + resume, ...)
     capabilities     (not default) unit, integration and slow tests under each CPU kernel width
@@ -51,6 +57,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tools"))
 
 import affected  # noqa: E402  (tools/affected.py: which packages and sessions a change needs)
+import compat  # noqa: E402  (tools/compat.py: the ends of the declared dependency ranges)
 import release  # noqa: E402  (tools/release.py: build, smoke and package helpers)
 
 nox.needs_version = ">=2025.5"
@@ -196,6 +203,71 @@ def isolation(session: nox.Session) -> None:
         expected = sorted([package, *release.workspace_deps(package)])
         if ours != expected:
             session.error(f"{package}: expected workspace packages {expected}, got {ours}")
+
+
+def _compat(session: nox.Session, name: str) -> None:
+    """Install one end of the declared ranges (tools/compat.py) from our wheels; run the tests."""
+    vset = compat.SETS[name]
+    work = Path(session.create_tmp()).resolve() / f"compat-{name}"
+    house = work / "wheelhouse"
+    if house.exists():
+        shutil.rmtree(house)
+    ours = sorted({affected._req_name(t) for t in vset.install} | {"rl-testing"})
+    for package in ours:  # with --no-sources: pip sees what a release would publish
+        release.run(["uv", "build", "--quiet", "--package", package, "--no-sources", "--wheel",
+                     "--out-dir", str(house)])  # fmt: skip
+    pins = [f"{p}=={release.version_of(p)}" for p in ours if p != "rl-testing"]
+    if vset.vllm_pins:
+        pins += [f"{n}=={v}" for n, v in compat.vllm_pins().items()]
+    constraints = work / "constraints.txt"
+    constraints.write_text("\n".join(pins) + "\n")
+    extras = compat.testing_extras(vset.tests)
+    testing = f"rl-testing[{','.join(extras)}]" if extras else "rl-testing"
+    python = release.make_venv(work / "venv")
+    release.install(
+        python,
+        ["--resolution", vset.resolution, "--constraints", str(constraints), *vset.install,
+         testing, *compat.direct_requirements(vset), *compat.test_requirements(vset.tests)],
+        find_links=house,
+    )  # fmt: skip
+    listing = release.run(["uv", "pip", "freeze", "--python", str(python)], capture=True)
+    (work / "versions.txt").write_text(listing)
+    session.log(f"compat({name}): installed\n{listing}")
+    if vset.resolution == "lowest-direct":
+        problems = compat.unreachable_floors(vset, release.installed(python))
+        if problems:
+            session.error("\n".join(problems))
+    env = {**OFFLINE, "VIRTUAL_ENV": str(python.parent.parent)}
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        env |= {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(PYCACHE / name)}
+    dirs = [f"packages/{p}/tests" for p in vset.tests]
+    session.run(
+        str(python), "-m", "pytest", *dirs, "-m", "not slow", "-p", "no:cacheprovider", *XDIST,
+        *session.posargs, env=env, external=True,
+    )  # fmt: skip
+    if vset.extra_tests:  # whole files, slow ones included (the DeepSpeed launches)
+        session.run(
+            str(python), "-m", "pytest", *vset.extra_tests, "-p", "no:cacheprovider",
+            *XDIST_BY_TEST, *session.posargs, env=env, external=True,
+        )  # fmt: skip
+
+
+@nox.session(name="compat-light")
+def compat_light(session: nox.Session) -> None:
+    """rl-advantages, rl-losses, rl-kernels at their floors (``compat(versions='floor-light')``)."""
+    _compat(session, "floor-light")
+
+
+@nox.session(name="compat", default=False)
+@nox.parametrize("versions", list(compat.SETS))
+def compat_session(session: nox.Session, versions: str) -> None:
+    """Each package's unit tests at both ends of its ranges (docs/versions.md; not default).
+
+    ``floor-light`` and ``floor``: every direct dependency at the lowest version its range
+    admits; ``vllm``: torch, transformers and numpy as the locked vLLM pins them, the rest newest.
+    The GitHub workflow ``compat.yml`` runs them weekly and on a change to a pyproject or the lock.
+    """
+    _compat(session, versions)
 
 
 @nox.session

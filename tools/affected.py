@@ -16,9 +16,10 @@ workspace-level file (the root ``pyproject.toml``, ``uv.lock``, ``noxfile.py``, 
 everything, and so does any path no rule below knows: an unknown file runs the full suite
 rather than too little.
 
-Besides the ``test-<member>`` sessions, a change needs lint and typecheck always, isolation when
-a light (torch-only) package is affected, integration and slow when rl-algos or rl-train is, and
-the docs sessions when docs or a member change (``PATH_RULES`` below has the other paths).
+Besides the ``test-<member>`` sessions, a change needs lint and typecheck always, isolation and
+compat-light (the light packages at their floors) when a light (torch-only) package is
+affected, integration and slow when rl-algos or rl-train is, and the docs sessions when docs or
+a member change (``PATH_RULES`` below has the other paths).
 ``nox -s affected -- <range>`` runs exactly the sessions of ``--format sessions``, and the CI
 workflow (``.github/workflows/ci.yml``) runs the same list, so a contributor can run locally
 what CI will run for their change. See CONTRIBUTING.md.
@@ -57,6 +58,7 @@ PATH_RULES: list[tuple[str, list[str]]] = [
     ("README.md", ["integration"]),  # tests_integration/test_repo_contract.py reads it
     ("tools/release.py", ["tools", "isolation", "integration", "slow"]),
     ("tools/affected.py", ["tools"]),
+    ("tools/compat.py", ["tools", "compat-light"]),
     ("tools/tests/*", ["tools"]),
     (".github/workflows/release.yml", ["tools", "slow"]),  # slow: the release dry run
     (".github/*", ["tools"]),
@@ -66,8 +68,8 @@ PATH_RULES: list[tuple[str, list[str]]] = [
 ]
 #: Order in which ``nox -s affected`` runs the sessions: the quick ones first.
 SESSION_ORDER = [
-    "lint", "typecheck", "tools", "docs", "test-*", "isolation", "docs-browser", "integration",
-    "slow",
+    "lint", "typecheck", "tools", "docs", "test-*", "isolation", "compat-light", "docs-browser",
+    "integration", "slow",
 ]  # fmt: skip
 
 
@@ -209,12 +211,13 @@ def plan(paths: Iterable[str], root: Path = ROOT) -> Plan:
     selected = sorted(graph) if everything else sorted(set(dependents(changed, graph)) | alone)
     sessions |= {"lint", "typecheck"} | {f"test-{name}" for name in selected}
     if everything:
-        sessions |= {"tools", "isolation", "integration", "slow", "docs", "docs-browser"}
+        sessions |= {"tools", "isolation", "compat-light", "integration", "slow", "docs"}
+        sessions.add("docs-browser")
     if set(selected) & set(HEAVY):
         sessions |= {"integration", "slow"}
     light = [p for p in selected if p in LIGHT]
     if light:
-        sessions.add("isolation")
+        sessions |= {"isolation", "compat-light"}  # the light packages at their floors too
     # isolation of the affected light packages only (all three: no arguments)
     posargs = {"isolation": light} if light and light != sorted(LIGHT) else {}
     return Plan(selected, _ordered(sessions), everything, reasons, posargs)

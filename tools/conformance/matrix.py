@@ -573,34 +573,3 @@ MATRIX: dict[str, dict[str, Cell]] = {
         "agilerl": _n(),
     },
 }
-
-#: Public names that are not estimators or losses (plumbing, statistics, registries, types).
-EXEMPT = {
-    "rl_advantages": {
-        "AdvantagesReturns", "TurnValues", "available_estimators", "broadcast_to_tokens",
-        "get_estimator", "masked_mean", "masked_sum", "masked_var", "pool_to_turns",
-        "register_estimator", "turn_mask_from_ids",
-    },
-    "rl_losses": {
-        "AGGREGATIONS", "Aggregation", "EntropyOutput", "ILQLLossOutput", "KLKind", "KLOutput",
-        "Level", "PolicyLossOutput", "Pooling", "RolloutCorrection", "TargetReduction",
-        "ValueLossOutput", "available_policy_losses", "get_policy_loss", "next_state_values",
-        "register_policy_loss", "to_units",
-    },
-    "rl_kernels": {
-        "DEFAULT_MEMORY_BUDGET", "FUSED_OBJECTIVES", "FusedPolicyLossOutput",
-        "LigerPolicyLossOutput", "auto_chunk_rows", "fused_logprobs",
-    },
-}  # fmt: skip
-
-
-def missing(module: str, public: list[str]) -> list[str]:
-    """Public names of ``module`` that are neither exempt nor complete rows of the matrix."""
-    out = []
-    for name in public:
-        if name.startswith("_") or name in EXEMPT.get(module, set()):
-            continue
-        row = MATRIX.get(f"{module}.{name}")
-        if row is None or set(row) != set(PEERS):
-            out.append(name)
-    return out

@@ -98,16 +98,17 @@ def test_the_plan_of_an_rl_losses_change(repo: Path) -> None:
     assert got["heavy"] is True  # rl-algos and rl-train depend on rl-losses
     assert got["sessions"] == [
         "lint", "typecheck", "docs", "test-rl-algos", "test-rl-kernels", "test-rl-losses",
-        "test-rl-train", "isolation", "integration", "slow",
+        "test-rl-train", "isolation", "compat-light", "integration", "slow",
     ]  # fmt: skip
     assert "isolation -- rl-kernels rl-losses" in got["checks"]
+    assert "compat-light" in got["checks"]  # the light packages at their floors
 
 
 def test_a_readme_only_change_selects_that_package_alone(repo: Path) -> None:
     rng = change(repo, "packages/rl-losses/README.md")
     assert selected(repo, rng) == ["rl-losses"]
     sessions = selected(repo, rng, "--format", "sessions")
-    assert sessions == ["lint", "typecheck", "docs", "test-rl-losses", "isolation"]
+    assert sessions == ["lint", "typecheck", "docs", "test-rl-losses", "isolation", "compat-light"]
     assert "integration" not in sessions
 
 
@@ -126,9 +127,9 @@ def test_a_change_to_uv_lock_selects_everything(repo: Path) -> None:
     assert selected(repo, rng) == ALL
     got = json.loads(run(repo, rng, "--format", "json").stdout)
     assert got["everything"] is True
-    assert {"tools", "isolation", "integration", "slow", "docs", "docs-browser"} <= set(
-        got["sessions"]
-    )
+    assert {
+        "tools", "isolation", "compat-light", "integration", "slow", "docs", "docs-browser",
+    } <= set(got["sessions"])  # fmt: skip
     assert "isolation" in got["checks"]  # all three light packages: no arguments
 
 

@@ -36,8 +36,21 @@ def schema_check(*files: Path) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_the_three_workflows_exist() -> None:
-    assert [f.name for f in FILES] == ["ci.yml", "gpu.yml", "release.yml"]
+def test_the_workflows_exist() -> None:
+    assert [f.name for f in FILES] == ["ci.yml", "compat.yml", "gpu.yml", "release.yml"]
+
+
+def test_compat_runs_every_version_set_weekly_and_on_a_range_change() -> None:
+    import compat
+
+    wf = load("compat.yml")
+    on = wf["on"]
+    assert on["schedule"] and "workflow_dispatch" in on
+    for event in ("push", "pull_request"):
+        assert {"**/pyproject.toml", "uv.lock"} <= set(on[event]["paths"])
+    job = wf["jobs"]["compat"]
+    assert job["strategy"]["matrix"]["versions"] == list(compat.SETS)
+    assert "nox -s \"compat(versions='$VERSIONS')\"" in _runs(job)
 
 
 @pytest.mark.parametrize("workflow", FILES, ids=lambda f: f.name)

@@ -252,7 +252,7 @@ def test_gap_options_agree_on_rows_without_a_gap(
     got = _gap_outputs(api, batch, gamma, lmbda, gap=gap)
     default = _gap_outputs(api, batch, gamma, lmbda)
     for out, ref in zip(got, default, strict=True):
-        assert torch.equal(out[no_gap], ref[no_gap])  # the same recursion, bit for bit
+        assert torch.equal(out[no_gap], ref[no_gap])  # bit-exact: one recursion, same operations
     if gamma == 1.0 and gap == "carry":  # reward 0 at no discount: the returns agree everywhere
         boot = batch["bootstrap"]
         scale = _scan_scale(batch["rewards"], None if boot is None else boot[:, None])

@@ -496,14 +496,17 @@ def test_k2_k3_abs_are_nonnegative(api: Any, x: torch.Tensor, y: torch.Tensor) -
 @SETTINGS
 @given(
     x=rewards((2, 4), min_value=-3.0, max_value=0.0),
-    y=rewards((2, 4), min_value=-3.0, max_value=0.0),
+    gap=rewards((2, 4), min_value=1e-3, max_value=3.0),
+    sign=rewards((2, 4), values=(-1.0, 1.0)),
     kind=st.sampled_from(["k1", "k2", "k3", "abs"]),
     grad_kind=st.sampled_from(["k1", "k2", "k3", "abs"]),
 )
 def test_straight_through_value_and_gradient(
-    api: Any, x: torch.Tensor, y: torch.Tensor, kind: str, grad_kind: str
+    api: Any, x: torch.Tensor, gap: torch.Tensor, sign: torch.Tensor, kind: str, grad_kind: str
 ) -> None:
-    assume(bool(((x - y).abs() > 1e-6).all()))  # |l| has a kink at 0
+    # |l| has a kink at l = 0: y = x - sign * gap keeps every |x - y| >= 1e-3 by construction
+    # (a filter on two independent draws rejected most examples of some hypothesis releases)
+    y = x - sign * gap
     lp = x.clone().requires_grad_(True)
     est = api.kl_estimate(lp, y, kind, grad_kind=grad_kind)
     plain = api.kl_estimate(lp, y, kind)

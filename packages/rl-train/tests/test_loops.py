@@ -18,7 +18,7 @@ from rl_train.demo import DemoConfig, build_agent, build_env
 from rl_train.tiny import tiny_model, tiny_tokenizer
 
 
-def setup(algo: str = "grpo", seed: int = 0, max_model_len: int = 64):  # type: ignore[no-untyped-def]
+def demo_agent_env(algo: str = "grpo", seed: int = 0, max_model_len: int = 64):  # type: ignore[no-untyped-def]
     config = DemoConfig(algo=algo, seed=seed, prompts_per_step=4, group_size=4, n_train=40,
                         n_test=8, max_model_len=max_model_len)  # fmt: skip
     tok = tiny_tokenizer()
@@ -28,17 +28,17 @@ def setup(algo: str = "grpo", seed: int = 0, max_model_len: int = 64):  # type: 
 
 
 def test_resume_after_interruption_equals_uninterrupted(tmp_path: Path) -> None:
-    agent, env = setup()
+    agent, env = demo_agent_env()
     finetune_llm_reasoning([agent], env, max_steps=8, evaluation_interval=4, checkpoint_steps=4,
                            run_dir=tmp_path / "full", verbose=False, plot=False)  # fmt: skip
     full = MetricsLogger.read(tmp_path / "full" / "metrics.jsonl")
 
     # the "killed" run: 6 steps, checkpoint at 4; its last 2 steps are lost with it
-    agent, env = setup()
+    agent, env = demo_agent_env()
     finetune_llm_reasoning([agent], env, max_steps=6, evaluation_interval=4, checkpoint_steps=4,
                            run_dir=tmp_path / "cut", verbose=False, plot=False)  # fmt: skip
     assert json.loads((tmp_path / "cut" / "checkpoints" / "latest.json").read_text())["step"] == 4
-    agent, env = setup()  # a fresh process: new agent, new environment
+    agent, env = demo_agent_env()  # a fresh process: new agent, new environment
     finetune_llm_reasoning([agent], env, max_steps=8, evaluation_interval=4, checkpoint_steps=4,
                            run_dir=tmp_path / "cut", resume=True, verbose=False, plot=False)  # fmt: skip
     resumed = MetricsLogger.read(tmp_path / "cut" / "metrics.jsonl")
@@ -49,7 +49,7 @@ def test_resume_after_interruption_equals_uninterrupted(tmp_path: Path) -> None:
 
 
 def test_early_stop_at_max_reward_and_elite(tmp_path: Path) -> None:
-    agent, env = setup()
+    agent, env = demo_agent_env()
     pop = finetune_llm_reasoning([agent], env, max_steps=50, evaluation_interval=1, max_reward=-1.0,
                                  run_dir=tmp_path, verbose=False, save_elite=True)  # fmt: skip
     rows = MetricsLogger.read(tmp_path / "metrics.jsonl")
@@ -61,7 +61,7 @@ def test_early_stop_at_max_reward_and_elite(tmp_path: Path) -> None:
 
 
 def test_loop_argument_checks(tmp_path: Path) -> None:
-    agent, env = setup()
+    agent, env = demo_agent_env()
     with pytest.raises(ValueError, match="`pop` is empty"):
         finetune_llm_reasoning([], env, max_steps=1, run_dir=tmp_path)
     with pytest.raises(ValueError, match="`evaluation_interval` must be >= 1"):
@@ -70,7 +70,7 @@ def test_loop_argument_checks(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("algo", ["grpo", "reinforce", "ppo"])
 def test_multiturn_loop_runs_with_turn_level_credit(tmp_path: Path, algo: str) -> None:
-    agent, _ = setup(algo, max_model_len=160)
+    agent, _ = demo_agent_env(algo, max_model_len=160)
     tok = agent.tokenizer
 
     def env_factory() -> TokenObservationWrapper:
@@ -93,7 +93,7 @@ def test_evolution_with_tournament_and_mutations(tmp_path: Path) -> None:
     hp = HyperparameterConfig(lr=RLParameter(min=1e-4, max=1e-2))
     pop = []
     for i in range(3):
-        agent, env = setup(seed=0)
+        agent, env = demo_agent_env(seed=0)
         agent.hp_config, agent.index = hp, i
         pop.append(agent)
     tournament = TournamentSelection(tournament_size=2, elitism=True, population_size=3, seed=0)
@@ -113,8 +113,8 @@ def test_evolution_with_tournament_and_mutations(tmp_path: Path) -> None:
 def test_crash_in_the_middle_of_a_checkpoint_keeps_the_previous_one(tmp_path: Path) -> None:
     """The second agent's save dies mid-way (as under SIGKILL): the pointer still names the
     previous complete checkpoint, and a resumed run starts from it."""
-    a, env = setup()
-    b, _ = setup(seed=1)
+    a, env = demo_agent_env()
+    b, _ = demo_agent_env(seed=1)
     real_save = b.save_checkpoint
     calls = {"n": 0}
 
@@ -133,8 +133,8 @@ def test_crash_in_the_middle_of_a_checkpoint_keeps_the_previous_one(tmp_path: Pa
     latest = latest_checkpoint(tmp_path)
     assert latest is not None
     assert latest.name == "step_00000002"
-    a2, env2 = setup()
-    b2, _ = setup(seed=1)
+    a2, env2 = demo_agent_env()
+    b2, _ = demo_agent_env(seed=1)
     finetune_llm_reasoning([a2, b2], env2, max_steps=6, evaluation_interval=2, checkpoint_steps=2,
                            run_dir=tmp_path, resume=True, verbose=False, plot=False)  # fmt: skip
     assert latest_checkpoint(tmp_path).name == "step_00000006"  # type: ignore[union-attr]

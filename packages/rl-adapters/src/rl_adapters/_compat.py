@@ -128,3 +128,25 @@ def library_versions() -> str:
         except PackageNotFoundError:
             out.append(f"{name} not installed")
     return ", ".join(out)
+
+
+def require_torch_integration() -> None:
+    """Raise ``ImportError`` when transformers has switched off its PyTorch integration.
+
+    A transformers release needs a minimum torch (5.23: torch 2.6) and, below it, disables its
+    models with only a logged warning; a resolver may still pair the two. Our floor
+    (``torch>=2.6``, docs/versions.md) holds for the releases we test; this check names the pair
+    for any other.
+    """
+    import transformers
+    from transformers.utils.import_utils import is_torch_available
+
+    if not is_torch_available():
+        import torch
+
+        raise ImportError(
+            f"transformers {transformers.__version__} has disabled its PyTorch integration for "
+            f"torch {torch.__version__} (its log names the minimum torch it needs): upgrade "
+            "torch, or install a transformers release that supports this torch "
+            "(docs/versions.md lists the tested ranges)"
+        )

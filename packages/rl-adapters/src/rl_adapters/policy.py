@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from rl_adapters._compat import require_torch_integration
 from rl_adapters.lean_mlp import lean_swiglu
 from rl_adapters.lean_norm import lean_rms_norm
 from rl_adapters.lean_report import LeanForwards, LeanReport, check_lean_forwards, survey
@@ -126,6 +127,7 @@ class PolicyModel(nn.Module):
         lean_forwards: LeanForwards = "auto",
     ) -> None:
         super().__init__()
+        require_torch_integration()  # a clear error for a torch that transformers switched off
         self.lean_forwards: LeanForwards = check_lean_forwards(lean_forwards)
         if not isinstance(model, PreTrainedModel):
             raise TypeError(f"`model` must be a transformers PreTrainedModel, got {type(model)}")

@@ -3,9 +3,9 @@
 The step axis is the last one: turns ([N, K], each turn one action) or tokens ([N, T]); the
 functions are the same on both. The valid steps of a row, in order, form its trajectory:
 invalid steps (observation tokens, padding, turns not played) are skipped, not terminal (by
-default: see ``gap`` below), and the trajectory ends after the row's last valid step. Whether that end is a true terminal or a
-truncation is the caller's ``bootstrap``: pass the value estimate of the state after the last
-step for truncated rows and 0 for terminated ones.
+default: see ``gap`` below), and the trajectory ends after the row's last valid step. Whether
+that end is a true terminal or a truncation is the caller's ``bootstrap``: pass the value
+estimate of the state after the last step for truncated rows and 0 for terminated ones.
 
 A *gap* is a run of invalid steps between two valid steps of a row (padding before the first or
 after the last valid step is never a gap). ``gap`` chooses what it means: ``"skip"`` (default:

@@ -32,19 +32,27 @@ def check_projection(
         raise ValueError(f"`temperature` must be > 0, got {temperature}")
 
 
-def check_targets(targets: torch.Tensor, vocab_size: int, valid: torch.Tensor | None) -> None:
-    """Raise unless the (valid) targets are integer ids in ``[0, V)``."""
+def check_targets(
+    targets: torch.Tensor, vocab_size: int, valid: torch.Tensor | None
+) -> torch.Tensor:
+    """The targets as int64 ids; raise unless the (valid) targets are integer ids in ``[0, V)``.
+
+    Any integer dtype is accepted (int32 ids from a tokenizer included) and returned as int64,
+    the index dtype every supported torch's ``gather`` and ``index_select`` take (torch 2.4 takes
+    no other).
+    """
     if targets.is_floating_point() or targets.dtype == torch.bool:
         raise ValueError(f"`targets` must be integer token ids, got {targets.dtype}")
     t = targets if valid is None else targets[valid]
     if not t.numel():
-        return
+        return targets.long()
     low, high = (int(v) for v in torch.aminmax(t))  # one pass
     if low < 0 or high >= vocab_size:
         raise ValueError(
             f"`targets` must be in [0, V) = [0, {vocab_size}) at valid positions, got values in "
             f"[{low}, {high}]"
         )
+    return targets.long()
 
 
 def check_finite_rows(h: torch.Tensor) -> None:

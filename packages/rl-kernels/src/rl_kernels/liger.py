@@ -144,7 +144,7 @@ def liger_policy_loss(
     if kl_coef > 0 and ref_logprobs is None:
         raise ValueError("`ref_logprobs` is required when `kl_coef` > 0")
     m = mask if mask.dtype == torch.bool else mask != 0
-    check_targets(targets, weight.shape[0], m)
+    targets = check_targets(targets, weight.shape[0], m)
     high = clip_low if clip_high is None else clip_high
     kwargs: dict[str, Any] = {
         "beta": float(kl_coef),

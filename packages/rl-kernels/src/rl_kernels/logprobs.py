@@ -226,7 +226,7 @@ def fused_logprobs(
             f"`targets` has shape {shape_str(targets)} but `hidden` has shape "
             f"{shape_str(hidden)}; targets must be [M]"
         )
-    check_targets(targets, weight.shape[0], None)
+    targets = check_targets(targets, weight.shape[0], None)
     m = hidden.shape[0]
     chunk = (
         auto_chunk_rows(weight.shape[0], memory_budget, total_rows=m, cpu=hidden.is_cpu)

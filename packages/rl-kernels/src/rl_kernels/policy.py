@@ -422,7 +422,7 @@ def fused_policy_loss(
             f"`kl_coef` and `entropy_coef` must be >= 0, got {kl_coef}, {entropy_coef}"
         )
     m = mask if mask.dtype == torch.bool else mask != 0
-    check_targets(targets, weight.shape[0], m)
+    targets = check_targets(targets, weight.shape[0], m)
     n, t = targets.shape
     if advantages.shape == (n,):
         adv = advantages[:, None].expand(n, t)
