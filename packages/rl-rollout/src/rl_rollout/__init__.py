@@ -5,8 +5,10 @@ implementations: :class:`HFEngine` (Hugging Face ``generate``; CPU or GPU), :cla
 (colocated vLLM; ``pip install 'rl-rollout[vllm]'``) and :class:`RemoteEngine` (a client of a
 :class:`RolloutServer` serving either). :class:`SamplingParams`, :func:`process_logits` (the
 exact processing that was sampled from, for trainer-side recomputation) and
-:class:`RolloutResult`. :func:`value_guided_decoding` turns ILQL's heads into a logits hook
-(``log_softmax(logits) + beta * (Q - V)``, arXiv 2206.11871).
+:class:`RolloutResult`. The server also speaks the OpenAI protocol
+(:mod:`rl_rollout.openai_api`) and records each episode's calls as token-in/token-out training
+rows (:mod:`rl_rollout.openai_trace`). :func:`value_guided_decoding` turns ILQL's heads into a
+logits hook (``log_softmax(logits) + beta * (Q - V)``, arXiv 2206.11871).
 """
 
 from importlib.metadata import version as _version
@@ -21,6 +23,8 @@ from rl_rollout.engine import (
     get_engine,
     register_engine,
 )
+from rl_rollout.openai_api import OpenAIError, OpenAIRoutes
+from rl_rollout.openai_trace import TraceCall, TraceRecorder, TraceRow, trace_rows
 from rl_rollout.params import LogitsHook, SamplingParams, process_logits
 from rl_rollout.result import RolloutResult, assemble_result
 from rl_rollout.server import RemoteEngine, RolloutServer, RolloutServerError
@@ -41,11 +45,16 @@ __all__ = [
     "HeadsFn",
     "HiddenStateCapture",
     "LogitsHook",
+    "OpenAIError",
+    "OpenAIRoutes",
     "RemoteEngine",
     "RolloutResult",
     "RolloutServer",
     "RolloutServerError",
     "SamplingParams",
+    "TraceCall",
+    "TraceRecorder",
+    "TraceRow",
     "VLLMEngine",
     "ValueGuidedProcessor",
     "__version__",
@@ -58,6 +67,7 @@ __all__ = [
     "process_logits",
     "register_engine",
     "supports_lean_decode",
+    "trace_rows",
     "value_guided_decoding",
     "value_guided_logits",
 ]

@@ -14,6 +14,14 @@ Endpoints (JSON unless noted; no pickle anywhere):
 - ``POST /load_lora`` ``{"name": str, "path": str}`` (a peft adapter directory the server can
   read, e.g. on a shared filesystem)
 - ``POST /sleep`` ``{"level": int}``, ``POST /wake_up`` ``{"tags": [str] | null}``
+- ``POST /traces/pop`` ``{"episode_id": str}`` -> ``{"calls": [...]}`` (the recorded calls of
+  an episode, removed from the server; :meth:`RemoteEngine.pop_trace`)
+
+and the OpenAI-compatible routes of :mod:`rl_rollout.openai_api`: ``GET /v1/models``,
+``POST /v1/chat/completions``, ``POST /v1/completions`` and the token route
+``POST /inference/v1/generate``, which answer with the token ids and sampling log-probs of
+what was sampled and record each call of an episode (``X-Episode-Id`` header or ``user``) in
+:attr:`RolloutServer.traces`, from which :mod:`rl_rollout.openai_trace` builds training rows.
 
 Start one with ``rl-rollout-server --engine vllm --model PATH --port 8000``.
 """
@@ -36,6 +44,8 @@ from safetensors.torch import save as save_safetensors
 
 from rl_rollout._wire import params_from_json, params_to_json, result_from_json, result_to_json
 from rl_rollout.engine import Engine, Prompts
+from rl_rollout.openai_api import OpenAIError, OpenAIRoutes
+from rl_rollout.openai_trace import TraceCall, TraceRecorder
 from rl_rollout.params import SamplingParams
 from rl_rollout.result import RolloutResult
 
@@ -62,16 +72,33 @@ class RolloutServer:
     """Serve ``engine`` over HTTP on ``host:port`` (``port=0`` picks a free port).
 
     Requests are served one at a time (a lock around the engine): generation and weight sync
-    never interleave.
+    never interleave. The OpenAI-compatible routes (:class:`~rl_rollout.openai_api.OpenAIRoutes`)
+    serve the same engine, so they sample with the current policy's weights.
 
     Args:
         engine: The engine to serve.
         host: Interface to bind.
         port: TCP port; 0 picks a free one (see :attr:`url`).
+        tokenizer: The tokenizer of the OpenAI routes (chat template, decoding); default
+            ``engine.tokenizer`` (HFEngine and VLLMEngine have one).
+        model_name: The model name the OpenAI routes accept and report.
+        traces: Where the OpenAI routes record the calls of each episode (default: a new
+            :class:`~rl_rollout.openai_trace.TraceRecorder`, :attr:`traces`).
     """
 
-    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        tokenizer: Any = None,
+        model_name: str = "policy",
+        traces: TraceRecorder | None = None,
+    ) -> None:
         self.engine = engine
+        self.openai = OpenAIRoutes(engine, tokenizer, model_name=model_name, traces=traces)
+        self.traces = self.openai.traces
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         server = self
@@ -81,6 +108,9 @@ class RolloutServer:
                 """Quiet: the trainer's logs are the place for progress."""
 
             def do_GET(self) -> None:
+                if self.path == "/v1/models":
+                    self._reply(200, server.openai.models())
+                    return
                 if self.path != "/health":
                     self._reply(404, {"error": "NotFound", "message": f"no route {self.path}"})
                     return
@@ -92,8 +122,14 @@ class RolloutServer:
                     if length < 0 or length > _MAX_BODY:
                         raise ValueError(f"Content-Length {length} is out of range")
                     body = self.rfile.read(length)
-                    with server._lock:
-                        payload = server._dispatch(self.path, body)
+                    if self.path.startswith(("/v1/", "/inference/")):
+                        payload = server._openai(self.path, body, dict(self.headers.items()))
+                    else:
+                        with server._lock:
+                            payload = server._dispatch(self.path, body)
+                except OpenAIError as exc:  # OpenAI's error body, `param` naming the field
+                    self._reply(exc.status, exc.to_json())
+                    return
                 except Exception as exc:  # reported to the client, never swallowed
                     code = 400 if type(exc).__name__ in _CLIENT_ERRORS else 500
                     code = 404 if isinstance(exc, _NoRouteError) else code
@@ -118,6 +154,16 @@ class RolloutServer:
         host, port = self._httpd.server_address[:2]
         return f"http://{host!s}:{port}"
 
+    def _openai(self, path: str, body: bytes, headers: dict[str, str]) -> dict[str, Any]:
+        headers = {k.lower(): v for k, v in headers.items()}
+        try:
+            with self._lock:
+                return self.openai.handle(path, body, headers)
+        except OpenAIError:
+            raise
+        except Exception as exc:  # an engine failure: OpenAI's error body, HTTP 500
+            raise OpenAIError(f"{type(exc).__name__}: {exc}", status=500) from exc
+
     def _dispatch(self, path: str, body: bytes) -> dict[str, Any]:
         if path == "/update_weights":
             tensors = load_safetensors(body)
@@ -137,6 +183,9 @@ class RolloutServer:
         if path == "/wake_up":
             self.engine.wake_up(request.get("tags"))
             return {"sleeping": False}
+        if path == "/traces/pop":
+            calls = self.traces.pop(str(request["episode_id"]))
+            return {"calls": [call.to_json() for call in calls]}
         raise _NoRouteError(f"no route {path}")
 
     def start(self) -> RolloutServer:
@@ -193,6 +242,15 @@ class RemoteEngine:
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.weight_sync_timeout = weight_sync_timeout or timeout
+
+    def pop_trace(self, episode_id: str) -> list[TraceCall]:
+        """The calls the server recorded for ``episode_id``, removed from the server.
+
+        Build training rows with :func:`rl_rollout.openai_trace.trace_rows`.
+        """
+        body = json.dumps({"episode_id": episode_id}).encode()
+        payload = self._request("/traces/pop", body, timeout=self.timeout)
+        return [TraceCall.from_json(call) for call in payload["calls"]]
 
     def _request(
         self,
@@ -338,8 +396,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--enable-lora", action="store_true")
     parser.add_argument("--max-lora-rank", type=int, default=64)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model name of the OpenAI-compatible routes (default: --model)",
+    )
     args = parser.parse_args(argv)
-    server = RolloutServer(_build_engine(args), args.host, args.port)
+    name = args.served_model_name or args.model
+    server = RolloutServer(_build_engine(args), args.host, args.port, model_name=name)
     print(f"rl-rollout server ({args.engine}) on {server.url}", flush=True)
     try:
         server.serve_forever()

@@ -1,0 +1,554 @@
+"""The OpenAI-compatible routes of the rollout server (framework-free request handling).
+
+:class:`OpenAIRoutes` turns a request body into prompt token ids and
+:class:`~rl_rollout.SamplingParams`, samples with any :class:`~rl_rollout.Engine`, and answers in
+the OpenAI format, with the token ids and sampling log-probs of what was sampled:
+
+- ``GET /v1/models``: the one served model.
+- ``POST /v1/chat/completions``: ``messages`` (and ``tools``) rendered by the tokenizer's chat
+  template (``add_generation_prompt``, ``continue_final_message`` and ``chat_template_kwargs``
+  as in vLLM); ``logprobs`` / ``top_logprobs=0``, ``n``, ``stop``, ``seed``, ``max_tokens``.
+- ``POST /v1/completions``: ``prompt`` as text(s) (tokenised without special tokens, as
+  :meth:`Engine.generate` does) or token ids; ``logprobs`` 0 or 1.
+- ``POST /inference/v1/generate``: the token route of vLLM and verifiers' ``TrainClient``:
+  ``{model, token_ids, sampling_params{max_tokens, temperature, ..., logprobs}}`` ->
+  ``choices[i].token_ids``, ``choices[i].logprobs.content[j].logprob``, ``finish_reason``.
+
+Every choice also carries ``token_ids`` and the response ``prompt_token_ids`` (vLLM's
+``return_token_ids`` fields), always. The log-probs are those of the processed distribution
+that was sampled from (after temperature, top-k, top-p, min-p), the ones a trainer's rollout
+correction needs; alternatives (``top_logprobs > 0``) are not computed. The vLLM extensions
+``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``stop_token_ids`` and
+``allowed_token_ids`` are accepted in the request body. When the request names an episode
+(header ``X-Episode-Id``, or the body's ``user``), the call is recorded in ``traces`` (see
+:mod:`rl_rollout.openai_trace`).
+
+Bad input raises :class:`OpenAIError` (HTTP 400, or 404 for an unknown model), whose JSON body
+is OpenAI's ``{"error": {"message", "type", "param", "code"}}`` with ``param`` naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from rl_rollout.engine import Engine
+from rl_rollout.openai_trace import TraceCall, TraceRecorder
+from rl_rollout.params import SamplingParams
+
+__all__ = ["EPISODE_HEADERS", "OpenAIError", "OpenAIRoutes"]
+
+#: Request headers naming the episode a call belongs to (first found wins; then ``user``).
+EPISODE_HEADERS = ("x-episode-id", "x-session-id")
+# OpenAI / vLLM request field -> SamplingParams field
+_SAMPLING_FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "min_tokens": "min_new_tokens",
+    "n": "n",
+    "seed": "seed",
+}
+_REVERSE = {v: k for k, v in _SAMPLING_FIELDS.items()} | {
+    "max_new_tokens": "max_tokens",
+    "logit_mask": "allowed_token_ids",
+    "stop_token_ids": "stop_token_ids",
+    "stop": "stop",
+}
+# token-route sampling fields read by _sampling / _check_unsupported / generate
+_HANDLED = {
+    "max_tokens", "max_completion_tokens", "stop", "stop_token_ids", "allowed_token_ids",
+    "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "best_of",
+}  # fmt: skip
+# vLLM token-route sampling fields that do not change what is sampled (accepted and ignored)
+_HARMLESS = {
+    "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
+    "detokenize", "output_kind", "return_token_ids", "flat_logprobs", "extra_args",
+}  # fmt: skip
+
+
+class OpenAIError(ValueError):
+    """A request the server refuses; ``param`` names the offending field."""
+
+    def __init__(
+        self, message: str, *, param: str | None = None, status: int = 400, code: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.param = param
+        self.status = status
+        self.code = code
+
+    def to_json(self) -> dict[str, Any]:
+        """OpenAI's error body."""
+        kind = {404: "not_found_error", 500: "server_error"}.get(
+            self.status, "invalid_request_error"
+        )
+        return {
+            "error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}
+        }
+
+
+def _check(value: Any, types: type | tuple[type, ...], name: str, what: str) -> Any:
+    # bool is an int in Python; a JSON true is never a count or a temperature
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _tuple(types)):
+        raise OpenAIError(f"`{name}` must be {what}, got {value!r}", param=name)
+    return value
+
+
+def _tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def _int_list(value: Any, name: str) -> list[int]:
+    if not isinstance(value, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
+    ):
+        raise OpenAIError(f"`{name}` must be a list of token ids (ints >= 0)", param=name)
+    return list(value)
+
+
+class OpenAIRoutes:
+    """Answers the OpenAI-compatible routes for one engine and its tokenizer.
+
+    Args:
+        engine: The engine that samples (any :class:`~rl_rollout.Engine`).
+        tokenizer: Its tokenizer (chat template, decoding); default ``engine.tokenizer``.
+        model_name: The one model name the routes accept and report.
+        traces: Where calls that name an episode are recorded (default: a new recorder).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any = None,
+        *,
+        model_name: str = "policy",
+        traces: TraceRecorder | None = None,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer: Any = (
+            tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
+        )
+        self.model_name = model_name
+        self.traces = traces if traces is not None else TraceRecorder()
+        self.max_model_len: int | None = getattr(engine, "max_model_len", None)
+        self.created = int(time.time())
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    def models(self) -> dict[str, Any]:
+        """The ``GET /v1/models`` answer."""
+        card = {"id": self.model_name, "object": "model", "created": self.created,
+                "owned_by": "rl-rollout", "max_model_len": self.max_model_len}  # fmt: skip
+        return {"object": "list", "data": [card]}
+
+    def handle(self, path: str, body: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
+        """Answer a POST to ``path``; raises :class:`OpenAIError` for bad input."""
+        routes = {
+            "/v1/chat/completions": self.chat,
+            "/v1/completions": self.completions,
+            "/inference/v1/generate": self.generate,
+        }
+        if path not in routes:
+            raise OpenAIError(f"no route {path}; routes: {sorted(routes)}", status=404)
+        try:
+            request = json.loads(body or b"null")
+        except ValueError as exc:
+            raise OpenAIError(f"the request body is not valid JSON ({exc})", param="body") from exc
+        if not isinstance(request, dict):
+            raise OpenAIError("the request body must be a JSON object", param="body")
+        if self.tokenizer is None:
+            raise OpenAIError(
+                "the server has no tokenizer: start it with RolloutServer(engine, tokenizer=...)",
+                status=400,
+            )
+        episode = next((headers[h] for h in EPISODE_HEADERS if headers.get(h)), None)
+        if episode is None and isinstance(request.get("user"), str) and request["user"]:
+            episode = request["user"]
+        return routes[path](request, episode)
+
+    # -- routes --------------------------------------------------------------------------------
+
+    def chat(self, request: dict[str, Any], episode: str | None) -> dict[str, Any]:
+        """``POST /v1/chat/completions``."""
+        self._check_common(request)
+        logprobs = bool(_check(request.get("logprobs") or False, bool, "logprobs", "a boolean"))
+        top = _check(request.get("top_logprobs") or 0, int, "top_logprobs", "an int")
+        if top != 0:
+            raise OpenAIError(
+                f"`top_logprobs` must be 0 or null, got {top}: the engine records the log-prob "
+                "of the sampled token only (set `logprobs: true`)",
+                param="top_logprobs",
+            )
+        prompt = self._render(request)
+        params = self._sampling(request, [prompt], "messages")
+        out = self._sample("chat", [prompt], params, episode)
+        choices = [
+            {
+                "index": k,
+                "message": {"role": "assistant", "content": c["text"]},
+                "logprobs": {"content": c["content"]} if logprobs else None,
+                "finish_reason": c["finish_reason"],
+                "token_ids": c["token_ids"],
+            }
+            for k, c in enumerate(out[0])
+        ]
+        return self._response("chat.completion", choices, [prompt], prompt_token_ids=prompt)
+
+    def completions(self, request: dict[str, Any], episode: str | None) -> dict[str, Any]:
+        """``POST /v1/completions``."""
+        self._check_common(request)
+        for name in ("echo", "suffix"):
+            if request.get(name):
+                raise OpenAIError(f"`{name}` is not supported; leave it unset", param=name)
+        logprobs = request.get("logprobs")
+        if logprobs is not None:
+            _check(logprobs, int, "logprobs", "an int")
+            if not 0 <= logprobs <= 1:
+                raise OpenAIError(
+                    f"`logprobs` must be 0 or 1, got {logprobs}: the engine records the log-prob "
+                    "of the sampled token only",
+                    param="logprobs",
+                )
+        prompts = self._prompts(request.get("prompt"))
+        params = self._sampling(request, prompts, "prompt")
+        out = self._sample("completions", prompts, params, episode)
+        choices: list[dict[str, Any]] = []
+        for i, samples in enumerate(out):
+            for c in samples:
+                offsets = [0]
+                for token in c["tokens"][:-1]:
+                    offsets.append(offsets[-1] + len(token))
+                choices.append({
+                    "index": len(choices),
+                    "text": c["text"],
+                    "logprobs": None if logprobs is None else {
+                        "tokens": c["tokens"], "token_logprobs": c["logprobs"],
+                        "top_logprobs": None, "text_offset": offsets[: len(c["tokens"])],
+                    },
+                    "finish_reason": c["finish_reason"],
+                    "token_ids": c["token_ids"],
+                    "prompt_token_ids": prompts[i],
+                })  # fmt: skip
+        return self._response("text_completion", choices, prompts)
+
+    def generate(self, request: dict[str, Any], episode: str | None) -> dict[str, Any]:
+        """``POST /inference/v1/generate``: token ids in, token ids and log-probs out."""
+        if request.get("model") is not None:
+            self._check_model(request["model"])
+        if request.get("stream"):
+            raise OpenAIError("`stream` is not supported; set it to false", param="stream")
+        if "token_ids" not in request:
+            raise OpenAIError("`token_ids` is required (the prompt's token ids)", param="token_ids")
+        prompt = _int_list(request["token_ids"], "token_ids")
+        sampling = request.get("sampling_params") or {}
+        _check(sampling, dict, "sampling_params", "an object")
+        given = {k for k, v in sampling.items() if v is not None}
+        unknown = sorted(given - set(_SAMPLING_FIELDS) - _HANDLED - _HARMLESS)
+        if unknown:
+            raise OpenAIError(
+                f"unknown sampling parameters {unknown}; known: "
+                f"{sorted(set(_SAMPLING_FIELDS) | {'max_tokens', 'stop', 'logprobs'})}",
+                param=f"sampling_params.{unknown[0]}",
+            )
+        self._check_unsupported(sampling, "sampling_params.")
+        if sampling.get("top_k") == -1:  # vLLM's "off"
+            sampling = {**sampling, "top_k": 0}
+        params = self._sampling(sampling, [prompt], "token_ids", prefix="sampling_params.")
+        logprobs = sampling.get("logprobs")
+        if logprobs is not None:
+            _check(logprobs, int, "sampling_params.logprobs", "an int")
+        out = self._sample("generate", [prompt], params, episode)
+        choices = [
+            {
+                "index": k,
+                "token_ids": c["token_ids"],
+                "logprobs": None if logprobs is None else {"content": c["content"]},
+                "finish_reason": c["finish_reason"],
+            }
+            for k, c in enumerate(out[0])
+        ]
+        return {"request_id": f"gen-{uuid.uuid4().hex}", "choices": choices,
+                "prompt_logprobs": None, "usage": self._usage([prompt], choices)}  # fmt: skip
+
+    # -- request parsing -----------------------------------------------------------------------
+
+    def _check_model(self, model: Any) -> None:
+        if model != self.model_name:
+            raise OpenAIError(
+                f"`model` {model!r} is not served here; this server serves {self.model_name!r} "
+                "(GET /v1/models)",
+                param="model",
+                status=404,
+                code="model_not_found",
+            )
+
+    def _check_common(self, request: dict[str, Any]) -> None:
+        if "model" not in request:
+            raise OpenAIError(f"`model` is required; use {self.model_name!r}", param="model")
+        self._check_model(request["model"])
+        if request.get("stream"):
+            raise OpenAIError("`stream` is not supported; set it to false", param="stream")
+        self._check_unsupported(request, "")
+
+    @staticmethod
+    def _check_unsupported(request: Mapping[str, Any], prefix: str) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if request.get(name):
+                raise OpenAIError(
+                    f"`{prefix}{name}` is not supported; use `repetition_penalty`",
+                    param=prefix + name,
+                )
+        if request.get("logit_bias"):
+            raise OpenAIError(
+                f"`{prefix}logit_bias` is not supported; use `allowed_token_ids`",
+                param=prefix + "logit_bias",
+            )
+        best_of = request.get("best_of")
+        if best_of is not None and best_of != request.get("n", 1):
+            raise OpenAIError(
+                f"`{prefix}best_of` is not supported; leave it unset", param=prefix + "best_of"
+            )
+
+    def _render(self, request: dict[str, Any]) -> list[int]:
+        messages = request.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise OpenAIError("`messages` must be a non-empty list of messages", param="messages")
+        rendered = []
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+                raise OpenAIError(
+                    f"`messages[{i}]` must be an object with a string `role`",
+                    param=f"messages[{i}]",
+                )
+            content = message.get("content")
+            if isinstance(content, list):  # content parts: only text can be rendered
+                parts = []
+                for part in content:
+                    if not isinstance(part, dict) or part.get("type") != "text":
+                        raise OpenAIError(
+                            f"`messages[{i}].content` has a part that is not text ({part!r}); "
+                            "only text parts are supported",
+                            param=f"messages[{i}].content",
+                        )
+                    parts.append(str(part.get("text", "")))
+                rendered.append({**message, "content": "".join(parts)})
+            else:
+                rendered.append(message)
+        tools = request.get("tools")
+        if tools is not None:
+            _check(tools, list, "tools", "a list of tool definitions")
+            if request.get("tool_choice") == "none":
+                tools = None
+        kwargs = request.get("chat_template_kwargs") or {}
+        _check(kwargs, dict, "chat_template_kwargs", "an object")
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise OpenAIError(
+                "the tokenizer has no chat template; set `tokenizer.chat_template` or use "
+                "/v1/completions",
+                param="messages",
+            )
+        add = _check(request.get("add_generation_prompt", True), bool, "add_generation_prompt",
+                     "a boolean")  # fmt: skip
+        cont = _check(request.get("continue_final_message", False), bool,
+                      "continue_final_message", "a boolean")  # fmt: skip
+        try:
+            ids = self.tokenizer.apply_chat_template(
+                rendered, tools=tools, add_generation_prompt=add and not cont,
+                continue_final_message=cont, tokenize=True, return_dict=False, **kwargs,
+            )  # fmt: skip
+        except Exception as exc:  # a template's raise_exception, a bad role, a bad kwarg
+            raise OpenAIError(
+                f"the chat template could not render `messages`: {exc}", param="messages"
+            ) from exc
+        return [int(t) for t in ids]
+
+    def _prompts(self, prompt: Any) -> list[list[int]]:
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        if not isinstance(prompt, list) or not prompt:
+            raise OpenAIError(
+                "`prompt` must be a string, a list of strings, a list of token ids or a list of "
+                "such lists (non-empty)",
+                param="prompt",
+            )
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            prompt = [prompt]
+        out = []
+        for i, p in enumerate(prompt):
+            ids = (
+                list(self.tokenizer(p, add_special_tokens=False)["input_ids"])
+                if isinstance(p, str)
+                else _int_list(p, f"prompt[{i}]")
+            )
+            if not ids:
+                raise OpenAIError(f"`prompt[{i}]` is empty", param="prompt")
+            out.append([int(t) for t in ids])
+        return out
+
+    def _sampling(
+        self,
+        request: Mapping[str, Any],
+        prompts: Sequence[Sequence[int]],
+        prompt_field: str,
+        prefix: str = "",
+    ) -> SamplingParams:
+        """SamplingParams of the request, with ``max_tokens`` checked against the engine."""
+        kwargs: dict[str, Any] = {"return_logprobs": True}
+        for name, target in _SAMPLING_FIELDS.items():
+            value = request.get(name)
+            if value is None:
+                continue
+            kind = (int, float) if name in {"temperature", "top_p", "min_p",
+                                            "repetition_penalty"} else int  # fmt: skip
+            kwargs[target] = _check(value, kind, prefix + name, "a number")
+        stop = request.get("stop")
+        if stop is not None:
+            stop = [stop] if isinstance(stop, str) else stop
+            if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+                raise OpenAIError(
+                    f"`{prefix}stop` must be a string or a list of non-empty strings",
+                    param=prefix + "stop",
+                )
+            kwargs["stop"] = tuple(stop)
+        if request.get("stop_token_ids") is not None:
+            ids = _int_list(request["stop_token_ids"], prefix + "stop_token_ids")
+            kwargs["stop_token_ids"] = tuple(ids)
+        if request.get("allowed_token_ids") is not None:
+            kwargs["logit_mask"] = self._allowed(request["allowed_token_ids"], prefix)
+        kwargs["max_new_tokens"] = self._max_tokens(request, prompts, prompt_field, prefix)
+        try:
+            return SamplingParams(**kwargs)
+        except ValueError as exc:  # SamplingParams names its own field; name the request's
+            found = re.search(r"`(\w+)`", str(exc))
+            if found is None:
+                raise OpenAIError(str(exc)) from exc
+            name = _REVERSE.get(found.group(1), found.group(1))
+            message = str(exc).replace(f"`{found.group(1)}`", f"`{prefix}{name}`", 1)
+            raise OpenAIError(message, param=prefix + name) from exc
+
+    def _allowed(self, value: Any, prefix: str) -> torch.Tensor:
+        """The [V] logit mask of vLLM's ``allowed_token_ids``."""
+        allowed = _int_list(value, prefix + "allowed_token_ids")
+        vocab = self._vocab_size()
+        if not allowed or max(allowed) >= vocab:
+            raise OpenAIError(
+                f"`{prefix}allowed_token_ids` must be non-empty ids below the vocabulary "
+                f"size {vocab}",
+                param=prefix + "allowed_token_ids",
+            )
+        mask = torch.zeros(vocab, dtype=torch.bool)
+        mask[torch.tensor(allowed, dtype=torch.long)] = True
+        return mask
+
+    def _max_tokens(
+        self,
+        request: Mapping[str, Any],
+        prompts: Sequence[Sequence[int]],
+        prompt_field: str,
+        prefix: str,
+    ) -> int:
+        """``max_tokens`` (or ``max_completion_tokens``; default: the room left), checked."""
+        longest = max(len(p) for p in prompts)
+        room = None if self.max_model_len is None else self.max_model_len - longest
+        if room is not None and room < 1:
+            raise OpenAIError(
+                f"`{prompt_field}` is {longest} tokens long, which leaves no room to generate "
+                f"within the engine's max_model_len = {self.max_model_len}; shorten it",
+                param=prompt_field,
+            )
+        max_tokens = request.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = request.get("max_completion_tokens")
+        if max_tokens is None:
+            if room is None:
+                raise OpenAIError(
+                    f"`{prefix}max_tokens` is required: the engine does not report its "
+                    "max_model_len",
+                    param=prefix + "max_tokens",
+                )
+            return room
+        _check(max_tokens, int, prefix + "max_tokens", "an int")
+        if room is not None and max_tokens > room:
+            raise OpenAIError(
+                f"`{prefix}max_tokens` = {max_tokens} plus the {longest} tokens of "
+                f"`{prompt_field}` exceeds the engine's max_model_len = {self.max_model_len}; "
+                f"ask for at most {room}",
+                param=prefix + "max_tokens",
+            )
+        return int(max_tokens)
+
+    def _vocab_size(self) -> int:
+        size = getattr(self.engine, "vocab_size", None)
+        config = getattr(getattr(self.engine, "model", None), "config", None)
+        if size is None and config is not None:
+            size = getattr(config, "vocab_size", None)
+        return int(size if size is not None else len(self.tokenizer))
+
+    # -- sampling and answers ------------------------------------------------------------------
+
+    def _sample(
+        self, route: str, prompts: list[list[int]], params: SamplingParams, episode: str | None
+    ) -> list[list[dict[str, Any]]]:
+        """Per prompt, per choice: token ids, log-probs, token strings, text, finish reason."""
+        try:
+            result = self.engine.generate(prompts, params)
+        except ValueError as exc:  # the engine's own checks (e.g. a logit mask's size)
+            raise OpenAIError(f"the engine refused the request: {exc}") from exc
+        assert result.logprobs is not None
+        lengths = result.completion_lengths.tolist()
+        out: list[list[dict[str, Any]]] = [[] for _ in prompts]
+        for r, length in enumerate(lengths):
+            ids = result.completion_ids[r, :length].tolist()
+            lps = result.logprobs[r, :length].tolist()
+            tokens = [self.tokenizer.decode([t]) for t in ids]
+            content = [
+                {"token": s, "logprob": lp, "bytes": list(s.encode()), "top_logprobs": []}
+                for s, lp in zip(tokens, lps, strict=True)
+            ]
+            out[r // params.n].append({
+                "token_ids": ids, "logprobs": lps, "tokens": tokens, "content": content,
+                "text": result.texts[r], "finish_reason": result.finish_reasons[r],
+            })  # fmt: skip
+        if episode is not None:
+            for prompt, samples in zip(prompts, out, strict=True):
+                self.traces.record(
+                    episode,
+                    TraceCall(
+                        route=route,
+                        prompt_ids=tuple(prompt),
+                        completion_ids=tuple(tuple(c["token_ids"]) for c in samples),
+                        logprobs=tuple(tuple(c["logprobs"]) for c in samples),
+                        finish_reasons=tuple(c["finish_reason"] for c in samples),
+                    ),
+                )
+        return out
+
+    @staticmethod
+    def _usage(prompts: list[list[int]], choices: list[dict[str, Any]]) -> dict[str, int]:
+        prompt_tokens = sum(len(p) for p in prompts)
+        completion_tokens = sum(len(c["token_ids"]) for c in choices)
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens}  # fmt: skip
+
+    def _response(
+        self, kind: str, choices: list[dict[str, Any]], prompts: list[list[int]], **extra: Any
+    ) -> dict[str, Any]:
+        prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
+        return {
+            "id": f"{prefix}-{uuid.uuid4().hex}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": self._usage(prompts, choices),
+            **extra,
+        }
