@@ -25,6 +25,12 @@ correction needs; alternatives (``top_logprobs > 0``) are not computed. The vLLM
 
 Bad input raises :class:`OpenAIError` (HTTP 400, or 404 for an unknown model), whose JSON body
 is OpenAI's ``{"error": {"message", "type", "param", "code"}}`` with ``param`` naming the field.
+
+:class:`~rl_rollout.RolloutServer` serves these routes with the standard library's threading
+HTTP server, next to its own: the engine samples one request at a time behind the server's
+lock, so an asynchronous framework (FastAPI/uvicorn) would add dependencies to every install
+without adding throughput. :meth:`OpenAIRoutes.handle` takes ``(path, body, headers)`` and
+returns JSON, so mounting it in such a framework is a few lines.
 """
 
 from __future__ import annotations
