@@ -16,6 +16,7 @@ import socket
 import string
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import openai
@@ -294,6 +295,28 @@ def test_trace_rows_multi_turn_merge_into_one_row_equal_to_the_template(
     assert row.calls == [(0, 0), (1, 0)]
     full = render(engine, [*turn2, {"role": "assistant", "content": text2}])
     assert full == row.token_ids + ([] if c2[-1] == EOS else [EOS])
+
+
+def test_concurrent_episodes_are_recorded_apart(
+    served: tuple[HFEngine, RolloutServer], client: openai.OpenAI
+) -> None:
+    """Agents running in parallel: each episode's rows hold its own calls only."""
+    engine, server = served
+    episodes = [f"parallel-{i}" for i in range(4)]
+
+    def episode(name: str) -> list[int]:
+        messages = [{"role": "user", "content": name}]
+        reply = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=3, seed=0, user=name
+        )
+        return render(engine, messages, add_generation_prompt=True) + reply.choices[0].token_ids
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        sequences = list(pool.map(episode, episodes))
+    for name, sequence in zip(episodes, sequences, strict=True):
+        [row] = server.traces.rows(name)
+        assert row.token_ids == sequence  # bit-exact: integer ids
+        server.traces.pop(name)
 
 
 # --------------------------------------------------------------------------- bad input
