@@ -24,6 +24,7 @@ import pytest
 import torch
 from rl_rollout import (
     HFEngine,
+    OpenAIRoutes,
     RemoteEngine,
     RolloutServer,
     RolloutServerError,
@@ -32,6 +33,7 @@ from rl_rollout import (
     TraceRecorder,
     trace_rows,
 )
+from rl_rollout.openai_tools import hermes_tool_calls
 from rl_testing.tokenizer import DEFAULT_ALPHABET, char_tokenizer
 from rollout_testlib import EOS, tiny
 
@@ -196,6 +198,50 @@ def test_tools_in_the_request_are_rendered_by_the_template(
     prompt = render(engine, messages, tools=[TOOL], add_generation_prompt=True)
     assert reply.prompt_token_ids == prompt
     assert engine.tokenizer.decode(prompt).startswith('<|system|>tools:\n{"type": "function"')
+
+
+def test_a_tool_parser_turns_the_reply_into_tool_calls(
+    served: tuple[HFEngine, RolloutServer], client: openai.OpenAI
+) -> None:
+    engine, server = served
+    seen: list[str] = []
+
+    def parser(text: str) -> tuple[str, list[dict[str, Any]]]:
+        seen.append(text)
+        return "thinking", [{"name": "add", "arguments": {"a": 2}}]
+
+    messages = [{"role": "user", "content": "add 2"}]
+    server.openai.tool_parser = parser
+    try:
+        reply = client.chat.completions.create(
+            model=MODEL, messages=messages, tools=[TOOL], max_tokens=3, seed=2
+        )
+        plain = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3, seed=2)
+    finally:
+        server.openai.tool_parser = None
+    message = reply.choices[0].message
+    assert message.content == "thinking"
+    assert message.tool_calls is not None
+    [call] = message.tool_calls
+    assert (call.type, call.function.name, json.loads(call.function.arguments)) == (
+        "function", "add", {"a": 2},
+    )  # fmt: skip
+    assert reply.choices[0].finish_reason in {"tool_calls", "length"}
+    assert plain.choices[0].message.tool_calls is None
+    prompt = render(engine, messages, tools=[TOOL], add_generation_prompt=True)
+    [(ids, _, text, _)] = expected(engine, [prompt], max_new_tokens=3, seed=2)
+    assert reply.choices[0].token_ids == ids  # the sampled ids are what they were
+    assert seen == [text]  # parsed once, the reply's text: only the request with tools
+
+
+def test_hermes_tool_calls() -> None:
+    text = 'sure <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+    assert hermes_tool_calls(text) == ("sure", [{"name": "add", "arguments": {"a": 1}}])
+    assert hermes_tool_calls("no call") == ("no call", [])
+    broken = "<tool_call>{not json}</tool_call>"
+    assert hermes_tool_calls(broken) == (broken, [])  # not a call: the agent sees the text
+    with pytest.raises(ValueError, match="`tool_parser` 'nope' is unknown"):
+        OpenAIRoutes(HFEngine(*tiny("qwen2")), tool_parser="nope")
 
 
 # --------------------------------------------------------------------------- the token route

@@ -19,7 +19,9 @@ Every choice also carries ``token_ids`` and the response ``prompt_token_ids`` (v
 that was sampled from (after temperature, top-k, top-p, min-p), the ones a trainer's rollout
 correction needs; alternatives (``top_logprobs > 0``) are not computed. The vLLM extensions
 ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``stop_token_ids`` and
-``allowed_token_ids`` are accepted in the request body. When the request names an episode
+``allowed_token_ids`` are accepted in the request body. With a ``tool_parser``
+(:mod:`rl_rollout.openai_tools`), a chat reply to a request with ``tools`` carries the calls it
+makes as ``message.tool_calls``. When the request names an episode
 (header ``X-Episode-Id``, or the body's ``user``), the call is recorded in ``traces`` (see
 :mod:`rl_rollout.openai_trace`).
 
@@ -45,6 +47,7 @@ from typing import Any
 import torch
 
 from rl_rollout.engine import Engine
+from rl_rollout.openai_tools import TOOL_PARSERS, ToolParser, openai_tool_calls
 from rl_rollout.openai_trace import TraceCall, TraceRecorder
 from rl_rollout.params import SamplingParams
 
@@ -129,6 +132,9 @@ class OpenAIRoutes:
         tokenizer: Its tokenizer (chat template, decoding); default ``engine.tokenizer``.
         model_name: The one model name the routes accept and report.
         traces: Where calls that name an episode are recorded (default: a new recorder).
+        tool_parser: Reads tool calls out of a chat reply's text when the request has
+            ``tools`` (``"hermes"``, or a :data:`~rl_rollout.openai_tools.ToolParser`); None
+            answers with the text only.
     """
 
     def __init__(
@@ -138,7 +144,16 @@ class OpenAIRoutes:
         *,
         model_name: str = "policy",
         traces: TraceRecorder | None = None,
+        tool_parser: ToolParser | str | None = None,
     ) -> None:
+        if isinstance(tool_parser, str):
+            if tool_parser not in TOOL_PARSERS:
+                raise ValueError(
+                    f"`tool_parser` {tool_parser!r} is unknown; use one of {sorted(TOOL_PARSERS)} "
+                    "or a callable text -> (content, calls)"
+                )
+            tool_parser = TOOL_PARSERS[tool_parser]
+        self.tool_parser = tool_parser
         self.engine = engine
         self.tokenizer: Any = (
             tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
@@ -197,16 +212,25 @@ class OpenAIRoutes:
         prompt = self._render(request)
         params = self._sampling(request, [prompt], "messages")
         out = self._sample("chat", [prompt], params, episode)
-        choices = [
-            {
-                "index": k,
-                "message": {"role": "assistant", "content": c["text"]},
+        parse = (
+            self.tool_parser
+            if request.get("tools") and request.get("tool_choice") != "none"
+            else None
+        )
+        choices = []
+        for k, c in enumerate(out[0]):
+            message: dict[str, Any] = {"role": "assistant", "content": c["text"]}
+            finish = c["finish_reason"]
+            content, calls = parse(c["text"]) if parse is not None else (c["text"], [])
+            if calls:  # the sampled ids stay as they were; only the message is structured
+                message = {"role": "assistant", "content": content or None,
+                           "tool_calls": openai_tool_calls(calls)}  # fmt: skip
+                finish = "tool_calls" if finish == "stop" else finish
+            choices.append({
+                "index": k, "message": message, "finish_reason": finish,
                 "logprobs": {"content": c["content"]} if logprobs else None,
-                "finish_reason": c["finish_reason"],
                 "token_ids": c["token_ids"],
-            }
-            for k, c in enumerate(out[0])
-        ]
+            })  # fmt: skip
         return self._response("chat.completion", choices, [prompt], prompt_token_ids=prompt)
 
     def completions(self, request: dict[str, Any], episode: str | None) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from safetensors.torch import save as save_safetensors
 from rl_rollout._wire import params_from_json, params_to_json, result_from_json, result_to_json
 from rl_rollout.engine import Engine, Prompts
 from rl_rollout.openai_api import OpenAIError, OpenAIRoutes
+from rl_rollout.openai_tools import TOOL_PARSERS, ToolParser
 from rl_rollout.openai_trace import TraceCall, TraceRecorder
 from rl_rollout.params import SamplingParams
 from rl_rollout.result import RolloutResult
@@ -84,6 +85,8 @@ class RolloutServer:
         model_name: The model name the OpenAI routes accept and report.
         traces: Where the OpenAI routes record the calls of each episode (default: a new
             :class:`~rl_rollout.openai_trace.TraceRecorder`, :attr:`traces`).
+        tool_parser: How the chat route reads tool calls out of a reply (``"hermes"`` or a
+            callable, see :mod:`rl_rollout.openai_tools`); None answers with text only.
     """
 
     def __init__(
@@ -95,9 +98,12 @@ class RolloutServer:
         tokenizer: Any = None,
         model_name: str = "policy",
         traces: TraceRecorder | None = None,
+        tool_parser: ToolParser | str | None = None,
     ) -> None:
         self.engine = engine
-        self.openai = OpenAIRoutes(engine, tokenizer, model_name=model_name, traces=traces)
+        self.openai = OpenAIRoutes(
+            engine, tokenizer, model_name=model_name, traces=traces, tool_parser=tool_parser
+        )
         self.traces = self.openai.traces
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -401,9 +407,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=None,
         help="the model name of the OpenAI-compatible routes (default: --model)",
     )
+    parser.add_argument(
+        "--tool-parser",
+        choices=sorted(TOOL_PARSERS),
+        default=None,
+        help="read tool calls out of chat replies into message.tool_calls",
+    )
     args = parser.parse_args(argv)
     name = args.served_model_name or args.model
-    server = RolloutServer(_build_engine(args), args.host, args.port, model_name=name)
+    server = RolloutServer(
+        _build_engine(args), args.host, args.port, model_name=name, tool_parser=args.tool_parser
+    )
     print(f"rl-rollout server ({args.engine}) on {server.url}", flush=True)
     try:
         server.serve_forever()
