@@ -407,6 +407,25 @@ MATRIX: dict[str, dict[str, Cell]] = {
         "liger": _n(),
         "agilerl": _n(),
     },
+    "rl_losses.dppo_loss": {
+        "verl": (
+            "args",
+            '`divergence="tv"` for `dppo_tv`, `"kl"` for `dppo_kl`; `delta_low=clip_ratio_low`, '
+            "`delta_high=clip_ratio_high`, `ratio_cap=clip_ratio_c` (verl's default 3.0)",
+            ("dppo_tv", "dppo_tv_cap", "dppo_kl"),
+        ),
+        "openrlhf": _n(),
+        "trl": _n(),
+        "liger": _n(),
+        "agilerl": _n(),
+    },
+    "rl_losses.dro_loss": {
+        "verl": ("args", "`beta=dro_beta` (`dro` policy loss)", ("dro",)),
+        "openrlhf": _n(),
+        "trl": _n(),
+        "liger": _n(),
+        "agilerl": _n(),
+    },
     "rl_losses.luspo_loss": {
         "verl": _n("only in the LUSPO authors' verl fork"),
         "openrlhf": _n(),

@@ -113,6 +113,21 @@ def verl(b: dict[str, torch.Tensor], g: int) -> dict[str, Out]:
     out["kl_cov"] = with_grad(
         lambda x: rl.kl_cov_loss(x, old, adv_t, m, kl_cov_ratio=0.2, kl_coef=0.5).loss, lp
     )
+    dppo = {"delta_low": 0.05, "delta_high": 0.08}
+    out["dppo_tv"] = with_grad(
+        lambda x: rl.dppo_loss(x, old, adv_t, m, **dppo, ratio_cap=3.0).loss, lp
+    )
+    out["dppo_tv_cap"] = with_grad(
+        lambda x: (
+            rl.dppo_loss(
+                x, old, adv_t, m, **dppo, ratio_cap=1.1, aggregation="seq_mean_token_sum"
+            ).loss
+        ),
+        lp,
+    )
+    kl = {"divergence": "kl", "delta_low": 0.005, "delta_high": 0.01, "ratio_cap": 3.0}
+    out["dppo_kl"] = with_grad(lambda x: rl.dppo_loss(x, old, adv_t, m, **kl).loss, lp)
+    out["dro"] = with_grad(lambda x: rl.dro_loss(x, old, adv_t, m, beta=0.5).loss, lp)
     ref = b["ref_logprobs"]
     for kind, clamp in (("k3", 10.0), ("k1", None), ("k2", None), ("abs", None)):
         out[f"kl[{kind}]"] = with_grad(

@@ -102,6 +102,17 @@ def run(b: dict[str, torch.Tensor], g: int) -> dict[str, peerlib.Out]:
     loss("cispo", "cispo", _cfg(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28))
     kl_cov = _cfg(clip_ratio=0.2, policy_loss=PolicyLossConfig(kl_cov_ratio=0.2, ppo_kl_coef=0.5))
     loss("kl_cov", "kl_cov", kl_cov)
+    # DPPO: trust regions narrow enough that tokens of both advantage signs leave them; the
+    # truncation cap 1.1 binds on some tokens (verl's ActorConfig default 3.0 in dppo_kl)
+    loss("dppo_tv", "dppo_tv", _cfg(clip_ratio=0.2, clip_ratio_low=0.05, clip_ratio_high=0.08))
+    loss(
+        "dppo_tv_cap",
+        "dppo_tv",
+        _cfg(clip_ratio=0.2, clip_ratio_low=0.05, clip_ratio_high=0.08, clip_ratio_c=1.1),
+        loss_agg_mode="seq-mean-token-sum",
+    )
+    loss("dppo_kl", "dppo_kl", _cfg(clip_ratio=0.2, clip_ratio_low=0.005, clip_ratio_high=0.01))
+    loss("dro", "dro", _cfg(clip_ratio=0.2, policy_loss=PolicyLossConfig(dro_beta=0.5)))
     # every candidate detached (ratio 1), so verl's random choice is no choice
     cov = PolicyLossConfig(clip_cov_ratio=1.0, clip_cov_lb=0.1, clip_cov_ub=5.0)
     loss("clip_cov", "clip_cov", _cfg(clip_ratio=0.2, policy_loss=cov))

@@ -10,6 +10,7 @@ The references are exactly the "naive equivalent" of the spec: full ``[M, V]`` l
 
 from __future__ import annotations
 
+import inspect
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -45,6 +46,9 @@ OBJECTIVE_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "reinforce-logprob": ("reinforce", {"form": "logprob"}),
     "reinforce-ratio": ("reinforce", {"form": "ratio"}),
     "sapo": ("sapo", {"tau_pos": 1.0, "tau_neg": 1.05}),
+    "dppo_tv": ("dppo_tv", {"delta_low": 0.05, "delta_high": 0.08, "ratio_cap": 1.3}),
+    "dppo_kl": ("dppo_kl", {"delta_low": 0.005, "delta_high": 0.01}),
+    "dro": ("dro", {"beta": 0.5}),
 }
 
 
@@ -189,12 +193,15 @@ def naive_policy_loss(
         w, pmask = c.weights, c.mask
     else:
         w, pmask = None, m
-    policy = rl_losses.get_policy_loss(objective)(
+    fn = rl_losses.get_policy_loss(objective)
+    # DPPO and DRO are token level by definition and take no `level`
+    level = {"level": "token"} if "level" in inspect.signature(fn).parameters else {}
+    policy = fn(
         logp,
         old,
         advantages,
         pmask,
-        level="token",
+        **level,
         aggregation=aggregation,
         normalizer=normalizer,
         max_length=max_length,

@@ -14,6 +14,7 @@ aggregation weights passed as ``is_weights``; no loss math is re-implemented her
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
@@ -36,7 +37,9 @@ from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, auto_chunk_rows
 __all__ = ["FUSED_OBJECTIVES", "FusedPolicyLossOutput", "fused_policy_loss"]
 
 #: Token-level objectives of rl-losses that the fused path supports (they act per token).
-FUSED_OBJECTIVES: tuple[str, ...] = ("ppo", "cispo", "reinforce", "sapo")
+FUSED_OBJECTIVES: tuple[str, ...] = (
+    "ppo", "cispo", "reinforce", "sapo", "dppo_tv", "dppo_kl", "dro",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,7 @@ class _Plan:
     other_weight: torch.Tensor  # [Mv] aggregation weight for the KL and entropy terms
     objective: Callable[..., Any]
     objective_kwargs: dict[str, Any]
+    level_kw: dict[str, Any]  # {"level": "token"} for objectives that take a level
     kl_coef: float
     kl_kind: KLKind
     kl_clamp: float | None
@@ -212,7 +216,7 @@ def _chunk_terms(
             old,
             plan.advantages[s:e][:, None],
             pmask,
-            level="token",
+            **plan.level_kw,
             aggregation="token_mean",
             normalizer=1.0,
             is_weights=plan.policy_weight[s:e][:, None],
@@ -345,10 +349,10 @@ def fused_policy_loss(
     then applies to the policy term). Only valid tokens are projected: padding costs nothing.
 
     Objectives are the token-level ones (``FUSED_OBJECTIVES``: ``ppo`` with every clip
-    variant, ``cispo``, ``reinforce``, ``sapo``). Turn- and trajectory-level importance
-    sampling (GSPO, turn-level PPO) couple the tokens of a unit: for those, compute
-    ``rl_kernels.fused_logprobs`` (still memory-bounded) and pass the log-probs to the
-    rl-losses objective. Values for a critic come from a value head on the same hidden states
+    variant, ``cispo``, ``reinforce``, ``sapo``, ``dppo_tv``, ``dppo_kl``, ``dro``). Turn- and
+    trajectory-level importance sampling (GSPO, turn-level PPO) couple the tokens of a unit: for
+    those, compute ``rl_kernels.fused_logprobs`` (still memory-bounded) and pass the log-probs to
+    the rl-losses objective. Values for a critic come from a value head on the same hidden states
     and need no kernel (rl-algos adds ``rl_losses.value_loss`` to this loss).
 
     For gradient accumulation, pass the global ``normalizer`` (see ``rl_losses.aggregate``);
@@ -464,6 +468,7 @@ def fused_policy_loss(
     def pick(x: torch.Tensor | None) -> torch.Tensor | None:
         return None if x is None else x.reshape(-1)[index].detach().to(cd)
 
+    fn = get_policy_loss(objective)
     plan = _Plan(
         index=index,
         targets=targets.reshape(-1)[index],
@@ -473,8 +478,10 @@ def fused_policy_loss(
         policy_mask=policy_mask.reshape(-1)[index],
         policy_weight=policy_agg.reshape(-1)[index],
         other_weight=other_agg.reshape(-1)[index],
-        objective=get_policy_loss(objective),
+        objective=fn,
         objective_kwargs=dict(objective_kwargs),
+        # DPPO and DRO are token level by definition and take no `level`
+        level_kw={"level": "token"} if "level" in inspect.signature(fn).parameters else {},
         kl_coef=float(kl_coef),
         kl_kind=kl_kind,
         kl_clamp=kl_clamp,

@@ -41,6 +41,7 @@ from rl_losses.policy import (
     sapo_loss,
 )
 from rl_losses.policy_sequence import luspo_loss, vespo_loss
+from rl_losses.policy_trust import dppo_loss, dro_loss
 from rl_losses.registry import available_policy_losses, get_policy_loss, register_policy_loss
 from rl_losses.units import Level, Pooling, to_units
 from rl_losses.value import value_loss
@@ -68,6 +69,8 @@ __all__ = [
     "clip_cov_loss",
     "clipped_surrogate",
     "cql_loss",
+    "dppo_loss",
+    "dro_loss",
     "entropy_bonus",
     "expectile_loss",
     "get_policy_loss",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -16,6 +17,7 @@ from rl_losses.policy import (
     sapo_loss,
 )
 from rl_losses.policy_sequence import luspo_loss, vespo_loss
+from rl_losses.policy_trust import dppo_loss, dro_loss
 
 __all__ = ["available_policy_losses", "get_policy_loss", "register_policy_loss"]
 
@@ -74,6 +76,10 @@ _BUILTIN: dict[str, Callable[..., Any]] = {
     "kl_cov": kl_cov_loss,
     "luspo": luspo_loss,
     "vespo": vespo_loss,
+    "dppo_tv": dppo_loss,
+    "dro": dro_loss,
 }
 for _name, _fn in _BUILTIN.items():
     register_policy_loss(_name)(_fn)
+# verl's two names for DPPO's trust regions; the signature stays inspectable (rl-algos reads it)
+register_policy_loss("dppo_kl")(functools.partial(dppo_loss, divergence="kl"))

@@ -1,0 +1,34 @@
+"""rl-losses' DPPO (``dppo_tv``, ``dppo_kl``) and DRO (``dro``) reach ``GRPO(loss_type=...)``
+through the rl-losses registry alone (no rl-algos code names them): each trains a step on the
+plain path and on the fused one (``use_liger_loss=True``, rl-kernels' ``fused_policy_loss``),
+with its options given through ``loss_kwargs``."""
+
+from __future__ import annotations
+
+import algos_testlib as tl
+import pytest
+import torch
+
+OPTIONS = {
+    "dppo_tv": {"delta_low": 0.05, "delta_high": 0.08},
+    "dppo_kl": {"delta_low": 0.01},
+    "dro": {"beta": 0.5},
+}
+
+
+def _actor(agent: object) -> dict[str, torch.Tensor]:
+    params = agent.policy.named_parameters()  # type: ignore[attr-defined]
+    return {n: p.detach().clone() for n, p in params if p.requires_grad}
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+@pytest.mark.parametrize("name", sorted(OPTIONS))
+def test_grpo_loss_type_trains(name: str, fused: bool) -> None:
+    agent = tl.make_agent(
+        "GRPO", loss_type=name, loss_kwargs=OPTIONS[name], beta=0.0, use_liger_loss=fused
+    )
+    assert agent.loss_type == name
+    before = _actor(agent)
+    metrics = agent.learn(tl.make_batch().experiences())
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
+    assert any(not torch.equal(p, before[n]) for n, p in _actor(agent).items())
