@@ -1,6 +1,7 @@
 """What the lean forwards serve on a model, and what runs the library's own forward (and why).
 
-:class:`~rl_adapters.PolicyModel` (``lean_forwards="auto"`` or True) surveys its model once,
+:class:`~rl_adapters.PolicyModel` (``lean_forwards="auto"`` or True) surveys its model once
+(:func:`rl_adapters.lean_survey.survey`),
 when it is built (and again when its adapters are rebuilt), with the same checks the swaps run:
 which lean forward (``"lora"``, ``"rotary"``, ``"rms_norm"``, ``"swiglu"``) is set on how many
 modules of which classes, and which candidates keep peft's or transformers' own forward, with
@@ -19,10 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from rl_adapters.roles import LoraSites
+from typing import Any, Literal
 
 __all__ = [
     "LeanFallback",
@@ -30,7 +28,8 @@ __all__ = [
     "LeanReport",
     "LeanSwap",
     "check_lean_forwards",
-    "survey",
+    "log_report",
+    "make_report",
 ]
 
 logger = logging.getLogger(__name__)
@@ -122,42 +121,6 @@ class LeanReport:
             )
             line += f"; own forward for {rest}"
         return line
-
-
-def survey(mode: LeanForwards, model: Any, sites: LoraSites | None = None) -> LeanReport:
-    """The :class:`LeanReport` of ``model`` under ``mode``, logged (:func:`log_report`).
-
-    Args:
-        mode: The ``lean_forwards`` option; False surveys nothing.
-        model: The transformers model (LoRA layers injected).
-        sites: Its :class:`~rl_adapters.roles.LoraSites`, or None without LoRA.
-
-    Raises:
-        ValueError: ``mode`` True and no lean forward applies (names the option and the
-            reasons).
-    """
-    from rl_adapters import lean_mlp, lean_norm, lean_rotary  # they import this module
-
-    parts = []
-    if mode is not False:
-        parts = [
-            *([sites.survey("actor")] if sites is not None else []),
-            lean_rotary.survey(model),
-            lean_norm.survey(model),
-            lean_mlp.survey(model),
-        ]
-    report = make_report(mode, model, parts)
-    if mode is True and not report.swapped:
-        reasons = (
-            "; ".join(f"{f.forward} {f.target}: {f.reason}" for f in report.fallbacks)
-            or "no LoRA layer, rotary, RMSNorm or gated MLP found"
-        )
-        raise ValueError(
-            f"lean_forwards=True: no lean forward applies to {type(model).__name__} ({reasons}); "
-            "pass lean_forwards='auto' (own forwards where none applies) or False"
-        )
-    log_report(report)
-    return report
 
 
 def make_report(

@@ -29,8 +29,9 @@ from transformers import PreTrainedModel
 from rl_adapters._compat import require_torch_integration
 from rl_adapters.lean_mlp import lean_swiglu
 from rl_adapters.lean_norm import lean_rms_norm
-from rl_adapters.lean_report import LeanForwards, LeanReport, check_lean_forwards, survey
+from rl_adapters.lean_report import LeanForwards, LeanReport, check_lean_forwards
 from rl_adapters.lean_rotary import lean_rotary
+from rl_adapters.lean_survey import survey
 from rl_adapters.lora import default_lora_config, scope_lora_config, validate_lora_config
 from rl_adapters.replay import Switch, enable_checkpointing, replayable
 from rl_adapters.roles import LoraSites
@@ -176,7 +177,7 @@ class PolicyModel(nn.Module):
         self.lean_report: LeanReport = self._survey()
 
     def _survey(self) -> LeanReport:
-        """:func:`rl_adapters.lean_report.survey` of this policy's model (logged once)."""
+        """:func:`rl_adapters.lean_survey.survey` of this policy's model (logged once)."""
         sites = self.lora_sites() if self.lean_forwards is not False else None
         return survey(self.lean_forwards, self.causal_lm, sites)
 
