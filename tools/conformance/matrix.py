@@ -67,6 +67,7 @@ TOLERANCES: dict[str, tuple[float, str]] = {
     "verl:gspo": (1e-8, "`agg_loss` adds 1e-8 to each row's token count"),
     "verl:sapo": (1e-8, "`agg_loss` adds 1e-8 to each row's token count"),
     "verl:geo_mean": (1e-8, "the row means add 1e-8 to each row's token count"),
+    "verl:gdpo": (1e-6, "`gdpo` reads the rewards and weights as float32"),
     "verl:rpp": (1e-8, "`masked_mean` in `masked_whiten` adds 1e-8 to the count"),
     "verl:gae": (1e-8, "`masked_mean` in `masked_whiten` adds 1e-8 to the count"),
     "agilerl:grpo_window_fp32": (1e-6, "unpatched `_token_loss_weights` (float32 weights)"),
@@ -89,6 +90,11 @@ NONE: Cell = ("none", "no counterpart", ())
 
 def _n(text: str = "no counterpart") -> Cell:
     return ("none", text, ())
+
+
+def _only(peer: str, status: str, text: str, cases: tuple[str, ...]) -> dict[str, Cell]:
+    """A row whose only counterpart is ``peer``'s."""
+    return {p: (status, text, cases) if p == peer else NONE for p in PEERS}
 
 
 ALL_ROWS = "divides by every row, empty ones included; ours by rows with a valid token"
@@ -139,13 +145,7 @@ MATRIX: dict[str, dict[str, Cell]] = {
         "liger": _n(),
         "agilerl": _n(),
     },
-    "rl_advantages.gpg": {
-        "verl": ("args", '`alpha="nonzero_rewards"`', ("gpg",)),
-        "openrlhf": _n(),
-        "trl": _n(),
-        "liger": _n(),
-        "agilerl": _n(),
-    },
+    "rl_advantages.gpg": _only("verl", "args", '`alpha="nonzero_rewards"`', ("gpg",)),
     "rl_advantages.opo": {
         "verl": ("args", "`mask=lengths > 0` (verl keeps an empty row at weight 0)", ("opo",)),
         "openrlhf": _n(),
@@ -153,12 +153,15 @@ MATRIX: dict[str, dict[str, Cell]] = {
         "liger": _n(),
         "agilerl": _n(),
     },
-    "rl_advantages.pass_at_k": {
-        "verl": ("equal", "`grpo_passk`", ("passk",)),
-        "openrlhf": _n(),
-        "trl": _n(),
-        "liger": _n(),
-        "agilerl": _n(),
+    "rl_advantages.pass_at_k": _only("verl", "equal", "`grpo_passk`", ("passk",)),
+    "rl_advantages.gdpo": _only(
+        "verl",
+        "args",
+        "`whiten(gdpo(rewards, G, weights=gdpo_reward_weights)` broadcast over the tokens `, mask)`",
+        ("gdpo",),
+    ),
+    "rl_advantages.max_rl": {
+        p: _n("none in the release compared; see READ (prime-rl)") for p in PEERS
     },
     "rl_advantages.remax": {
         "verl": (
@@ -407,25 +410,14 @@ MATRIX: dict[str, dict[str, Cell]] = {
         "liger": _n(),
         "agilerl": _n(),
     },
-    "rl_losses.dppo_loss": {
-        "verl": (
-            "args",
-            '`divergence="tv"` for `dppo_tv`, `"kl"` for `dppo_kl`; `delta_low=clip_ratio_low`, '
-            "`delta_high=clip_ratio_high`, `ratio_cap=clip_ratio_c` (verl's default 3.0)",
-            ("dppo_tv", "dppo_tv_cap", "dppo_kl"),
-        ),
-        "openrlhf": _n(),
-        "trl": _n(),
-        "liger": _n(),
-        "agilerl": _n(),
-    },
-    "rl_losses.dro_loss": {
-        "verl": ("args", "`beta=dro_beta` (`dro` policy loss)", ("dro",)),
-        "openrlhf": _n(),
-        "trl": _n(),
-        "liger": _n(),
-        "agilerl": _n(),
-    },
+    "rl_losses.dppo_loss": _only(
+        "verl",
+        "args",
+        '`divergence="tv"` for `dppo_tv`, `"kl"` for `dppo_kl`; `delta_low=clip_ratio_low`, '
+        "`delta_high=clip_ratio_high`, `ratio_cap=clip_ratio_c` (verl's default 3.0)",
+        ("dppo_tv", "dppo_tv_cap", "dppo_kl"),
+    ),
+    "rl_losses.dro_loss": _only("verl", "args", "`beta=dro_beta` (`dro` policy loss)", ("dro",)),
     "rl_losses.luspo_loss": {
         "verl": _n("only in the LUSPO authors' verl fork"),
         "openrlhf": _n(),
@@ -591,4 +583,15 @@ MATRIX: dict[str, dict[str, Cell]] = {
         "liger": ("equal", "calls `LigerFusedLinearGRPOLoss` itself", ()),
         "agilerl": _n(),
     },
+}
+
+#: Peers outside the run columns whose code was read, not run (their trainers pull their whole
+#: stack in): per function, (peer and source read, the reproducing call and why it is not run).
+READ: dict[str, tuple[str, str]] = {
+    "rl_advantages.max_rl": (
+        "prime-rl `max_rl` (`src/prime_rl/orchestrator/algo/max_rl.py`, commit 0d6738f)",
+        "equal: `(reward - group mean) / group mean`, 0 for a group whose mean is <= 0 (prime-rl "
+        "computes in float32); read, not run: `MaxRLAlgorithm.score_group` is a method of the "
+        "async orchestrator, which imports prime-rl's whole stack",
+    ),
 }

@@ -71,6 +71,10 @@ def verl(b: dict[str, torch.Tensor], g: int) -> dict[str, Out]:
         "gpg": _tok(ra.gpg(scores, g, alpha="nonzero_rewards"), m),
         "passk": _tok(ra.pass_at_k(scores, g), m),
     }
+    both = torch.stack([scores, b["advantages"]], 1)
+    gdpo = ra.gdpo(both, g, weights=(1.0, 0.5), eps=1e-6)[:, None] * m.to(F64)
+    w = ra.whiten(gdpo, m) * m.to(F64)
+    out["gdpo"] = {"advantages": w, "returns": w}
     for name, gamma in (("rpp", 1.0), ("rpp_gamma", 0.9)):
         a, r = ra.reinforce_plus_plus(tr, m, gamma)
         out[name] = {"advantages": a, "returns": r}

@@ -23,6 +23,24 @@ class _Algo(dict):  # AlgoConfig stand-in: attribute and .get access to plain se
     __getattr__ = dict.get
 
 
+def _gdpo(b: dict[str, torch.Tensor], index: np.ndarray) -> peerlib.Out:
+    """GDPO on two rewards per sample (the scores and the batch's `advantages` column), weights
+    1 and 0.5, given as verl's trainer gives them: per-key arrays and the prompt/response mask."""
+    m = b["mask"]
+    n, p_len = m.shape[0], 2
+    batch = {
+        "prompts": torch.zeros(n, p_len, dtype=torch.long),
+        "attention_mask": torch.cat([torch.ones(n, p_len, dtype=torch.long), m.long()], 1),
+    }
+    rewards = {"acc": b["token_rewards"].sum(-1).numpy(), "fmt": b["advantages"].numpy()}
+    cfg = _Algo(gdpo_reward_keys=["acc", "fmt"], gdpo_reward_weights=[1.0, 0.5])
+    a, r = ca.compute_gdpo_outcome_advantage(
+        b["token_rewards"], m.to(torch.float64), index, config=cfg,
+        non_tensor_batch=rewards, batch=batch,
+    )  # fmt: skip
+    return {"advantages": a, "returns": r}
+
+
 def run(b: dict[str, torch.Tensor], g: int) -> dict[str, peerlib.Out]:
     m = b["mask"]
     mf = m.to(torch.float64)
@@ -64,6 +82,7 @@ def run(b: dict[str, torch.Tensor], g: int) -> dict[str, peerlib.Out]:
     adv("grpo_vectorized_lone", ca.compute_grpo_vectorized_outcome_advantage, tr, mf, lone)
     adv("rloo_lone", ca.compute_rloo_outcome_advantage, tr, mf, lone)
     adv("rloo_vectorized_lone", ca.compute_rloo_vectorized_outcome_advantage, tr, mf, lone)
+    out["gdpo"] = _gdpo(b, index)
     adv("rpp", ca.compute_reinforce_plus_plus_outcome_advantage, tr, mf, config=_Algo(gamma=1.0))
     adv(
         "rpp_gamma",

@@ -166,6 +166,18 @@ def write_report(
         lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
     lines += [
         "",
+        "## Read, not run",
+        "",
+        "Peers outside the columns above whose released code was read and not run (the reason",
+        "is in each line); the function's row above says so too.",
+        "",
+        "| function | peer and source read | our call and why it is not run |",
+        "|---|---|---|",
+    ]
+    for name, (peer, text) in matrix.READ.items():
+        lines.append(f"| `{name}` | {peer} | {text} |")
+    lines += [
+        "",
         "## Tolerances above 1e-10",
         "",
         "| peer / case | tolerance | reason |",

@@ -32,3 +32,13 @@ def test_grpo_loss_type_trains(name: str, fused: bool) -> None:
     metrics = agent.learn(tl.make_batch().experiences())
     assert torch.isfinite(torch.tensor(metrics["loss"]))
     assert any(not torch.equal(p, before[n]) for n, p in _actor(agent).items())
+
+
+def test_grpo_advantage_estimator_max_rl() -> None:
+    """rl-advantages' ``max_rl`` reaches ``GRPO(advantage_estimator=...)`` through its registry:
+    the agent trains a step with it."""
+    agent = tl.make_agent("GRPO", advantage_estimator="max_rl", beta=0.0)
+    before = _actor(agent)
+    metrics = agent.learn(tl.make_batch().experiences())
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
+    assert any(not torch.equal(p, before[n]) for n, p in _actor(agent).items())

@@ -13,11 +13,13 @@ from rl_advantages.group import (
     gpg,
     group_relative,
     group_relative_per_turn,
+    max_rl,
     opo,
     pass_at_k,
     remax,
     rloo,
 )
+from rl_advantages.multi_reward import gdpo
 from rl_advantages.registry import available_estimators, get_estimator, register_estimator
 from rl_advantages.reinforce import kl_in_reward, reinforce_plus_plus, reinforce_plus_plus_baseline
 from rl_advantages.returns import AdvantagesReturns, discounted_returns, gae, rebn
@@ -36,6 +38,7 @@ __all__ = [
     "discounted_returns",
     "dynamic_sampling_mask",
     "gae",
+    "gdpo",
     "get_estimator",
     "gpg",
     "group_relative",
@@ -44,6 +47,7 @@ __all__ = [
     "masked_mean",
     "masked_sum",
     "masked_var",
+    "max_rl",
     "opo",
     "overlong_penalty",
     "pass_at_k",

@@ -1,4 +1,4 @@
-"""Group-relative advantages: GRPO, Dr. GRPO, Lite-PPO, RLOO, GPG, OPO, pass@k, ReMax.
+"""Group-relative advantages: GRPO, Dr. GRPO, Lite-PPO, RLOO, GPG, OPO, pass@k, MaxRL, ReMax.
 
 Rows come as B contiguous groups of G samples of the same prompt: rows ``[b*G, (b+1)*G)`` are
 group b, so ``rewards`` [N] reshapes to [B, G]. An optional ``mask`` [N] marks the samples that
@@ -34,6 +34,7 @@ __all__ = [
     "gpg",
     "group_relative",
     "group_relative_per_turn",
+    "max_rl",
     "opo",
     "pass_at_k",
     "remax",
@@ -309,6 +310,49 @@ def gpg(
             f"`alpha` must be 'valid_groups', 'nonzero_rewards' or a number, got {alpha!r}"
         )
     return (a * centred / f_norm).reshape(-1)
+
+
+def max_rl(
+    rewards: torch.Tensor,
+    group_size: int,
+    mask: torch.Tensor | None = None,
+    *,
+    nonfinite: NonFinite = "raise",
+) -> torch.Tensor:
+    r"""Maximum Likelihood RL's advantage (Tajwar et al., arXiv 2602.02710).
+
+    .. math:: \hat A_i = \frac{r_i - \bar r_{g(i)}}{\bar r_{g(i)}}, \qquad
+              \bar r_{g} = \operatorname{mean}(r_{\text{group}})
+
+    The group-centred reward divided by the group mean instead of the standard deviation. For
+    rewards in :math:`\{0, 1\}` the group mean estimates the pass rate :math:`p(x)`, so a
+    prompt weighs :math:`1/p(x)`: the policy gradient is unbiased for a truncation of the
+    maximum-likelihood objective :math:`\log p(x)` whose order grows with the group size G
+    (REINFORCE at G = 1, maximum likelihood as G grows). The rewards are meant to be
+    non-negative (canonically binary); a group whose mean is not positive gets 0, as do groups
+    with fewer than two valid members and masked samples.
+
+    Peers (the call that reproduces each; the checked cases are in
+    ``docs/conformance.md``):
+
+    * prime-rl: equal: ``MaxRLAlgorithm`` (``max_rl``), read, not run.
+    * No counterpart: verl, OpenRLHF, TRL, Liger, AgileRL.
+
+    Args:
+        rewards: [N] scalar reward per sequence, groups contiguous.
+        group_size: G >= 2.
+        mask: [N] bool, True for samples that count; None means all.
+        nonfinite: ``"raise"`` on a NaN/inf reward, or ``"mask"`` to treat it as masked.
+
+    Returns:
+        [N] advantages.
+    """
+    r, m = _grouped(rewards, group_size, mask, nonfinite)
+    count = m.sum(dim=1, keepdim=True)
+    mean = r.sum(dim=1, keepdim=True) / count.clamp(min=1).to(r.dtype)
+    keep = m & (count >= 2) & (mean > 0)
+    adv = (r - mean) / torch.where(mean > 0, mean, torch.ones_like(mean))
+    return torch.where(keep, adv, torch.zeros((), dtype=r.dtype, device=r.device)).reshape(-1)
 
 
 def opo(

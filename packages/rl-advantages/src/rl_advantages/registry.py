@@ -10,11 +10,13 @@ from rl_advantages.group import (
     gpg,
     group_relative,
     group_relative_per_turn,
+    max_rl,
     opo,
     pass_at_k,
     remax,
     rloo,
 )
+from rl_advantages.multi_reward import gdpo
 from rl_advantages.reinforce import reinforce_plus_plus, reinforce_plus_plus_baseline
 from rl_advantages.returns import gae, rebn
 
@@ -79,6 +81,8 @@ _BUILTIN: dict[str, Callable[..., Any]] = {
     "group_relative_per_turn": group_relative_per_turn,
     "rloo": rloo,
     "gpg": gpg,
+    "gdpo": gdpo,
+    "max_rl": max_rl,
     "opo": opo,
     "pass_at_k": pass_at_k,
     "remax": remax,

@@ -1,0 +1,117 @@
+"""GDPO's group-decoupled advantage (``gdpo``): a float64 loop reference on seeded batches,
+hand cases, hypothesis properties, errors and the registry name. (An estimator of rewards has
+no gradient to check.)"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import rl_advantages as ra
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rl_testing import tolerance
+
+F64 = torch.float64
+
+
+def ref_gdpo(
+    rewards: list[list[float]], g: int, weights: list[float], eps: float, mask: list[bool]
+) -> list[float]:
+    """Reward by reward, group by group: (r - mean) / (unbiased std + eps), weighted sum."""
+    out = [0.0] * len(rewards)
+    for k, w in enumerate(weights):
+        for start in range(0, len(rewards), g):
+            idx = [i for i in range(start, start + g) if mask[i]]
+            vals = [rewards[i][k] for i in idx]
+            if len(vals) < 2 or max(vals) == min(vals):
+                continue
+            mean = math.fsum(vals) / len(vals)
+            std = math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+            for i in idx:
+                out[i] += w * (rewards[i][k] - mean) / (std + eps)
+    return out
+
+
+@pytest.mark.parametrize("group_size", [2, 4, 5])
+@pytest.mark.parametrize("seed", range(5))
+def test_agrees_with_reference(group_size: int, seed: int) -> None:
+    g = torch.Generator().manual_seed(100 + seed * 10 + group_size)
+    n, r = group_size * 3, 1 + seed % 3
+    rewards = torch.rand(n, r, generator=g, dtype=F64)
+    rewards[:, 0] = (rewards[:, 0] < 0.5).to(F64)  # a binary reward next to continuous ones
+    weights = (torch.rand(r, generator=g, dtype=F64) * 2).tolist()
+    mask = torch.rand(n, generator=g) < 0.85 if seed % 2 else torch.ones(n, dtype=torch.bool)
+    got = ra.gdpo(rewards, group_size, weights=weights, mask=mask)
+    expected = ref_gdpo(rewards.tolist(), group_size, weights, 1e-6, mask.tolist())
+    tolerance.assert_close(
+        got, torch.tensor(expected, dtype=F64), reduction=group_size, stages=3, scale=10.0
+    )
+
+
+def test_hand_case_keeps_the_weak_reward() -> None:
+    # group of 4; accuracy [1, 1, 0, 0], format [1, 0, 1, 0]: GRPO on the sum [2, 1, 1, 0] gives
+    # samples 2 and 3 the same advantage; GDPO separates them by the format reward
+    acc = [1.0, 1.0, 0.0, 0.0]
+    fmt = [1.0, 0.0, 1.0, 0.0]
+    rewards = torch.tensor([acc, fmt], dtype=F64).T
+    s = math.sqrt(1 / 3)  # unbiased std of [1, 1, 0, 0]
+    z = 0.5 / s
+    got = ra.gdpo(rewards, 4, eps=0.0)
+    assert got.tolist() == pytest.approx([2 * z, 0.0, 0.0, -2 * z])
+    summed = ra.group_relative(rewards.sum(1), 4, eps=0.0)
+    assert float(summed[1]) == pytest.approx(float(summed[2]))
+    weighted = ra.gdpo(rewards, 4, weights=[1.0, 0.25], eps=0.0)
+    assert weighted.tolist() == pytest.approx([1.25 * z, 0.75 * z, -0.75 * z, -1.25 * z])
+
+
+def test_registered_and_one_reward_is_grpo() -> None:
+    assert ra.get_estimator("gdpo") is ra.gdpo
+    r = torch.tensor([0.3, 1.0, 0.0, 0.5, 0.5, 2.0], dtype=F64)
+    assert torch.equal(ra.gdpo(r[:, None], 3), ra.group_relative(r, 3))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "word"),
+    [
+        ({"rewards": torch.ones(4, dtype=F64)}, "rewards"),
+        ({"rewards": torch.ones(4, 0, dtype=F64)}, "R = 0"),
+        ({"rewards": torch.ones(4, 2, dtype=F64), "weights": [1.0]}, "weights"),
+        ({"rewards": torch.ones(4, 2, dtype=F64), "weights": [1.0, float("nan")]}, "weights"),
+        ({"rewards": torch.tensor([[1.0], [float("nan")]], dtype=F64)}, "rewards"),
+    ],
+)
+def test_bad_inputs_are_named(kwargs: dict[str, object], word: str) -> None:
+    with pytest.raises(ValueError, match=word):
+        ra.gdpo(group_size=2, **kwargs)  # type: ignore[arg-type]
+
+
+def test_nonfinite_mask_drops_the_sample_for_every_reward() -> None:
+    r = torch.tensor([[1.0, 0.0], [0.0, float("inf")], [0.0, 1.0], [1.0, 0.0]], dtype=F64)
+    got = ra.gdpo(r, 2, nonfinite="mask")
+    assert got[:2].tolist() == [0.0, 0.0]
+    assert torch.equal(got[2:], ra.gdpo(r[2:], 2))
+
+
+# rewards on a grid: a group is either degenerate or spread (eps = 0 divides by its std)
+COLUMN = st.lists(st.sampled_from([0.0, 0.1, 0.25, 0.5, 0.8, 1.0]), min_size=4, max_size=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(a=COLUMN, b=COLUMN, wa=st.floats(-2.0, 2.0), wb=st.floats(-2.0, 2.0), c=st.floats(0.1, 10))
+def test_linear_in_weights_and_blind_to_a_reward_scale(
+    a: list[float], b: list[float], wa: float, wb: float, c: float
+) -> None:
+    """The sum of per-reward advantages: linear in the weights, each reward's own positive scale
+    and shift does not matter (eps = 0)."""
+    r = torch.tensor([a, b], dtype=F64).T
+    got = ra.gdpo(r, 2, weights=[wa, wb], eps=0.0)
+    parts = wa * ra.group_relative(r[:, 0], 2, eps=0.0) + wb * ra.group_relative(
+        r[:, 1], 2, eps=0.0
+    )
+    tolerance.assert_close(got, parts, reduction=2, stages=2, scale=10.0)
+    rescaled = torch.stack([c * r[:, 0] + 3.0, r[:, 1]], 1)
+    tolerance.assert_close(
+        ra.gdpo(rescaled, 2, weights=[wa, wb], eps=0.0), got, reduction=2, stages=3, scale=1e3
+    )
