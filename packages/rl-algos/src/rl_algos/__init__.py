@@ -5,7 +5,7 @@ AgileRL's API and ``rl_*`` imports: ``from rl_algos import GRPO, LLMPPO, LLMREIN
 ``ILQL`` learns offline from (sequence, reward) pairs and decodes value-guided.
 
 Importing the package is cheap: every public name loads its submodule (and torch) on first
-access, and ``from rl_algos.names import ALGORITHMS`` reads the algorithm names without torch.
+access, and :mod:`rl_algos.names` (the algorithm table) is read without torch.
 """
 
 from importlib import import_module
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from rl_algos.grpo import CISPO, GRPO, GSPO, GRPOConfig
     from rl_algos.ilql import ILQL, ILQLConfig
     from rl_algos.learner import Learner, StepResult
-    from rl_algos.names import ALGORITHMS
+    from rl_algos.names import ALGORITHMS, AlgorithmSpec, batch_rows, register_algorithm
     from rl_algos.objectives import LossTerms, PolicyObjective
     from rl_algos.packing import PackedRows, RowSplit, pack_rows, token_budget_groups
     from rl_algos.ppo import LLMPPO, PPOConfig
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 # package (or a light submodule of it) does not import torch or the model libraries.
 _LAZY: dict[str, tuple[str, str]] = {
     "ALGORITHMS": ("rl_algos.names", "ALGORITHMS"),
+    "AlgorithmSpec": ("rl_algos.names", "AlgorithmSpec"),
     "ActionResult": ("rl_algos.config", "ActionResult"),
     "AgentConfig": ("rl_algos.config", "AgentConfig"),
     "AgentParts": ("rl_algos.base", "AgentParts"),
@@ -84,12 +85,14 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Scores": ("rl_algos.batch", "Scores"),
     "StepResult": ("rl_algos.learner", "StepResult"),
     "VLLMConfig": ("rl_algos.config", "VLLMConfig"),
+    "batch_rows": ("rl_algos.names", "batch_rows"),
     "dapo": ("rl_algos.presets", "dapo"),
     "dr_grpo": ("rl_algos.presets", "dr_grpo"),
     "get_preset": ("rl_algos.presets", "get_preset"),
     "make_agent": ("rl_algos.presets", "make_agent"),
     "pack_rows": ("rl_algos.packing", "pack_rows"),
     "parse_experiences": ("rl_algos.batch", "parse_experiences"),
+    "register_algorithm": ("rl_algos.names", "register_algorithm"),
     "reinforce_pp": ("rl_algos.presets", "reinforce_pp"),
     "rloo": ("rl_algos.presets", "rloo_agent"),
     "rloo_agent": ("rl_algos.presets", "rloo_agent"),
@@ -111,6 +114,7 @@ __all__ = [
     "ActionResult",
     "AgentConfig",
     "AgentParts",
+    "AlgorithmSpec",
     "Batch",
     "CosineLRScheduleConfig",
     "Estimates",
@@ -135,12 +139,14 @@ __all__ = [
     "StepResult",
     "VLLMConfig",
     "__version__",
+    "batch_rows",
     "dapo",
     "dr_grpo",
     "get_preset",
     "make_agent",
     "pack_rows",
     "parse_experiences",
+    "register_algorithm",
     "reinforce_pp",
     "rloo",
     "rloo_agent",

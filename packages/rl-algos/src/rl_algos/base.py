@@ -110,14 +110,9 @@ class LLMAlgorithm:
     algo_name: ClassVar[str] = "llm"
     uses_critic: ClassVar[bool] = False
     config_class: ClassVar[type[AgentConfig]] = AgentConfig
-    _registry: ClassVar[dict[str, type[LLMAlgorithm]]] = {}
     _init_kwargs: dict[str, Any]
     config: AgentConfig
     lean_report = property(lambda self: self.policy.lean_report, doc="The policy's LeanReport.")
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        LLMAlgorithm._registry[cls.__name__] = cls
 
     def __new__(cls, *args: Any, **kwargs: Any) -> LLMAlgorithm:  # noqa: D102
         obj = super().__new__(cls)
@@ -177,7 +172,7 @@ class LLMAlgorithm:
                 "use_vllm=True needs `model_name` (a hub name or path): vLLM loads the model "
                 "itself, and the trained weights are pushed to it after every learn()"
             )
-        if cfg.full_finetune and self._critic_adapter():
+        if cfg.full_finetune and self._critic_adapter:
             raise ValueError("full_finetune=True is not supported with a critic (LLMPPO): use LoRA")
         self.index = index
         self.pad_token_id = int(pad_token_id)
@@ -222,7 +217,7 @@ class LLMAlgorithm:
         options: dict[str, Any] = {
             "lora_config": lora_config,
             "reference": reference,
-            "critic": self._critic_adapter(),
+            "critic": self._critic_adapter,
             "gradient_checkpointing": cfg.gradient_checkpointing,
             "activation_offload": cfg.activation_offload,
             "lora_target_scope": cfg.lora_target_scope or "language",
@@ -248,9 +243,10 @@ class LLMAlgorithm:
             prompts_per_batch=self.config.hf_generate_chunk_size,
         )
 
+    @property
     def _critic_adapter(self) -> bool:
-        """Whether the policy needs a critic LoRA adapter and value head (rl-adapters)."""
-        return self.uses_critic
+        """Whether the critic (``uses_critic``) is a LoRA adapter + value head (rl-adapters)."""
+        return self.uses_critic and getattr(self.config, "critic_mode", "adapter") == "adapter"
 
     def actor_parameters(self) -> list[torch.nn.Parameter]:
         """The trainable actor parameters (LoRA weights, or the whole model)."""
@@ -573,8 +569,9 @@ class LLMAlgorithm:
         Arguments that are not JSON (``lora_config``, ``tokenizer``, ``hp_config``) come back
         through ``overrides``.
         """
+        classes = lifecycle.subclasses(LLMAlgorithm)  # the checkpoint names its class
         agent: LLMAlgorithm = lifecycle.load_new_agent(
-            cls, LLMAlgorithm._registry, path, actor_network, device, accelerator, overrides
+            cls, classes, path, actor_network, device, accelerator, overrides
         )
         return agent
 

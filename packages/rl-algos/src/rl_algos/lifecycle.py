@@ -28,6 +28,7 @@ __all__ = [
     "mutate_hyperparameter",
     "save_agent",
     "shared_base_memo",
+    "subclasses",
 ]
 
 
@@ -205,6 +206,19 @@ def mutate_hyperparameter(agent: Any, rng: random.Random | None) -> dict[str, An
     record = {"step": agent.steps, "param": name, "before": before, "after": getattr(agent, name)}
     agent.mutation_history.append(record)
     return record
+
+
+def subclasses(root: type) -> dict[str, type]:
+    """Every class derived from ``root`` that has been imported, by class name (``root`` too)."""
+    found: dict[str, type] = {root.__name__: root}
+    todo: list[type] = [root]
+    while todo:
+        subs: list[type] = todo.pop().__subclasses__()
+        for sub in subs:
+            if sub.__name__ not in found:
+                found[sub.__name__] = sub
+                todo.append(sub)
+    return found
 
 
 def load_new_agent(

@@ -80,7 +80,6 @@ class LLMPPO(LLMAlgorithm):
     config: PPOConfig
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._critic_mode = kwargs.get("critic_mode", "adapter")
         super().__init__(*args, **kwargs)
         if self.config.critic_mode == "shared":
             # trlX's layout: a value head on the actor's own hidden states (shared trunk; the
@@ -90,9 +89,6 @@ class LLMPPO(LLMAlgorithm):
             self.policy.value_head = head.to(self.device)
             broadcast_module(self.policy.value_head)
             self.learner = self.build_learner()
-
-    def _critic_adapter(self) -> bool:
-        return bool(self._critic_mode == "adapter")
 
     def _critic_parameters(self) -> list[torch.nn.Parameter]:
         if self.config.critic_mode == "shared":

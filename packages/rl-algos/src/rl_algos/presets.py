@@ -1,25 +1,27 @@
-"""The presets: each row of :mod:`rl_algos.names` as an agent class plus default settings.
+"""The presets: each row of the algorithm table (:mod:`rl_algos.names`) with its agent class.
 
-``ALGORITHMS`` (defined in the torch-free :mod:`rl_algos.names`, re-exported here) is the only
-list of algorithm names in the stack: ``rl-train demo --algo``, ``rl-train run``'s ``algo:``
-and the trlX-style trainer registry all read it. A preset is data
+:data:`rl_algos.names.ALGORITHM_SPECS` is the one table of algorithms; a preset is a row of it
 (:class:`Preset`): Dr. GRPO, DAPO, RLOO and REINFORCE++ are :class:`~rl_algos.GRPO` with other
 defaults, not code paths. :func:`make_agent` builds one; an explicit keyword always wins over a
-preset default.
+preset default. A row added with :func:`rl_algos.names.register_algorithm` is a preset at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
-from rl_algos.grpo import CISPO, GRPO, GSPO
-from rl_algos.ilql import ILQL
-from rl_algos.names import ALGORITHM_SPECS, ALGORITHMS, AlgorithmSpec, FromArg
-from rl_algos.ppo import LLMPPO
-from rl_algos.reinforce import LLMREINFORCE
+from rl_algos.grpo import GRPO
+from rl_algos.names import (
+    ALGORITHM_SPECS,
+    ALGORITHMS,
+    AlgorithmSpec,
+    FromArg,
+    get_spec,
+    register_algorithm,
+    resolve_name,
+)
 
 __all__ = [
     "ALGORITHMS",
@@ -30,6 +32,7 @@ __all__ = [
     "dr_grpo",
     "get_preset",
     "make_agent",
+    "register_algorithm",
     "reinforce_pp",
     "rloo_agent",
 ]
@@ -37,12 +40,21 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Preset:
-    """One algorithm: its torch-free row (:class:`rl_algos.names.AlgorithmSpec`) and agent class."""
+    """One algorithm: its row of the table (:class:`rl_algos.names.AlgorithmSpec`) and class."""
 
     spec: AlgorithmSpec
     """The row of :data:`rl_algos.names.ALGORITHM_SPECS` (name, defaults, summary, flags)."""
-    agent: type
+    agent: type[Any]
     """The rl-algos agent class (``GRPO``, ``LLMPPO``, ...)."""
+
+    def __post_init__(self) -> None:
+        """The row's ``critic`` must say what the class does (``uses_critic``)."""
+        uses_critic = bool(getattr(self.agent, "uses_critic", False))
+        if self.spec.critic != uses_critic:
+            raise ValueError(
+                f"algorithm {self.spec.name!r}: critic={self.spec.critic} but "
+                f"{self.agent.__name__}.uses_critic is {uses_critic}; set critic={uses_critic}"
+            )
 
     @property
     def name(self) -> str:
@@ -74,19 +86,22 @@ class Preset:
         return self.spec.resolve(kwargs)
 
 
-_AGENTS: Mapping[str, type] = {
-    "GRPO": GRPO,
-    "GSPO": GSPO,
-    "CISPO": CISPO,
-    "LLMREINFORCE": LLMREINFORCE,
-    "LLMPPO": LLMPPO,
-    "ILQL": ILQL,
-}
+class _Presets(Mapping[str, Preset]):
+    """Every row of the table as a :class:`Preset`, by name, in order (a live, read-only view)."""
 
-_TABLE = tuple(Preset(spec, _AGENTS[spec.agent]) for spec in ALGORITHM_SPECS.values())
+    def __getitem__(self, name: str) -> Preset:
+        spec = ALGORITHM_SPECS[name]
+        return Preset(spec, resolve_name(spec.agent, "rl_algos"))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(ALGORITHM_SPECS)
+
+    def __len__(self) -> int:
+        return len(ALGORITHM_SPECS)
+
 
 #: Every preset by name, in the order users see them.
-PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in _TABLE})
+PRESETS: Mapping[str, Preset] = _Presets()
 
 
 def get_preset(name: str) -> Preset:
@@ -95,12 +110,8 @@ def get_preset(name: str) -> Preset:
     Raises:
         ValueError: An unknown name; the message lists the known ones.
     """
-    try:
-        return PRESETS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown algorithm {name!r}; choose one of {', '.join(ALGORITHMS)}"
-        ) from None
+    spec = get_spec(name)
+    return Preset(spec, resolve_name(spec.agent, "rl_algos"))
 
 
 def make_agent(name: str, **kwargs: Any) -> Any:

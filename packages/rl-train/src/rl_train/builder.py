@@ -14,14 +14,13 @@ import importlib
 import importlib.util
 import json
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from rl_algos import get_preset, make_agent
+from rl_algos import make_agent
 from rl_envs import ReasoningGym
 from rl_envs.remote_reward import RemoteReward
 from rl_envs.rewards import exact_match_reward, tagged_format_reward
@@ -36,7 +35,9 @@ from rl_train.config import (
     _template_path,
 )
 from rl_train.rollout_worker import RolloutPieces
-from rl_train.tiny import TINY_AGENT, demo_reward, tiny_model, tiny_tokenizer
+from rl_train.settings import agent_kwargs, full_finetune
+from rl_train.tiny import demo_reward, tiny_model, tiny_tokenizer
+from rl_train.user_code import import_user_code
 
 __all__ = [
     "Built",
@@ -71,58 +72,6 @@ class Built:
     """The prompts and rewards (for ``ilql``: the evaluation data)."""
     agent: Any
     """The rl-algos agent."""
-
-
-def import_user_code(imports: list[str]) -> list[Any]:
-    """Import the configured user modules (``imports:``), in order.
-
-    A ``.py`` path is loaded as a module named after its stem (so ``data.reward`` can say
-    ``stem:function``); a module name is imported with the working directory on ``sys.path``.
-
-    Args:
-        imports: Module names or ``.py`` file paths.
-
-    Returns:
-        The modules.
-
-    Raises:
-        ConfigError: A missing file or a module that fails to import (one line).
-    """
-    modules = []
-    for item in imports:
-        try:
-            if item.endswith(".py") or os.sep in item or "/" in item:
-                path = Path(item).resolve()
-                if not path.is_file():
-                    raise ConfigError(f"imports: file {item!r} does not exist")
-                if path.stem in sys.modules and getattr(
-                    sys.modules[path.stem], "__file__", None
-                ) == str(path):
-                    modules.append(sys.modules[path.stem])
-                    continue
-                spec = importlib.util.spec_from_file_location(path.stem, path)
-                if spec is None or spec.loader is None:
-                    raise ConfigError(f"imports: cannot load {item!r} as a Python module")
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[path.stem] = module
-                try:
-                    spec.loader.exec_module(module)
-                except BaseException:
-                    del sys.modules[path.stem]
-                    raise
-            else:
-                if os.getcwd() not in sys.path and "" not in sys.path:
-                    sys.path.insert(0, os.getcwd())
-                module = importlib.import_module(item)
-        except ConfigError:
-            raise
-        except Exception as exc:
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            raise ConfigError(
-                f"imports: cannot import {item!r}: {type(exc).__name__}: {first}"
-            ) from exc
-        modules.append(module)
-    return modules
 
 
 def build_accelerator(config: RunConfig) -> Any:
@@ -329,40 +278,53 @@ def _datasets(config: RunConfig) -> tuple[Any, Any]:
     return train_test_split_task(d.task, d.n_train, d.n_test, seed=config.train.seed)
 
 
-def build_env(config: RunConfig, tokenizer: Any, accelerator: Any = None) -> ReasoningGym:
+def build_env(
+    config: RunConfig,
+    tokenizer: Any,
+    accelerator: Any = None,
+    *,
+    datasets: tuple[Any, Any] | None = None,
+    rewards: list[RewardFn] | None = None,
+) -> ReasoningGym:
     """The ``ReasoningGym`` of ``config.data``.
 
     Args:
         config: The run configuration.
         tokenizer: The model's tokenizer.
         accelerator: Shards the prompts by process when given.
+        datasets: ``(train, test)`` datasets to use instead of loading ``config.data``'s.
+        rewards: Reward functions to use instead of ``data.reward``'s.
 
     Returns:
         The environment (``data.prompts_per_step`` prompts per batch). Data with a
-        ``data.prompt_column`` and no ``data.question_column`` is TRL-style prompt data
-        (``template`` and ``system_prompt`` do not apply); otherwise question/answer data
-        rendered with ``template``.
+        ``data.prompt_column`` and no ``data.question_column``, or ``data.template: null``, is
+        TRL-style prompt data (``template`` and ``system_prompt`` do not apply); otherwise
+        question/answer data rendered with ``template``.
 
     Raises:
         ConfigError: An unknown task or reward, a bad data file, or data the environment
             refuses (the message says why).
     """
     d = config.data
-    train, test = _datasets(config)
+    train, test = datasets if datasets is not None else _datasets(config)
     columns = list(getattr(train, "column_names", None) or [])
     template: list[dict[str, str]] | None = None
-    if not (d.prompt_column in columns and d.question_column not in columns):
+    prompt_data = d.prompt_column in columns and d.question_column not in columns
+    if d.template is not None and not prompt_data:
         template = [{"role": "user", "content": d.template}]
         if d.system_prompt:
             template.insert(0, {"role": "system", "content": d.system_prompt})
+    if rewards is None:
+        rewards = build_rewards(config) if d.reward_url is None else [remote_reward(d)]
     try:
         return ReasoningGym(
             train,
             test,
             tokenizer,
-            build_rewards(config) if d.reward_url is None else [remote_reward(d)],
+            rewards,
             template,
             data_batch_size_per_gpu=d.prompts_per_step,
+            max_context_length=d.max_prompt_length,
             seed=config.train.seed,
             question_column=d.question_column,
             answer_column=d.answer_column,
@@ -375,36 +337,14 @@ def build_env(config: RunConfig, tokenizer: Any, accelerator: Any = None) -> Rea
         raise ConfigError(f"data: {exc}") from exc
 
 
-def agent_kwargs(config: RunConfig) -> dict[str, Any]:
-    """The agent settings of ``config`` (without the model): ``agent:`` over the defaults.
-
-    The tiny model starts from :data:`~rl_train.tiny.TINY_AGENT`; ``batch_size`` defaults to
-    ``prompts_per_step * group_size``; presets that sample one completion per prompt (not
-    ``grouped``) drop ``group_size``; a fully fine-tuned PPO shares the actor's trunk.
-
-    Args:
-        config: The run configuration.
-
-    Returns:
-        Keyword arguments for :func:`rl_algos.make_agent` (model, tokenizer and LoRA aside).
-    """
-    preset = get_preset(config.algo)
-    kwargs: dict[str, Any] = dict(TINY_AGENT) if config.model.name == "tiny" else {}
-    kwargs.update(config.agent)
-    group = int(kwargs.get("group_size", 8))
-    kwargs.setdefault("batch_size", config.data.prompts_per_step * group)
-    if _full_finetune(config) and config.algo == "ppo":
-        kwargs.setdefault("critic_mode", "shared")  # a LoRA critic needs a LoRA actor
-    if not preset.grouped:
-        kwargs.pop("group_size", None)
-    return kwargs
-
-
-def _full_finetune(config: RunConfig) -> bool:
-    return config.model.full_finetune or config.model.name == "tiny"
-
-
-def build_agent(config: RunConfig, model: Any, tokenizer: Any, accelerator: Any = None) -> Any:
+def build_agent(
+    config: RunConfig,
+    model: Any,
+    tokenizer: Any,
+    accelerator: Any = None,
+    *,
+    lora_config: Any = None,
+) -> Any:
     """The agent of ``config.algo`` (:func:`rl_algos.make_agent`).
 
     Args:
@@ -412,6 +352,7 @@ def build_agent(config: RunConfig, model: Any, tokenizer: Any, accelerator: Any 
         model: The causal LM.
         tokenizer: Its tokenizer.
         accelerator: Shared with the environment under a launcher, or None.
+        lora_config: A ``peft.LoraConfig`` to use instead of ``model.lora_*``'s (LoRA runs).
 
     Returns:
         The agent; full fine-tuning for the tiny model or ``model.full_finetune``, else LoRA.
@@ -424,13 +365,13 @@ def build_agent(config: RunConfig, model: Any, tokenizer: Any, accelerator: Any 
         "pad_token_id": tokenizer.pad_token_id,
         "pad_token": tokenizer.pad_token,
         "tokenizer": tokenizer,
-        "seed": config.train.seed,
-        "use_vllm": config.engine == "vllm",
-        "model_name": None if config.model.name == "tiny" else config.model.name,
+        "model_name": None if config.model.name in ("tiny", "") else config.model.name,
         "accelerator": accelerator,
     }
-    if _full_finetune(config):
-        common["full_finetune"] = True
+    if full_finetune(config):  # full_finetune=True comes with agent_kwargs (the run layer)
+        pass
+    elif lora_config is not None:
+        common["lora_config"] = lora_config
     else:
         from peft import LoraConfig  # heavy: only with LoRA
 
@@ -446,7 +387,15 @@ def build_agent(config: RunConfig, model: Any, tokenizer: Any, accelerator: Any 
         raise ConfigError(f"agent: {exc}") from exc
 
 
-def build(config: RunConfig, *, distributed: bool = True) -> Built:
+def build(
+    config: RunConfig,
+    *,
+    distributed: bool = True,
+    model: tuple[Any, Any] | None = None,
+    datasets: tuple[Any, Any] | None = None,
+    rewards: list[RewardFn] | None = None,
+    lora_config: Any = None,
+) -> Built:
     """Every piece of a run, in order.
 
     1. import the user's modules (``imports``), so what they register can be named;
@@ -455,19 +404,27 @@ def build(config: RunConfig, *, distributed: bool = True) -> Built:
     4. the environment (sharded by process under a launcher);
     5. the agent.
 
+    Objects a caller already holds (the TRL facade: a model, datasets, reward functions, a
+    ``peft.LoraConfig``) replace the pieces ``config`` would load.
+
     Args:
         config: The run configuration.
         distributed: Build the accelerator (``rl-train eval`` and the trainers do not).
+        model: ``(model, tokenizer)`` to use instead of loading ``config.model.name`` (with
+            ``model.name: ""`` the agent gets no model name).
+        datasets: ``(train, test)`` datasets to use instead of loading ``config.data``'s.
+        rewards: Reward functions to use instead of ``data.reward``'s.
+        lora_config: A ``peft.LoraConfig`` to use instead of ``model.lora_*``'s.
 
     Returns:
         The :class:`Built` pieces.
     """
     import_user_code(config.imports)
     accelerator = build_accelerator(config) if distributed else None
-    model, tokenizer = build_model(config)
-    env = build_env(config, tokenizer, accelerator)
-    agent = build_agent(config, model, tokenizer, accelerator)
-    return Built(config, accelerator, model, tokenizer, env, agent)
+    lm, tokenizer = build_model(config) if model is None else model
+    env = build_env(config, tokenizer, accelerator, datasets=datasets, rewards=rewards)
+    agent = build_agent(config, lm, tokenizer, accelerator, lora_config=lora_config)
+    return Built(config, accelerator, lm, tokenizer, env, agent)
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="key.sub=value overrides")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.add_argument("--debug", action="store_true", help="show tracebacks")
+    run.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print every resolved setting and where it comes from (default, agent default, "
+        "preset, tiny model, run, YAML, command line), then exit",
+    )
     ev = sub.add_parser(
         "eval",
         help="evaluate a checkpoint",
@@ -130,12 +136,26 @@ def _demo(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     """``rl-train run CONFIG [overrides]``."""
     config = load_config(args.config, args.overrides)  # before torch: errors answer at once
+    if args.print_config:
+        _print_config(config, args)
+        return 0
     from rl_train.run import train
 
     summary = train(config, verbose=not args.quiet, say=print)
     if summary.main_process:
         print(f"run directory: {summary.run_dir}")
     return 0
+
+
+def _print_config(config: object, args: argparse.Namespace) -> None:
+    """``rl-train run --print-config``: one ``key = value  # source`` line per setting."""
+    from rl_train.settings import resolved_settings, yaml_keys
+
+    command_line = {item.split("=", 1)[0].strip() for item in args.overrides}
+    settings = resolved_settings(config, yaml_keys(args.config), command_line)  # type: ignore[arg-type]
+    width = max(len(f"{s.key} = {s.value!r}") for s in settings)
+    for s in settings:
+        print(f"{f'{s.key} = {s.value!r}':<{width}}  # {s.source}")
 
 
 def _eval(args: argparse.Namespace) -> int:

@@ -7,15 +7,19 @@ import difflib
 import re
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
-from rl_algos.names import ALGORITHMS  # torch-free: the config is checked before torch loads
+
+# torch-free: the config is checked against the algorithm table before torch loads
+from rl_algos.names import ALGORITHM_SPECS, ALGORITHMS, Column, agent_config_fields
 
 from rl_train.trackers import check_report_to
+from rl_train.user_code import ConfigError, import_user_code
 
 __all__ = [
     "AsyncConfig",
@@ -26,10 +30,6 @@ __all__ = [
     "TrainConfig",
     "load_config",
 ]
-
-
-class ConfigError(ValueError):
-    """A configuration problem, reported as one line by the command line."""
 
 
 @dataclass
@@ -85,8 +85,11 @@ class DataConfig:
     """Built-in task: training questions."""
     n_test: int = 40
     """Built-in task: test questions."""
-    template: str = "{question}"
-    """The user message; ``{question}`` (or any column in braces) is replaced."""
+    template: str | None = "{question}"
+    """The user message; ``{question}`` (or any column in braces) is replaced. None: the data
+    is prompt data (``prompt_column`` used as is) whatever its columns."""
+    max_prompt_length: int | None = None
+    """Prompts longer than this many tokens are dropped with a warning (None: no limit)."""
     system_prompt: str | None = None
     """An optional system message."""
     prompts_per_step: int = 8
@@ -236,8 +239,10 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     """The schedule."""
     agent: dict[str, Any] = field(default_factory=dict)
-    """Agent constructor arguments (``group_size``, ``lr``, ``beta``, ``max_output_tokens``,
-    ``loss_type``, ``advantage_estimator``...), passed through to :func:`rl_algos.make_agent`."""
+    """Fields of the algorithm's typed agent config (``group_size``, ``lr``, ``beta``,
+    ``max_output_tokens``, ``loss_type``, ``advantage_estimator``...; e.g.
+    :class:`rl_algos.GRPOConfig`), over the preset's and the tiny model's settings; passed to
+    :func:`rl_algos.make_agent`. An unknown key is refused when the YAML is read."""
     engine: str = "hf"
     """Generation engine: ``hf`` or ``vllm`` (CUDA)."""
     deepspeed_config: str | None = None
@@ -352,6 +357,11 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     _check(config)
     if path is not None:  # relative file paths: the working directory's, else the YAML's
         _resolve_paths(config, Path(path).resolve().parent)
+    if config.algo not in ALGORITHM_SPECS:  # a row that a module of `imports` registers
+        import_user_code(config.imports)
+        if config.algo not in ALGORITHM_SPECS:
+            _unknown_algorithm(config.algo)
+        _check_algorithm(config)
     if config.deepspeed_config is not None and not Path(config.deepspeed_config).is_file():
         raise ConfigError(f"deepspeed_config file {config.deepspeed_config!r} does not exist")
     _check_data_files(config)
@@ -424,10 +434,8 @@ def _check(config: RunConfig) -> None:
         raise ConfigError(
             f"imports must be a list of module names or .py paths, got {config.imports!r}"
         )
-    if config.algo not in ALGORITHMS:
-        raise ConfigError(
-            f"unknown algorithm {config.algo!r}{_suggest(config.algo, list(ALGORITHMS))}"
-        )
+    if config.algo not in ALGORITHM_SPECS and not config.imports:
+        _unknown_algorithm(config.algo)
     if config.engine not in ("hf", "vllm"):
         raise ConfigError(f"engine must be 'hf' or 'vllm', got {config.engine!r}")
     _check_reward_url(config.data)
@@ -435,13 +443,46 @@ def _check(config: RunConfig) -> None:
         check_report_to(config.train.report_to)
     except ValueError as exc:
         raise ConfigError(f"train.{exc}") from exc
-    if config.async_ is not None:
-        if config.algo in ASYNC_REFUSED:
-            raise ConfigError(f"async: {ASYNC_REFUSED[config.algo]}")
-        if config.engine != "hf" or config.deepspeed_config is not None:
+    if config.algo in ALGORITHM_SPECS:  # else: a row a module of `imports` registers
+        _check_algorithm(config)
+    hf_only = config.engine != "hf" or config.deepspeed_config is not None
+    if config.async_ is not None and hf_only:
+        raise ConfigError(
+            "async: the rollout worker runs the hf engine without DeepSpeed; set "
+            "engine: hf and remove deepspeed_config, or remove the async section"
+        )
+
+
+def _unknown_algorithm(algo: str) -> None:
+    raise ConfigError(f"unknown algorithm {algo!r}{_suggest(algo, list(ALGORITHMS))}")
+
+
+def _check_algorithm(config: RunConfig) -> None:
+    """What the algorithm's row decides: the ``agent:`` keys, whether it may run async."""
+    _check_agent_keys(config)
+    if config.async_ is not None and config.algo in ASYNC_REFUSED:
+        raise ConfigError(f"async: {ASYNC_REFUSED[config.algo]}")
+
+
+def _check_agent_keys(config: RunConfig) -> None:
+    """``agent:`` keys are the agent's keywords (its typed config's fields, its constructor's).
+
+    ``group_size`` is also accepted, and dropped, for an algorithm that samples one completion
+    per prompt (the row's ``grouped`` is False), so one YAML serves every algorithm.
+    """
+    valid = agent_config_fields(config.algo)
+    if valid is None:  # the source is unreadable: the agent's constructor checks them
+        return
+    ignored = () if ALGORITHM_SPECS[config.algo].grouped else ("group_size",)
+    for key in config.agent:
+        if key in ignored:
+            continue
+        if key not in valid:
+            agent = ALGORITHM_SPECS[config.algo].agent.rpartition(":")[2]
+            close = difflib.get_close_matches(str(key), valid, n=1)
+            hint = f"did you mean 'agent.{close[0]}'?" if close else "--print-config lists them"
             raise ConfigError(
-                "async: the rollout worker runs the hf engine without DeepSpeed; set "
-                "engine: hf and remove deepspeed_config, or remove the async section"
+                f"unknown key 'agent.{key}': {agent} got unexpected arguments [{key!r}]; {hint}"
             )
 
 
@@ -463,14 +504,9 @@ def _check_reward_url(d: DataConfig) -> None:
         raise ConfigError(f"data.reward_retries must be >= 0, got {d.reward_retries}")
 
 
-#: Algorithms the asynchronous loop refuses, and why (with the fix).
-ASYNC_REFUSED = {
-    "ppo": "algo ppo cannot train asynchronously: its critic's values and GAE would be "
-    "computed for samples of an older policy than the critic's; use grpo or reinforce "
-    "(or another GRPO preset), or remove the async section",
-    "ilql": "algo ilql learns offline from logged data: there is nothing to generate "
-    "asynchronously; remove the async section",
-}
+#: Algorithms the asynchronous loop refuses, and why (with the fix): the table's
+#: ``async_refused`` column (:mod:`rl_algos.names`), a live view.
+ASYNC_REFUSED: Mapping[str, str] = Column("async_refused")
 
 
 def _resolve_paths(config: RunConfig, base: Path) -> None:

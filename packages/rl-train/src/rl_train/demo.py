@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rl_algos.names import ALGORITHM_SPECS
+from rl_algos.names import get_spec
 
 from rl_train.config import DataConfig, ModelConfig, RunConfig, TrainConfig
 
@@ -38,10 +38,10 @@ class DemoConfig:
     group_size: int = 8
     """Samples per prompt (GRPO family); REINFORCE/PPO get ``prompts_per_step * group_size``
     distinct prompts instead."""
-    lr: float = 1e-3
-    """Learning rate (full fine-tuning of the tiny model; LoRA for PPO's critic)."""
-    max_output_tokens: int = 2
-    """Generated tokens per answer."""
+    lr: float | None = None
+    """Learning rate (None: the tiny model's, :data:`rl_train.tiny.TINY_AGENT`)."""
+    max_output_tokens: int | None = None
+    """Generated tokens per answer (None: the tiny model's)."""
     n_train: int = 400
     """Training questions generated."""
     n_test: int = 40
@@ -50,8 +50,8 @@ class DemoConfig:
     """Seed of the model, the data and the sampling."""
     evaluation_interval: int = 25
     """Steps between greedy evaluations."""
-    max_model_len: int = 64
-    """Longest prompt + completion the agent generates."""
+    max_model_len: int | None = None
+    """Longest prompt + completion the agent generates (None: the tiny model's)."""
 
     def run_config(self, run_dir: str | Path = "runs/demo") -> RunConfig:
         """The preset run configuration of these settings.
@@ -62,17 +62,20 @@ class DemoConfig:
         Returns:
             A :class:`RunConfig` on the tiny model (checkpoints at half-time and the end).
         """
-        grouped = ALGORITHM_SPECS[self.algo].grouped
+        grouped = get_spec(self.algo).grouped
+        # over the tiny model's settings (rl_train.tiny.TINY_AGENT); batch_size is the run's
+        # prompts x G (rl_train.settings)
         agent: dict[str, Any] = {
-            "lr": self.lr,
-            "max_output_tokens": self.max_output_tokens,
-            "max_model_len": self.max_model_len,
-            "batch_size": self.prompts_per_step * self.group_size,
+            name: value
+            for name, value in (
+                ("lr", self.lr),
+                ("max_output_tokens", self.max_output_tokens),
+                ("max_model_len", self.max_model_len),
+            )
+            if value is not None
         }
         if grouped:
             agent["group_size"] = self.group_size
-        if self.algo == "ppo":  # trlX's shared-trunk critic: a random tiny model needs full FT
-            agent["critic_lr"] = self.lr
         prompts = self.prompts_per_step if grouped else self.prompts_per_step * self.group_size
         return RunConfig(
             algo=self.algo,

@@ -173,14 +173,17 @@ class MetricsLog(Hook):
 
 
 class ProgressBar(Hook):
-    """A tqdm bar on process 0 with the reward, the KL (``kl=True``) and the step time.
+    """A tqdm bar on process 0 with the reward, the KL and the step time.
+
+    The KL is shown with ``kl=True`` while an agent computes a KL term (``beta > 0``: the
+    reference is scored); with ``beta = 0`` there is none to show.
 
     Asynchronous runs also show the consumed samples' staleness and the trainer's idle
     fraction.
 
     Args:
         enabled: Show it.
-        kl: Also show the KL.
+        kl: Also show the KL (when a KL term is computed).
     """
 
     def __init__(self, enabled: bool = True, kl: bool = True) -> None:
@@ -200,9 +203,8 @@ class ProgressBar(Hook):
 
     def after_step(self, state: LoopState, row: dict[str, float]) -> None:
         """Advance with the step's numbers."""
-        del state
         shown = {"reward": f"{row.get('mean_reward', 0.0):.3f}"}
-        if self.kl:
+        if self.kl and any(float(getattr(a, "beta", 0.0) or 0.0) > 0 for a in state.agents):
             shown["kl"] = f"{row.get('kl', 0.0):.4f}"
         if "async_staleness_mean" in row:  # the asynchronous loop: staleness, trainer idle
             shown["stale"] = f"{row['async_staleness_mean']:.1f}"

@@ -7,8 +7,8 @@ fixed dataset with no generation (Snell et al., arXiv 2206.11871). Here:
 
 * :func:`~rl_train.offline.make_experience` (re-exported): samples and rewards to an
   :class:`~rl_train.offline.OfflineDataset`;
-* :class:`ILQLTrainer`, registered under the offline algorithm names of
-  :data:`rl_algos.ALGORITHMS` (``make_trainer(config)`` with ``config.algo == "ilql"``):
+* :class:`ILQLTrainer`, the ``trainer`` of the ``ilql`` row of the algorithm table
+  (``make_trainer(config)`` with ``config.algo == "ilql"``):
   ``make_experience`` then ``learn`` (minibatches of the dataset, metrics, evaluations,
   checkpoints), ``evaluate`` with value-guided greedy decoding;
 * :func:`train_offline`: the one-call entry point, trlX's ``train`` for ILQL;
@@ -24,12 +24,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from rl_algos import ALGORITHMS, get_preset
+from rl_algos.names import ALGORITHM_SPECS, ALGORITHMS
 
 from rl_train.config import RunConfig, load_config
 from rl_train.loops import offline_learning_loop
 from rl_train.offline import OfflineDataset, Sample, make_experience
-from rl_train.trainer import AgentTrainer, BaseRLTrainer, register_trainer
+from rl_train.trainer import AgentTrainer, BaseRLTrainer
 
 __all__ = [
     "OFFLINE_ALGORITHMS",
@@ -40,11 +40,10 @@ __all__ = [
     "train_offline",
 ]
 
-#: The algorithms that learn from logged data (``ILQLTrainer``'s names).
-OFFLINE_ALGORITHMS = tuple(name for name in ALGORITHMS if not get_preset(name).online)
+#: The built-in algorithms that learn from logged data (rows whose ``trainer`` is this module's).
+OFFLINE_ALGORITHMS = tuple(name for name in ALGORITHMS if not ALGORITHM_SPECS[name].online)
 
 
-@register_trainer(*OFFLINE_ALGORITHMS)
 class ILQLTrainer(AgentTrainer):
     """trlX's ``AccelerateILQLTrainer``: offline ILQL on ``(samples, rewards)``.
 

@@ -1,4 +1,8 @@
-"""A trainer object in the spirit of trlX's ``BaseRLTrainer``, with a name registry."""
+"""A trainer object in the spirit of trlX's ``BaseRLTrainer``, with a name registry.
+
+An algorithm's trainer class is its row's ``trainer`` in the algorithm table
+(:mod:`rl_algos.names`); :func:`register_trainer` adds trainers under other names.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rl_algos import ALGORITHMS, get_preset
+from rl_algos.names import ALGORITHM_SPECS, ALGORITHMS, resolve_name
 
 from rl_train.builder import build
 from rl_train.config import ConfigError, RunConfig
@@ -23,39 +27,50 @@ __all__ = [
     "register_trainer",
 ]
 
-#: The algorithms that learn from their own generations (``AgentTrainer``'s names).
-ONLINE_ALGORITHMS = tuple(name for name in ALGORITHMS if get_preset(name).online)
+#: The built-in algorithms that learn from their own generations.
+ONLINE_ALGORITHMS = tuple(name for name in ALGORITHMS if ALGORITHM_SPECS[name].online)
 
 RewardFn = Callable[..., Sequence[float]]
+#: Trainers registered under names that are not algorithms (:func:`register_trainer`).
 _TRAINERS: dict[str, type[BaseRLTrainer]] = {}
 
 
+def _table_trainer(name: str) -> type[BaseRLTrainer] | None:
+    """The trainer class of algorithm ``name``'s row, or None for a name outside the table."""
+    spec = ALGORITHM_SPECS.get(name)
+    return None if spec is None else resolve_name(spec.trainer, "rl_train")
+
+
 def register_trainer(*names: str) -> Callable[[type[BaseRLTrainer]], type[BaseRLTrainer]]:
-    """Class decorator: make a trainer available under ``names`` (``get_trainer(name)``)."""
+    """Class decorator: make a trainer available under ``names`` (``get_trainer(name)``).
+
+    An algorithm's own trainer is its table row's ``trainer``; registering another class
+    under an algorithm's name raises.
+    """
 
     def decorator(cls: type[BaseRLTrainer]) -> type[BaseRLTrainer]:
         for name in names or (cls.__name__,):
-            if name in _TRAINERS and _TRAINERS[name] is not cls:
+            known = _TRAINERS.get(name) or _table_trainer(name)
+            if known is not None and known is not cls:
                 raise ValueError(f"a trainer named {name!r} is registered already")
-            _TRAINERS[name] = cls
+            if name not in ALGORITHM_SPECS:
+                _TRAINERS[name] = cls
         return cls
 
     return decorator
 
 
 def get_trainer(name: str) -> type[BaseRLTrainer]:
-    """The trainer class registered under ``name``."""
-    try:
-        return _TRAINERS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown trainer {name!r}; known: {', '.join(sorted(_TRAINERS))}"
-        ) from None
+    """The trainer class of algorithm ``name`` (its table row), or one registered under it."""
+    trainer = _TRAINERS.get(name) or _table_trainer(name)
+    if trainer is None:
+        raise ValueError(f"unknown trainer {name!r}; known: {', '.join(available_trainers())}")
+    return trainer
 
 
 def available_trainers() -> list[str]:
-    """Registered trainer names."""
-    return sorted(_TRAINERS)
+    """Trainer names: every algorithm of the table and every registered name."""
+    return sorted({*ALGORITHM_SPECS, *_TRAINERS})
 
 
 class BaseRLTrainer:
@@ -103,7 +118,6 @@ class BaseRLTrainer:
         raise NotImplementedError
 
 
-@register_trainer(*ONLINE_ALGORITHMS)
 class AgentTrainer(BaseRLTrainer):
     """The trainer for every rl-algos agent: ``config.algo`` picks it."""
 
@@ -310,8 +324,8 @@ def make_trainer(config: RunConfig, **kwargs: Any) -> BaseRLTrainer:
     Raises:
         ConfigError: No trainer is registered under ``config.algo``.
     """
-    if config.algo not in _TRAINERS:
+    if config.algo not in available_trainers():
         raise ConfigError(
-            f"no trainer for algo {config.algo!r}; known: {', '.join(sorted(_TRAINERS))}"
+            f"no trainer for algo {config.algo!r}; known: {', '.join(available_trainers())}"
         )
-    return _TRAINERS[config.algo](config, **kwargs)
+    return get_trainer(config.algo)(config, **kwargs)

@@ -3,9 +3,11 @@
 A TRL GRPO script changes only its import, ``from trl import GRPOConfig, GRPOTrainer`` becoming
 ``from rl_train.trl import GRPOConfig, GRPOTrainer``: the dataset (a ``prompt`` column, text or
 chat messages, other columns to the rewards), the reward functions (TRL's signature, ``async
-def`` too) and the trainer calls stay. :class:`GRPOTrainer` builds a
-:class:`rl_envs.ReasoningGym` and a GRPO-family agent from the config and trains with
-:func:`rl_train.finetune_llm_reasoning`. The mapping of every field is in
+def`` too) and the trainer calls stay. :class:`GRPOTrainer` turns the config into a
+:class:`~rl_train.config.RunConfig` whose algorithm is a row of the algorithm table, builds
+environment and agent with :func:`rl_train.builder.build` (as ``rl-train run`` does) and trains
+with :func:`rl_train.finetune_llm_reasoning`. Where TRL's defaults differ from the agent
+config's, :data:`TRL_OVERRIDES` holds TRL's values. The mapping of every field is in
 ``docs/tutorials/coming-from-trl.md``; a TRL field this module does not have is a
 ``TypeError`` naming it (nothing is silently ignored).
 """
@@ -13,12 +15,33 @@ def`` too) and the trainer calls stay. :class:`GRPOTrainer` builds a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "TrainOutput"]
+from rl_algos.names import ALGORITHM_SPECS
+
+from rl_train.config import DataConfig, ModelConfig, RunConfig, TrainConfig
+
+__all__ = ["TRL_OVERRIDES", "GRPOConfig", "GRPOTrainer", "TrainOutput"]
+
+#: TRL 1.16's GRPOConfig defaults where they differ from rl-algos' agent config defaults
+#: (:class:`rl_algos.GRPOConfig`), by our agent field name. :class:`GRPOConfig`'s fields
+#: default to these; its other fields' defaults are TRL's and equal ours.
+TRL_OVERRIDES: Mapping[str, Any] = MappingProxyType(
+    {
+        "lr": 1e-6,  # ours 5e-7
+        "beta": 0.0,  # ours 0.001
+        "temperature": 1.0,  # ours 0.9
+        "top_p": 1.0,  # ours 0.95
+        "top_k": 0,  # ours 50
+        "max_grad_norm": 1.0,  # ours 0.1
+        "max_output_tokens": 256,  # ours None (half of max_model_len)
+        "vllm_importance_sampling_correction": False,  # ours True
+    }
+)
 
 #: TRL ``loss_type`` -> (our preset, its extra settings). TRL's ``grpo`` divides by every row,
 #: ours by the rows with a completion token (equal unless a completion is empty).
@@ -44,7 +67,7 @@ class GRPOConfig:
 
     output_dir: str | None = None
     """Run directory (metrics, checkpoints, curve); None: ``runs/trl``."""
-    learning_rate: float = 1e-6
+    learning_rate: float = TRL_OVERRIDES["lr"]
     """AdamW learning rate (our ``lr``)."""
     per_device_train_batch_size: int = 8
     """Completions per process per step (``prompts x num_generations``)."""
@@ -52,17 +75,17 @@ class GRPOConfig:
     """Steps accumulated per update: the update sees ``per_device_train_batch_size x`` this."""
     num_generations: int = 8
     """Completions per prompt (our ``group_size``)."""
-    max_completion_length: int = 256
+    max_completion_length: int = TRL_OVERRIDES["max_output_tokens"]
     """Most generated tokens (our ``max_output_tokens``)."""
     max_prompt_length: int | None = 512
     """Longer prompts are dropped with a warning (TRL truncates them from the left)."""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    temperature: float = TRL_OVERRIDES["temperature"]
+    top_p: float = TRL_OVERRIDES["top_p"]
+    top_k: int = TRL_OVERRIDES["top_k"]
     """0: off."""
     min_p: float | None = None
     repetition_penalty: float = 1.0
-    beta: float = 0.0
+    beta: float = TRL_OVERRIDES["beta"]
     """KL coefficient against the reference model (0: no reference pass)."""
     epsilon: float = 0.2
     """Lower clip of the ratio (our ``clip_coef``)."""
@@ -87,18 +110,29 @@ class GRPOConfig:
     eval_steps: float | None = None
     """Steps between greedy evaluations on ``eval_dataset`` (None: ``save_steps``)."""
     seed: int = 42
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = TRL_OVERRIDES["max_grad_norm"]
     gradient_checkpointing: bool = False
     report_to: str | list[str] | None = None
     """Trackers (``tensorboard``, ``wandb``, ``mlflow``, ``trackio``, ``none``, ``all``)."""
     use_vllm: bool = False
-    vllm_importance_sampling_correction: bool = False
+    vllm_importance_sampling_correction: bool = TRL_OVERRIDES["vllm_importance_sampling_correction"]
     vllm_importance_sampling_cap: float = 2.0
     disable_tqdm: bool = False
     extra_agent_kwargs: dict[str, Any] = field(default_factory=dict)
     """Not TRL's: any further rl-algos agent setting (e.g. ``micro_batch_tokens``)."""
+    algo: str | None = None
+    """Not TRL's: a grouped, online algorithm of the table (:data:`rl_algos.ALGORITHMS`) to
+    train instead of the preset ``loss_type`` picks (its row's defaults apply, not
+    ``loss_type``'s aggregation)."""
 
     def __post_init__(self) -> None:
+        spec = None if self.algo is None else ALGORITHM_SPECS.get(self.algo)
+        if self.algo is not None and (spec is None or not (spec.grouped and spec.online)):
+            grouped = [n for n, s in ALGORITHM_SPECS.items() if s.grouped and s.online]
+            raise ValueError(
+                f"GRPOConfig.algo={self.algo!r} is not a grouped online algorithm; use one of "
+                f"{', '.join(grouped)}, or None (the preset of loss_type)"
+            )
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(
                 f"GRPOConfig.loss_type={self.loss_type!r} is not supported here; use one of "
@@ -166,56 +200,62 @@ class GRPOTrainer:
                 )
         if train_dataset is None:
             raise ValueError("GRPOTrainer needs `train_dataset` (a dataset with a prompt column)")
+        model_name = None
         if isinstance(model, str | Path):
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            processing_class = processing_class or AutoTokenizer.from_pretrained(str(model))
-            model = AutoModelForCausalLM.from_pretrained(str(model))
+            model_name = str(model)
+            processing_class = processing_class or AutoTokenizer.from_pretrained(model_name)
+            model = AutoModelForCausalLM.from_pretrained(model_name)
         if processing_class is None:
             raise ValueError(
                 "GRPOTrainer: pass `processing_class` (the tokenizer) with a model object, or "
                 "give `model` as a hub id or path"
             )
+        if processing_class.pad_token_id is None:
+            processing_class.pad_token = processing_class.eos_token
         self.model, self.processing_class = model, processing_class
         self.reward_funcs = funcs
-        self.env = self._env(train_dataset, eval_dataset)
-        self.agent = self._agent(peft_config)
-
-    def _env(self, train_dataset: Any, eval_dataset: Any) -> Any:
-        from rl_envs import ReasoningGym
-
-        a = self.args
-        prompts = a.per_device_train_batch_size * a.gradient_accumulation_steps
         test = eval_dataset
         if test is None:
             test = train_dataset.select(range(min(32, len(train_dataset))))
-        return ReasoningGym(
-            train_dataset,
-            test,
-            self.processing_class,
-            self.reward_funcs,
-            data_batch_size_per_gpu=prompts // a.num_generations,
-            max_context_length=a.max_prompt_length,
-            seed=a.seed,
-            reward_weights=a.reward_weights,
+        from rl_train.builder import build  # torch: only when a trainer is built
+
+        name = str(model_name) if model_name is not None else ""
+        built = build(
+            self.run_config(name, full_finetune=peft_config is None),
+            distributed=False,
+            model=(model, processing_class),
+            datasets=(train_dataset, test),
+            rewards=funcs,
+            lora_config=peft_config,
         )
+        self.env, self.agent = built.env, built.agent
 
-    def _agent(self, peft_config: Any) -> Any:
-        from rl_algos import make_agent
+    def run_config(self, model_name: str = "", *, full_finetune: bool = True) -> RunConfig:
+        """The :class:`~rl_train.config.RunConfig` of :attr:`args` (what ``build`` reads).
 
-        a, tok = self.args, self.processing_class
-        preset, extra = LOSS_TYPES[a.loss_type]
-        options: dict[str, Any] = {
+        Args:
+            model_name: The hub id or path the model was loaded from ("" for a model object).
+            full_finetune: Train every weight (no ``peft_config``).
+
+        Returns:
+            The run configuration: ``loss_type``'s preset (or ``algo``), ``per_device x
+            accumulation / num_generations`` prompts per step, the agent settings.
+        """
+        a = self.args
+        preset, extra = (a.algo, {}) if a.algo is not None else LOSS_TYPES[a.loss_type]
+        completions = a.per_device_train_batch_size * a.gradient_accumulation_steps
+        agent: dict[str, Any] = {
             "lr": a.learning_rate,
             "group_size": a.num_generations,
-            "batch_size": a.per_device_train_batch_size * a.gradient_accumulation_steps,
             "micro_batch_size_per_gpu": a.per_device_train_batch_size,
             "max_output_tokens": a.max_completion_length,
             "max_model_len": (a.max_prompt_length or 512) + a.max_completion_length,
             "temperature": a.temperature,
             "top_p": a.top_p,
             "top_k": a.top_k,
-            "min_p": a.min_p or 0.0,
+            "min_p": a.min_p,
             "repetition_penalty": a.repetition_penalty,
             "beta": a.beta,
             "clip_coef": a.epsilon,
@@ -224,25 +264,25 @@ class GRPOTrainer:
             "adv_norm": SCALE_REWARDS[a.scale_rewards],
             "max_grad_norm": a.max_grad_norm,
             "gradient_checkpointing": a.gradient_checkpointing,
-            "use_vllm": a.use_vllm,
             "vllm_importance_sampling_correction": a.vllm_importance_sampling_correction,
             "vllm_importance_sampling_cap": a.vllm_importance_sampling_cap,
-            "seed": a.seed,
             **extra,
             **a.extra_agent_kwargs,
         }
-        if peft_config is None:
-            options["full_finetune"] = True
-        else:
-            options["lora_config"] = peft_config
-        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        return make_agent(
-            preset,
-            actor_network=self.model,
-            tokenizer=tok,
-            pad_token_id=pad,
-            pad_token=tok.pad_token or tok.eos_token,
-            **options,
+        agent = {k: v for k, v in agent.items() if v is not None}  # None: the row's or ours
+        return RunConfig(
+            algo=preset,
+            model=ModelConfig(name=model_name, full_finetune=full_finetune),
+            data=DataConfig(
+                task=None,
+                template=None,  # TRL data: the prompt column as is
+                prompts_per_step=completions // a.num_generations,
+                reward_weights=a.reward_weights,
+                max_prompt_length=a.max_prompt_length,
+            ),
+            train=TrainConfig(seed=a.seed, run_dir=a.output_dir or "runs/trl"),
+            agent=agent,
+            engine="vllm" if a.use_vllm else "hf",
         )
 
     def train(self) -> TrainOutput:
