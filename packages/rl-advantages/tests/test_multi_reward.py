@@ -69,6 +69,7 @@ def test_hand_case_keeps_the_weak_reward() -> None:
 def test_registered_and_one_reward_is_grpo() -> None:
     assert ra.get_estimator("gdpo") is ra.gdpo
     r = torch.tensor([0.3, 1.0, 0.0, 0.5, 0.5, 2.0], dtype=F64)
+    # bit-exact: one reward column runs group_relative itself, times a weight of 1.0
     assert torch.equal(ra.gdpo(r[:, None], 3), ra.group_relative(r, 3))
 
 
@@ -91,6 +92,7 @@ def test_nonfinite_mask_drops_the_sample_for_every_reward() -> None:
     r = torch.tensor([[1.0, 0.0], [0.0, float("inf")], [0.0, 1.0], [1.0, 0.0]], dtype=F64)
     got = ra.gdpo(r, 2, nonfinite="mask")
     assert got[:2].tolist() == [0.0, 0.0]
+    # bit-exact: the masked group is dropped, the other runs the same ops on the same rows
     assert torch.equal(got[2:], ra.gdpo(r[2:], 2))
 
 
