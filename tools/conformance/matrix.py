@@ -160,9 +160,7 @@ MATRIX: dict[str, dict[str, Cell]] = {
         "`whiten(gdpo(rewards, G, weights=gdpo_reward_weights)` broadcast over the tokens `, mask)`",
         ("gdpo",),
     ),
-    "rl_advantages.max_rl": {
-        p: _n("none in the release compared; see READ (prime-rl)") for p in PEERS
-    },
+    "rl_advantages.max_rl": {p: _n("prime-rl's only: read, not run (below)") for p in PEERS},
     "rl_advantages.remax": {
         "verl": (
             "equal",
