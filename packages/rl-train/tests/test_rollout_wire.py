@@ -12,13 +12,14 @@ import pytest
 import torch
 from rl_algos.batch import parse_experiences
 from rl_train.demo import DemoConfig, build_agent, build_env
+from rl_train.experience import collect
 from rl_train.rollout_worker import (
     Packed,
     RolloutBatch,
-    _sample,
     actor_named_parameters,
     actor_tensors,
     apply_weights,
+    encode_experience,
     weight_update,
 )
 from rl_train.tiny import tiny_model, tiny_tokenizer
@@ -44,24 +45,21 @@ def test_a_sampled_batch_decodes_to_the_batch_learn_parses_from_the_blocks() -> 
     env = build_env(demo, tok)
     prompts = env.reset(reset_dataloaders=True)
     state = agent._rng.getstate()
-    payload, _ = _sample(agent, env, prompts)
+    experience, _ = collect(agent, env, prompts)
+    payload = encode_experience(experience)
     agent._rng.setstate(state)  # the same seed again: the same samples, as blocks
     env.reset(reset_dataloaders=True)
     result = agent.get_action(prompts)
     _, rewards = env.step(result.completion_ids)
-    wire = RolloutBatch(0, 0, payload, None, 0, state, 0.0, 0.0).rollout()
-    assert isinstance(wire.completion_ids, torch.Tensor) and wire.completion_ids.dim() == 2
+    wire = RolloutBatch(0, 0, payload, None, 0, state, 0.0, 0.0).experience().rollout
+    assert isinstance(wire.input_ids, torch.Tensor) and wire.input_ids.dim() == 2
     pad = agent.pad_token_id
     direct = parse_experiences(
         (result.completion_ids, result.action_masks, rewards),
         pad_token_id=pad,
         sampling_logps=result.sampling_logprobs,
     )
-    sent = parse_experiences(
-        (wire.completion_ids, wire.action_masks, wire.rewards),
-        pad_token_id=pad,
-        sampling_logps=wire.sampling_logprobs,
-    )
+    sent = parse_experiences(wire, pad_token_id=pad)
     for field in ("input_ids", "attention_mask", "mask", "rewards", "sampling_logprobs"):
         a, b = getattr(direct, field), getattr(sent, field)
         # bit-exact: the same parse of the same tensors, sent as bytes

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from rl_algos import Rollout
 from rl_envs import TokenObservationWrapper
 from rl_envs.tasks import GuessTheNumberEnv
 from rl_testing.tolerance import assert_close
@@ -61,11 +62,16 @@ def _spy(agent: Any) -> list[dict[str, Any]]:
     real = agent.learn
 
     def learn(experiences: Any, turn_ids: Any = None, sampling_logps: Any = None) -> Any:
-        ids = experiences[0]
+        if isinstance(experiences, Rollout):  # the loops pass one flat rollout
+            ids, masks, samp = (
+                experiences.input_ids,
+                experiences.mask,
+                experiences.sampling_logprobs,
+            )
+        else:
+            ids, masks, samp = experiences[0], experiences[1], sampling_logps
         ids = torch.cat(list(ids)) if isinstance(ids, list) else ids
-        masks = experiences[1]
         masks = torch.cat(list(masks)) if isinstance(masks, list) else masks
-        samp = sampling_logps
         if isinstance(samp, list):
             samp = torch.cat(samp)
         calls.append(

@@ -14,10 +14,18 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rl_algos.base import AgentParts, LLMAlgorithm
-    from rl_algos.batch import Batch, Estimates, MicroBatch, Normalizers, Scores, parse_experiences
+    from rl_algos.batch import (
+        ActionResult,
+        Batch,
+        Estimates,
+        MicroBatch,
+        Normalizers,
+        Rollout,
+        Scores,
+        parse_experiences,
+    )
     from rl_algos.checkpoint import save_llm_checkpoint
     from rl_algos.config import (
-        ActionResult,
         AgentConfig,
         CosineLRScheduleConfig,
         HyperparameterConfig,
@@ -52,10 +60,11 @@ if TYPE_CHECKING:
 _LAZY: dict[str, tuple[str, str]] = {
     "ALGORITHMS": ("rl_algos.names", "ALGORITHMS"),
     "AlgorithmSpec": ("rl_algos.names", "AlgorithmSpec"),
-    "ActionResult": ("rl_algos.config", "ActionResult"),
+    "ActionResult": ("rl_algos.batch", "ActionResult"),
     "AgentConfig": ("rl_algos.config", "AgentConfig"),
     "AgentParts": ("rl_algos.base", "AgentParts"),
     "Batch": ("rl_algos.batch", "Batch"),
+    "Rollout": ("rl_algos.batch", "Rollout"),
     "CISPO": ("rl_algos.grpo", "CISPO"),
     "CosineLRScheduleConfig": ("rl_algos.config", "CosineLRScheduleConfig"),
     "Estimates": ("rl_algos.batch", "Estimates"),
@@ -133,6 +142,7 @@ __all__ = [
     "Preset",
     "REINFORCEConfig",
     "RLParameter",
+    "Rollout",
     "RowSplit",
     "Scorer",
     "Scores",

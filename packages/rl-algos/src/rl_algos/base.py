@@ -33,7 +33,6 @@ from rl_rollout import HFEngine, SamplingParams
 from rl_algos import lifecycle
 from rl_algos.batch import Batch, Estimates, MicroBatch, Normalizers, Scores, parse_experiences
 from rl_algos.config import (
-    ActionResult,
     AgentConfig,
     CosineLRScheduleConfig,
     HyperparameterConfig,
@@ -42,6 +41,7 @@ from rl_algos.config import (
 )
 from rl_algos.distributed import world_size
 from rl_algos.generation import (
+    ActionResult,
     IdsTokenizer,
     generate_actions,
     greedy_fitness,
@@ -332,16 +332,15 @@ class LLMAlgorithm:
 
         With ``training``, ``group_size`` samples per prompt (GRPO; one with
         ``repeat_prompts=False``) with the training sampling settings; otherwise one greedy
-        completion. Returns per prompt ``[G, P + T]`` sequences, ``[G, P + T - 1]`` action
-        masks and the sampler's log-probs (see :class:`~rl_algos.ActionResult`).
+        completion. Returns the flat ``[N, L]`` :class:`~rl_algos.batch.Rollout`, which also
+        unpacks as AgileRL's per-prompt blocks (see :class:`~rl_algos.ActionResult`).
         """
         ids = prompt_ids(obs)
         self._deepspeed()
         merge = self.config.merge_lora_for_generation and not self.config.use_vllm
         with self.policy.merged_for_generation(merge):
-            return generate_actions(
-                self.engine, ids, self.sampling_params(training), repeat_prompts
-            )
+            params = self.sampling_params(training)
+            return generate_actions(self.engine, ids, params, repeat_prompts, self.pad_token_id)
 
     # -- learn -----------------------------------------------------------------------------------
 

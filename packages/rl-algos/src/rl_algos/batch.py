@@ -1,30 +1,195 @@
-"""The typed data of one ``learn()``: parsed batch, scores, estimates, micro-batches.
+"""The typed data of one step: rollout, parsed batch, scores, estimates, micro-batches.
 
-Shapes use one glossary: ``N`` rows (``B`` prompts x ``G`` samples), ``L`` tokens per row,
-``T = L - 1`` predictions (position ``t`` scores token ``t + 1``: every ``[N, T]`` tensor is
-shifted by one against ``input_ids``), ``K`` turns. Masks are True where a token counts.
+Shapes use one glossary: ``N`` rows (``B`` prompts x ``G`` samples, prompt-major), ``L`` tokens
+per row, ``T = L - 1`` predictions (position ``t`` scores token ``t + 1``: every ``[N, T]``
+tensor is shifted by one against ``input_ids``), ``K`` turns. Masks are True where a token
+counts.
 
-:func:`parse_experiences` is the only place that reads the user's loose input (tuples, dicts,
-lists of per-prompt blocks); everything after it passes these frozen dataclasses.
+Generation produces a flat :class:`Rollout`, the environment adds its rewards, and ``learn()``
+reads it as it is. :func:`as_rollout` is the only place that reads the user's loose input
+(AgileRL's tuples, dicts, lists of per-prompt blocks); :class:`ActionResult` shows a rollout
+as AgileRL's per-prompt blocks. Everything after :func:`parse_experiences` passes these frozen
+dataclasses.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 __all__ = [
+    "ActionResult",
     "Batch",
     "Estimates",
     "MicroBatch",
     "Normalizers",
+    "Rollout",
     "Scores",
+    "as_rollout",
     "attention_from_mask",
+    "first_actions",
     "parse_experiences",
     "stack_rows",
 ]
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One batch of sampled sequences, flat and prompt-major, with its group structure.
+
+    Rows ``b*G .. b*G + G - 1`` were sampled from prompt ``b``. Generation builds it (rewards
+    None), :meth:`with_rewards` adds the environment's scores, and ``learn()`` reads it without
+    re-stacking.
+    """
+
+    input_ids: torch.Tensor
+    """[N, L] long: each row's prompt, then its completion, right-padded with the pad id."""
+    mask: torch.Tensor
+    """[N, T] bool, shifted by one: True where token t + 1 was sampled and counts."""
+    prompt_lengths: torch.Tensor
+    """[N] long: the prompt tokens in front of each row (for episodes: up to the first action)."""
+    group_size: int
+    """G: consecutive rows that share a prompt (1 when every row is its own, or unknown)."""
+    sampling_logprobs: torch.Tensor | None = None
+    """[N, T] float32, shifted by one: the sampler's log-probs at the actions, 0 elsewhere;
+    None when the sampler did not record them."""
+    rewards: torch.Tensor | None = None
+    """[N] per sequence or [N, K] per turn, float32; None until the environment scored it."""
+    turn_ids: torch.Tensor | None = None
+    """[N, T] long, shifted by one: the turn of each action token, -1 elsewhere; None for one
+    turn."""
+
+    def __post_init__(self) -> None:
+        ids, mask = self.input_ids, self.mask
+        if ids.dim() != 2:
+            raise ValueError(f"`input_ids` (completion_ids) must be [N, L], got {tuple(ids.shape)}")
+        N, L = ids.shape
+        if mask.shape != (N, L - 1):
+            raise ValueError(
+                f"`action_masks` has shape {tuple(mask.shape)} but completion_ids "
+                f"{tuple(ids.shape)} needs [N, L - 1] = {(N, L - 1)}: position t marks token t + 1"
+            )
+        if mask.dtype != torch.bool:
+            raise ValueError(f"`mask` (action_masks) must be bool, got {mask.dtype}")
+        if self.prompt_lengths.shape != (N,):
+            raise ValueError(
+                f"`prompt_lengths` has shape {tuple(self.prompt_lengths.shape)}, input_ids "
+                f"{tuple(ids.shape)} needs [N] = [{N}]"
+            )
+        if self.group_size < 1 or N % self.group_size:
+            raise ValueError(f"`group_size` {self.group_size} does not divide the {N} rows")
+        for name in ("sampling_logprobs", "turn_ids"):
+            value = getattr(self, name)
+            if value is not None and value.shape != mask.shape:
+                raise ValueError(
+                    f"`{name}` has shape {tuple(value.shape)}, action_masks {tuple(mask.shape)}"
+                )
+        if self.rewards is not None and (
+            self.rewards.dim() not in (1, 2) or len(self.rewards) != N
+        ):
+            raise ValueError(
+                f"`rewards` has shape {tuple(self.rewards.shape)}; expected [N] = [{N}] or "
+                f"per-turn [N, K] = [{N}, K]"
+            )
+
+    @property
+    def num_rows(self) -> int:
+        """``N``."""
+        return int(self.input_ids.shape[0])
+
+    @property
+    def group_index(self) -> torch.Tensor:
+        """[N] long: the prompt (group) of each row, ``n // G``."""
+        return torch.arange(self.num_rows, device=self.input_ids.device) // self.group_size
+
+    def with_rewards(self, rewards: Any) -> Rollout:
+        """This rollout scored: ``rewards`` [N], [B, G] (flattened prompt-major) or [N, K]."""
+        return replace(self, rewards=_rewards(rewards, self.num_rows, self.input_ids.device))
+
+    def blocks(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor] | None]:
+        """AgileRL's per-prompt layout, as views: B x [G, L_b] ids, [G, L_b - 1] masks, log-probs.
+
+        ``L_b`` is prompt ``b``'s length plus the completion width ``L - max(prompt_lengths)``.
+        """
+        G, L = self.group_size, self.input_ids.shape[1]
+        width = L - int(self.prompt_lengths.max())
+        ends = [int(p) + width for p in self.prompt_lengths[::G].tolist()]
+        rows = [slice(b * G, (b + 1) * G) for b in range(len(ends))]
+        ids = [self.input_ids[r, :e] for r, e in zip(rows, ends, strict=True)]
+        masks = [self.mask[r, : e - 1] for r, e in zip(rows, ends, strict=True)]
+        logps = self.sampling_logprobs
+        lp = None if logps is None else [logps[r, : e - 1] for r, e in zip(rows, ends, strict=True)]
+        return ids, masks, lp
+
+    def to_batch(self, pad_token_id: int, device: torch.device | str = "cpu") -> Batch:
+        """The :class:`Batch` ``learn()`` runs on (moved to ``device``, attention added).
+
+        Raises:
+            ValueError: no rewards yet, no action at all, NaN or inf rewards.
+        """
+        if self.rewards is None:
+            raise ValueError(
+                "the rollout has no rewards: score it first (rollout.with_rewards(rewards))"
+            )
+        ids = self.input_ids.to(device)
+        mask = self.mask.to(device)
+        if not bool(mask.any()):
+            raise ValueError("`action_masks` has no True entry: there is nothing to learn from")
+        r = _rewards(self.rewards, self.num_rows, ids.device)
+        tids = None
+        if self.turn_ids is not None:
+            tids = self.turn_ids.to(ids.device, torch.long).masked_fill(~mask, -1)
+        samp = self.sampling_logprobs
+        samp = None if samp is None else samp.to(mask.device, torch.float32)
+        attention = attention_from_mask(ids, mask, pad_token_id)
+        return Batch(ids, attention, mask, r, tids, samp)
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """What ``get_action`` returns: the :class:`Rollout` (no rewards yet) and engine details.
+
+    It also reads as AgileRL's ``(completion_ids, action_masks)`` tuple of per-prompt blocks
+    (views of the rollout's tensors): ``completion_ids, action_masks = agent.get_action(...)``.
+    """
+
+    rollout: Rollout
+    """The samples, flat [N, L] (see :class:`Rollout`)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Engine details (finish reasons, texts)."""
+
+    @property
+    def completion_ids(self) -> list[torch.Tensor]:
+        """Per prompt, [G, L_b]: prompt and completion, right-padded with the pad id."""
+        return self.rollout.blocks()[0]
+
+    @property
+    def action_masks(self) -> list[torch.Tensor]:
+        """Per prompt, [G, L_b - 1] bool, shifted by one: True where token t + 1 was sampled."""
+        return self.rollout.blocks()[1]
+
+    @property
+    def sampling_logprobs(self) -> list[torch.Tensor] | None:
+        """Per prompt, [G, L_b - 1] the sampler's log-probs aligned with the mask, or None."""
+        return self.rollout.blocks()[2]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        """``completion_ids, action_masks = agent.get_action(prompts)`` (AgileRL's tuple)."""
+        return iter(self.rollout.blocks()[:2])
+
+    def __len__(self) -> int:
+        """2: the length of AgileRL's ``(completion_ids, action_masks)`` tuple."""
+        return 2
+
+    def __getitem__(self, index: int | slice) -> Any:
+        """``result[0]`` is ``completion_ids``, ``result[1]`` ``action_masks`` (AgileRL's tuple).
+
+        ``agent.learn(result.rollout.with_rewards(rewards))`` learns from the flat rollout,
+        sampling log-probs included.
+        """
+        return self.rollout.blocks()[:2][index]
 
 
 @dataclass(frozen=True)
@@ -256,7 +421,9 @@ def _rewards(rewards: Any, N: int, device: torch.device) -> torch.Tensor:
 
 
 def unpack_experiences(experiences: Any) -> tuple[Any, Any, Any]:
-    """``(completion_ids, action_masks, rewards)`` from a 3-tuple/list or a dict."""
+    """``(completion_ids, action_masks, rewards)`` from a 3-tuple/list, a dict or a Rollout."""
+    if isinstance(experiences, Rollout):
+        return experiences.input_ids, experiences.mask, experiences.rewards
     if isinstance(experiences, dict):
         keys = ("completion_ids", "action_masks", "rewards")
         missing = [k for k in keys if k not in experiences]
@@ -272,41 +439,63 @@ def unpack_experiences(experiences: Any) -> tuple[Any, Any, Any]:
     return comp, masks, rewards
 
 
-def parse_experiences(
+def first_actions(mask: torch.Tensor) -> torch.Tensor:
+    """[N] long: one past each row's first action position (the prompt before it); L if none."""
+    first = mask.int().argmax(1) + 1
+    return torch.where(mask.any(1), first, torch.full_like(first, mask.shape[1] + 1))
+
+
+def _group_size(comp: Any, rewards: Any, N: int) -> int:
+    """G from per-prompt blocks of equal height, else from [B, G] rewards, else 1."""
+    if not isinstance(comp, torch.Tensor):
+        heights = {
+            torch.as_tensor(c).shape[0] if torch.as_tensor(c).dim() == 2 else 1 for c in comp
+        }
+        if len(heights) == 1:
+            return heights.pop()
+    shape = tuple(torch.as_tensor(rewards).shape)
+    if len(shape) == 2 and shape[0] * shape[1] == N and shape[0] != N:
+        return int(shape[1])
+    return 1
+
+
+def as_rollout(
     experiences: Any,
     *,
     pad_token_id: int,
-    device: torch.device | str = "cpu",
     turn_ids: Any = None,
     sampling_logps: Any = None,
-) -> Batch:
-    """The :class:`Batch` of ``learn()``'s loose input, checked.
+) -> Rollout:
+    """The scored :class:`Rollout` of ``learn()``'s input: a rollout as it is, or loose input.
 
     Args:
-        experiences: ``(completion_ids, action_masks, rewards)`` (or a dict with those keys):
-            ids [N, L] or per-prompt [G, L_b] blocks, masks [N, L - 1] (or blocks), rewards
-            [N], [B, G] or per-turn [N, K].
-        pad_token_id: The right-padding id.
-        device: Where the tensors go.
+        experiences: A :class:`Rollout` with rewards, or ``(completion_ids, action_masks,
+            rewards)`` (or a dict with those keys): ids [N, L] or per-prompt [G, L_b] blocks,
+            masks [N, L - 1] (or blocks), rewards [N], [B, G] or per-turn [N, K].
+        pad_token_id: The right-padding id of stacked blocks.
         turn_ids: [N, L - 1] turn index per action token (-1 elsewhere), or None.
         sampling_logps: The sampler's log-probs: [N, L - 1], ``get_action``'s per-prompt
             blocks, or per row the action tokens' values; None when unknown.
 
     Raises:
-        ValueError: Shapes that disagree (both shapes are named), no action at all, NaN or
-            inf rewards.
+        ValueError: Shapes that disagree (both shapes are named), NaN or inf rewards, a
+            rollout passed with separate ``turn_ids`` or ``sampling_logps``.
     """
+    if isinstance(experiences, Rollout):
+        if turn_ids is not None or sampling_logps is not None:
+            raise ValueError(
+                "a Rollout carries its own turn_ids and sampling_logprobs: pass it alone"
+            )
+        return experiences
     comp, masks, rewards = unpack_experiences(experiences)
-    ids = stack_rows("completion_ids", comp, pad_token_id, torch.long).to(device)
-    mask = stack_rows("action_masks", masks, False, torch.bool).to(device)
+    ids = stack_rows("completion_ids", comp, pad_token_id, torch.long)
+    mask = stack_rows("action_masks", masks, False, torch.bool).to(ids.device)
     N, L = ids.shape
     if mask.shape != (N, L - 1):
         raise ValueError(
             f"`action_masks` has shape {tuple(mask.shape)} but completion_ids "
             f"{tuple(ids.shape)} needs [N, L - 1] = {(N, L - 1)}: position t marks token t + 1"
         )
-    if not bool(mask.any()):
-        raise ValueError("`action_masks` has no True entry: there is nothing to learn from")
     r = _rewards(rewards, N, ids.device)
     tids = None
     if turn_ids is not None:
@@ -315,7 +504,25 @@ def parse_experiences(
             raise ValueError(
                 f"`turn_ids` has shape {tuple(tids.shape)}, action_masks {tuple(mask.shape)}"
             )
-        tids = tids.masked_fill(~mask, -1)
     samp = None if sampling_logps is None else _sampling_logprobs(sampling_logps, mask)
-    attention = attention_from_mask(ids, mask, pad_token_id)
-    return Batch(ids, attention, mask, r, tids, samp)
+    return Rollout(ids, mask, first_actions(mask), _group_size(comp, rewards, N), samp, r, tids)
+
+
+def parse_experiences(
+    experiences: Any,
+    *,
+    pad_token_id: int,
+    device: torch.device | str = "cpu",
+    turn_ids: Any = None,
+    sampling_logps: Any = None,
+) -> Batch:
+    """The :class:`Batch` of ``learn()``'s input (:func:`as_rollout`, then ``to_batch``).
+
+    Raises:
+        ValueError: Shapes that disagree (both shapes are named), no action at all, NaN or
+            inf rewards.
+    """
+    rollout = as_rollout(
+        experiences, pad_token_id=pad_token_id, turn_ids=turn_ids, sampling_logps=sampling_logps
+    )
+    return rollout.to_batch(pad_token_id, device)

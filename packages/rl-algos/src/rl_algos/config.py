@@ -6,13 +6,12 @@ import dataclasses
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from rl_losses import KLKind
 
 __all__ = [
-    "ActionResult",
     "AgentConfig",
     "CosineLRScheduleConfig",
     "HyperparameterConfig",
@@ -126,36 +125,6 @@ class VLLMConfig:
     """Free vLLM's memory during training steps."""
     max_model_len: int | None = None
     """Override of the agent's ``max_model_len`` for the engine."""
-
-
-@dataclass
-class ActionResult:
-    """What ``get_action`` returns; unpacks as ``completion_ids, action_masks``."""
-
-    completion_ids: list[torch.Tensor]
-    """Per prompt, [G, P + T]: prompt and completion, right-padded with the pad id."""
-    action_masks: list[torch.Tensor]
-    """Per prompt, [G, P + T - 1] bool: True where token t + 1 was generated and counts."""
-    sampling_logprobs: list[torch.Tensor] | None = None
-    """Per prompt, [G, P + T - 1] sampling log-probs aligned with the action mask, or None."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Engine details (finish reasons, texts)."""
-
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        """``completion_ids, action_masks = agent.get_action(prompts)`` (AgileRL's tuple)."""
-        return iter((self.completion_ids, self.action_masks))
-
-    def __len__(self) -> int:
-        """2: the length of AgileRL's ``(completion_ids, action_masks)`` tuple."""
-        return 2
-
-    def __getitem__(self, index: int | slice) -> Any:
-        """``result[0]`` is ``completion_ids``, ``result[1]`` ``action_masks`` (AgileRL's tuple).
-
-        The sampling log-probs are :attr:`sampling_logprobs`; pass them on with
-        ``agent.learn(..., sampling_logps=result.sampling_logprobs)``.
-        """
-        return (self.completion_ids, self.action_masks)[index]
 
 
 @dataclass

@@ -12,9 +12,11 @@ from typing import Any
 import torch
 from rl_rollout import SamplingParams
 
-from rl_algos.config import ActionResult, AgentConfig, VLLMConfig
+from rl_algos.batch import ActionResult, Rollout
+from rl_algos.config import AgentConfig, VLLMConfig
 
 __all__ = [
+    "ActionResult",
     "IdsTokenizer",
     "generate_actions",
     "greedy_fitness",
@@ -22,6 +24,7 @@ __all__ = [
     "prompt_ids",
     "push_weights",
     "remote_engine",
+    "rollout_of",
     "sampling_params",
     "vllm_engine",
 ]
@@ -132,9 +135,13 @@ def prompt_ids(obs: Sequence[dict[str, Any]] | dict[str, Any]) -> list[list[int]
 
 
 def generate_actions(
-    engine: Any, ids: list[list[int]], params: SamplingParams, repeat_prompts: bool
+    engine: Any,
+    ids: list[list[int]],
+    params: SamplingParams,
+    repeat_prompts: bool,
+    pad_token_id: int,
 ) -> ActionResult:
-    """Completions of ``ids`` by ``engine``, laid out per prompt as ``[G, P + T]`` blocks.
+    """Completions of ``ids`` by ``engine``, as one flat :class:`~rl_algos.batch.Rollout`.
 
     With ``repeat_prompts=False`` every row is its own trajectory (one sample each).
     """
@@ -142,24 +149,43 @@ def generate_actions(
         params = dataclasses.replace(params, n=1)
     with torch.no_grad():
         result = engine.generate(ids, params)
-    n = params.n
-    completion_ids, action_masks, logps = [], [], []
-    for b, prompt in enumerate(ids):
-        rows = slice(b * n, (b + 1) * n)
-        comp, cmask = result.completion_ids[rows], result.completion_mask[rows]
-        P = len(prompt)
-        seq = torch.cat([torch.tensor(prompt).expand(n, P), comp], dim=1)
-        amask = torch.cat([torch.zeros(n, P - 1, dtype=torch.bool), cmask], dim=1)
-        completion_ids.append(seq)
-        action_masks.append(amask)
-        if result.logprobs is not None:
-            logps.append(torch.cat([torch.zeros(n, P - 1), result.logprobs[rows]], dim=1))
+    rollout = rollout_of(ids, result, params.n, pad_token_id)
     return ActionResult(
-        completion_ids,
-        action_masks,
-        logps or None,
-        extra={"finish_reasons": result.finish_reasons, "texts": result.texts},
+        rollout, extra={"finish_reasons": result.finish_reasons, "texts": result.texts}
     )
+
+
+def rollout_of(
+    prompts: list[list[int]], result: Any, group_size: int, pad_token_id: int
+) -> Rollout:
+    """The [N, L] rollout of an engine's result: each row's prompt, then its completion.
+
+    Args:
+        prompts: B prompts' ids.
+        result: The engine's :class:`rl_rollout.RolloutResult`: ``completion_ids`` and
+            ``completion_mask`` [N, C], ``logprobs`` [N, C] or None, prompt-major.
+        group_size: G samples per prompt.
+        pad_token_id: The right-padding id.
+    """
+    comp = result.completion_ids
+    N, C = comp.shape
+    lengths = torch.tensor([len(p) for p in prompts], device=comp.device)
+    P = int(lengths.max())
+    padded = torch.full((len(prompts), P), pad_token_id, dtype=comp.dtype, device=comp.device)
+    for b, prompt in enumerate(prompts):
+        padded[b, : len(prompt)] = torch.tensor(prompt, dtype=comp.dtype)
+    input_ids = torch.full((N, P + C), pad_token_id, dtype=comp.dtype, device=comp.device)
+    input_ids[:, :P] = padded.repeat_interleave(group_size, 0)
+    lengths = lengths.repeat_interleave(group_size)
+    cols = lengths[:, None] + torch.arange(C, device=comp.device)  # [N, C] completion columns
+    input_ids.scatter_(1, cols, comp)
+    mask = torch.zeros(N, P + C - 1, dtype=torch.bool, device=comp.device)
+    mask.scatter_(1, cols - 1, result.completion_mask.bool())  # shifted by one
+    logps = None
+    if result.logprobs is not None:
+        logps = torch.zeros(N, P + C - 1, device=comp.device)
+        logps.scatter_(1, cols - 1, result.logprobs.to(torch.float32))
+    return Rollout(input_ids, mask, lengths, group_size, logps)
 
 
 def vllm_engine(

@@ -25,6 +25,7 @@ from rl_rollout import value_guided_decoding
 
 from rl_algos.base import LLMAlgorithm
 from rl_algos.batch import (
+    ActionResult,
     Batch,
     Estimates,
     MicroBatch,
@@ -33,7 +34,7 @@ from rl_algos.batch import (
     stack_rows,
     unpack_experiences,
 )
-from rl_algos.config import ActionResult, AgentConfig
+from rl_algos.config import AgentConfig
 from rl_algos.distributed import deepspeed_plugin
 from rl_algos.generation import generate_actions, prompt_ids
 from rl_algos.learner import broadcast_module, summarize
@@ -446,4 +447,4 @@ class ILQL(LLMAlgorithm):
             ) as hook,
         ):
             guided = dataclasses.replace(params, logits_processor=hook)
-            return generate_actions(self.engine, ids, guided, repeat_prompts)
+            return generate_actions(self.engine, ids, guided, repeat_prompts, self.pad_token_id)

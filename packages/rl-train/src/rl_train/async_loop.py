@@ -10,10 +10,10 @@ RNG state, and from then on each step:
    waiting at most ``timeout_s`` (a dead worker stops the run at once, naming it); a batch
    more than ``max_staleness`` versions old is dropped (``strategy="drop"``; with ``"wait"``
    the worker never samples one);
-2. ``agent.learn`` on it with the sampling log-probs, so the rollout-mismatch correction
-   weights its tokens by ``pi_old / pi_sampler`` (the trainer's proximal log-probs against
-   the behaviour policy's), then ``set_reference_policy`` and the scores as the synchronous
-   source does;
+2. learns from its :class:`~rl_train.experience.Experience` with
+   :func:`rl_train.experience.learn_from`, as the synchronous source does: the rollout carries
+   the sampling log-probs, so the rollout-mismatch correction weights its tokens by
+   ``pi_old / pi_sampler`` (the trainer's proximal log-probs against the behaviour policy's);
 3. every ``weight_sync_steps`` updates, sends the actor's trainable tensors (LoRA: the
    adapter only) to the worker, which loads them through ``Engine.update_weights``.
 
@@ -39,6 +39,7 @@ import torch
 from rl_algos.distributed import deepspeed_plugin
 
 from rl_train.config import ASYNC_REFUSED, AsyncConfig
+from rl_train.experience import StepOutput, learn_from
 from rl_train.rollout_worker import (
     RolloutBatch,
     RolloutPieces,
@@ -49,13 +50,7 @@ from rl_train.rollout_worker import (
     weight_update,
     worker_main,
 )
-from rl_train.sources import (
-    REASONING_METRICS,
-    Episodes,
-    MultiTurnSource,
-    StepOutput,
-    learn_episodes,
-)
+from rl_train.sources import REASONING_METRICS, MultiTurnSource
 
 __all__ = ["ASYNC_METRICS", "AsyncReasoningSource", "RolloutWorkerError", "check_async_agent"]
 
@@ -112,9 +107,8 @@ class AsyncReasoningSource:
         config: The :class:`~rl_train.config.AsyncConfig`.
         episodes: Multi-turn episodes for the worker to play (its ``env_factory`` picklable)
             instead of the ``ReasoningGym``'s prompts; each step then learns from one batch of
-            :class:`~rl_train.sources.Episodes` as :class:`~rl_train.sources.MultiTurnSource`
-            does (turn-level rewards, turn ids, sampling log-probs), and the factory's ``env``
-            may be None.
+            episodes as :class:`~rl_train.sources.MultiTurnSource` does (turn-level rewards,
+            turn ids, sampling log-probs), and the factory's ``env`` may be None.
     """
 
     metric_keys: tuple[str, ...] | None = REASONING_METRICS + ASYNC_METRICS
@@ -188,18 +182,9 @@ class AsyncReasoningSource:
             dropped += 1
         waited = time.perf_counter() - t0
         depth = self._depth()
-        rollout = batch.rollout()
+        experience = batch.experience()
         agent._rng.setstate(batch.rng_state)  # the seeds drawn so far, as the sync loop's
-        if isinstance(rollout, Episodes):
-            out = learn_episodes(agent, rollout)
-        else:
-            metrics = agent.learn(
-                (rollout.completion_ids, rollout.action_masks, rollout.rewards),
-                sampling_logps=rollout.sampling_logprobs,
-            )
-            agent.set_reference_policy(batch.num_epochs)
-            agent.scores.append(float(rollout.rewards.float().mean()))
-            out = StepOutput(metrics, rollout.rewards)
+        out = learn_from(agent, experience)
         self.env_state, self.version = batch.env_state, step + 1
         sent = 0
         if self.version % self.config.weight_sync_steps == 0:

@@ -4,12 +4,13 @@ The trainer (:class:`rl_train.async_loop.AsyncReasoningSource`) starts :func:`wo
 spawned process. The worker builds its own agent and environment with a picklable factory
 (:class:`RolloutPieces`), then repeats: take the newest weights the trainer sent
 (:class:`WeightUpdate`; with ``strategy="wait"`` it first waits until they are at most
-``max_staleness`` versions behind the batch it is about to sample), ``get_action`` on the
-pending prompts, ``env.step`` for the rewards and the next prompts, and put a
+``max_staleness`` versions behind the batch it is about to sample), collect one
+:class:`~rl_train.experience.Experience` (:func:`rl_train.experience.collect`: ``get_action``
+on the pending prompts, ``env.step`` for the rewards and the next prompts), and put it as a
 :class:`RolloutBatch` tagged with the policy version into the bounded queue. With
-:attr:`WorkerStart.episodes` (a :class:`~rl_train.sources.MultiTurnSource`) a batch is instead
-that source's :class:`~rl_train.sources.Episodes` of the step: multi-turn episodes played to
-their end with the worker's agent.
+:attr:`WorkerStart.episodes` (a :class:`~rl_train.sources.MultiTurnSource`) the experience is
+instead that source's multi-turn episodes of the step, played to their end with the worker's
+agent.
 
 Everything crossing the process boundary is a frozen dataclass; tensors travel as pickled
 bytes, each list of tensors packed into one flat buffer (:class:`Packed`): no shared-memory
@@ -33,16 +34,16 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
-from rl_algos.batch import stack_rows
+from rl_algos.batch import Rollout
 
-from rl_train.sources import Episodes, MultiTurnSource
+from rl_train.experience import Experience, collect
+from rl_train.sources import MultiTurnSource
 
 __all__ = [
-    "Rollout",
     "RolloutBatch",
     "RolloutPieces",
     "StopWorker",
@@ -52,6 +53,7 @@ __all__ = [
     "actor_named_parameters",
     "actor_tensors",
     "apply_weights",
+    "encode_experience",
     "weight_update",
     "worker_main",
 ]
@@ -119,25 +121,6 @@ class StopWorker:
 
 
 @dataclass(frozen=True)
-class Rollout:
-    """One batch as ``learn`` takes it: ``get_action``'s samples, collated, and the rewards.
-
-    The worker stacks ``get_action``'s per-prompt blocks into right-padded [N, L] tensors
-    exactly as ``learn`` would (:func:`rl_algos.batch.stack_rows`), so the trainer skips that
-    step; a sampler whose blocks are not 2-D tensors sends them as they are.
-    """
-
-    completion_ids: Any
-    """[N, L] prompt + completion, right-padded with the pad id (or B x [G, L_b] blocks)."""
-    action_masks: Any
-    """[N, L - 1] bool (or B x [G, L_b - 1] blocks)."""
-    sampling_logprobs: Any
-    """[N, L - 1] the sampler's log-probs (0 off actions), or None (or B x [G, L_b - 1])."""
-    rewards: torch.Tensor
-    """[B, G]."""
-
-
-@dataclass(frozen=True)
 class RolloutBatch:
     """Worker -> trainer: one sampled and scored batch, tagged with its policy version."""
 
@@ -146,11 +129,12 @@ class RolloutBatch:
     version: int
     """The policy version (updates applied) the batch was sampled with."""
     payload: bytes
-    """The :class:`Rollout` fields, pickled (each tensor as a :class:`Packed` byte string)."""
+    """The :class:`~rl_algos.Rollout` and the reported rewards (:func:`encode_experience`)."""
     env_state: dict[str, Any] | None
     """The environment's iteration state after ``env.step`` (what a checkpoint saves)."""
-    num_epochs: int
-    """Completed passes over the data after this batch (the reference policy follows it)."""
+    num_epochs: int | None
+    """Completed passes over the data after this batch (the reference policy follows it);
+    None for episodes."""
     rng_state: Any
     """The worker agent's RNG state after drawing this batch's seed."""
     seconds: float
@@ -158,13 +142,11 @@ class RolloutBatch:
     idle: float
     """Of ``seconds``, the time spent waiting (for weights or queue space)."""
 
-    def rollout(self) -> Rollout | Episodes:
-        """The tensors (decoded from :attr:`payload`): prompts' samples, or episodes."""
-        decoded = _decode(self.payload)
-        if isinstance(decoded, Episodes):
-            return decoded
-        ids, masks, logps, rewards = (_unwrap(x) for x in decoded)
-        return Rollout(ids, masks, logps, rewards)
+    def experience(self) -> Experience:
+        """The :class:`~rl_train.experience.Experience` decoded from :attr:`payload`."""
+        rollout, rewards = _decode(self.payload)
+        values = {k: _unwrap(v) for k, v in rollout.items()}
+        return Experience(Rollout(**values), _unwrap(rewards), self.num_epochs)
 
 
 @dataclass(frozen=True)
@@ -336,22 +318,6 @@ def _put(outbox: Any, batch: RolloutBatch, inbox: _Inbox) -> None:
             inbox.poll(None)
 
 
-def _collate(blocks: Any, name: str, pad: float | bool, dtype: torch.dtype) -> Any:
-    """``blocks`` (B x [G, L_b]) as one right-padded [N, L] :class:`Packed` tensor.
-
-    :func:`rl_algos.batch.stack_rows`, the stacking ``learn`` does, so the trainer's batch is
-    the same, bit for bit. Anything else (None, rows that are not 2-D tensors) is returned
-    as it is.
-    """
-    if not (
-        isinstance(blocks, list | tuple)
-        and blocks
-        and all(isinstance(b, torch.Tensor) and b.dim() == 2 for b in blocks)
-    ):
-        return blocks
-    return Packed.of([stack_rows(name, blocks, pad, dtype)])
-
-
 def _unwrap(value: Any) -> Any:
     """A :class:`Packed` single tensor back as the tensor; anything else as it is."""
     if isinstance(value, Packed) and len(value.shapes) == 1:
@@ -359,19 +325,12 @@ def _unwrap(value: Any) -> Any:
     return value
 
 
-def _sample(agent: Any, env: Any, prompts: Any) -> tuple[bytes, Any]:
-    """One batch of ``prompts``: ``get_action`` and ``env.step``; the payload, next prompts."""
-    result = agent.get_action(prompts)
-    prompts, rewards = env.step(result.completion_ids)
-    payload = _encode(
-        (
-            _collate(result.completion_ids, "completion_ids", agent.pad_token_id, torch.long),
-            _collate(result.action_masks, "action_masks", False, torch.bool),
-            _collate(result.sampling_logprobs, "sampling_logps", 0.0, torch.float32),
-            Packed.of([rewards]) if isinstance(rewards, torch.Tensor) else rewards,
-        )
-    )
-    return payload, prompts
+def encode_experience(experience: Experience) -> bytes:
+    """The :attr:`RolloutBatch.payload` of ``experience``: each tensor as a :class:`Packed`."""
+    rollout = experience.rollout
+    values = {f.name: getattr(rollout, f.name) for f in fields(rollout)}
+    packed = {k: Packed.of([v]) if isinstance(v, torch.Tensor) else v for k, v in values.items()}
+    return _encode((packed, Packed.of([experience.rewards])))
 
 
 def worker_main(start: WorkerStart, inbox: Any, outbox: Any) -> None:
@@ -407,16 +366,16 @@ def worker_main(start: WorkerStart, inbox: Any, outbox: Any) -> None:
             t0 = time.perf_counter()
             weights.poll(index - start.max_staleness if start.strategy == "wait" else None)
             idle = time.perf_counter() - t0 + put_wait
+            state = None
             if start.episodes is not None:
-                payload = _encode(start.episodes.rollout(agent, 0, index))
-                state, epochs = None, 0
+                experience = start.episodes.rollout(agent, 0, index)
             else:
-                payload, prompts = _sample(agent, env, prompts)
+                experience, prompts = collect(agent, env, prompts)
                 state = env.state_dict() if hasattr(env, "state_dict") else None
-                epochs = int(env.num_epochs)
+            payload = encode_experience(experience)
             t1 = time.perf_counter()
             batch = RolloutBatch(
-                index, weights.version, payload, state, epochs,
+                index, weights.version, payload, state, experience.num_epochs,
                 agent._rng.getstate(), t1 - last, idle,
             )  # fmt: skip
             _put(outbox, batch, weights)

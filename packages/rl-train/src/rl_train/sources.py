@@ -1,10 +1,9 @@
 """Sources feed the training loop: each step, one batch of experience per agent, learned from.
 
-A source owns its data (the environment, the episodes, the logged samples) and the
-``get_action -> environment -> learn`` round trip of one agent. Every online source hands the
-sampling log-probs of ``get_action`` (:attr:`rl_algos.ActionResult.sampling_logprobs`) to
-``learn(..., sampling_logps=...)``, so the rollout-mismatch correction runs when the agent asks
-for it (``vllm_importance_sampling_correction``).
+A source owns its data (the environment, the episodes, the logged samples). The online sources
+act and learn through :mod:`rl_train.experience`: one flat :class:`rl_algos.Rollout` per step,
+sampling log-probs included, so the rollout-mismatch correction runs when the agent asks for it
+(``vllm_importance_sampling_correction``).
 
 * :class:`ReasoningSource`: prompts of a :class:`rl_envs.ReasoningGym` (resumable);
 * :class:`MultiTurnSource`: episodes of a :class:`rl_envs.SyncMultiTurnVecEnv`;
@@ -14,17 +13,17 @@ for it (``vllm_importance_sampling_correction``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+from rl_algos.batch import Rollout, first_actions
 from rl_envs import SyncMultiTurnVecEnv
 
+from rl_train.experience import Experience, StepOutput, collect, learn_from
 from rl_train.offline import OfflineDataset
 
 __all__ = [
     "REASONING_METRICS",
-    "Episodes",
     "MultiTurnSource",
     "OfflineSource",
     "ReasoningSource",
@@ -43,16 +42,6 @@ REASONING_METRICS = (
     "grad_norm",
     "value_loss",
 )
-
-
-@dataclass
-class StepOutput:
-    """What one agent's step produced."""
-
-    metrics: dict[str, float]
-    """``agent.learn``'s metrics."""
-    rewards: torch.Tensor | None
-    """The rewards (or episode returns) learned from; None for offline data."""
 
 
 class Source(Protocol):
@@ -101,15 +90,8 @@ class ReasoningSource:
     def step(self, agent: Any, index: int, step: int) -> StepOutput:
         """One batch of prompts for ``agent``; returns its ``learn`` metrics and rewards."""
         del index, step
-        result = agent.get_action(self.prompts)
-        self.prompts, rewards = self.env.step(result.completion_ids)
-        metrics = agent.learn(
-            (result.completion_ids, result.action_masks, rewards),
-            sampling_logps=result.sampling_logprobs,
-        )
-        agent.set_reference_policy(self.env.num_epochs)
-        agent.scores.append(float(rewards.float().mean()))
-        return StepOutput(metrics, rewards)
+        experience, self.prompts = collect(agent, self.env, self.prompts)
+        return learn_from(agent, experience)
 
     def state_dict(self) -> dict[str, Any] | None:
         """The environment's iteration state (cursor, pending batch), if it has one."""
@@ -157,9 +139,9 @@ class MultiTurnSource:
 
     def step(self, agent: Any, index: int, step: int) -> StepOutput:
         """Roll out one batch of episodes for ``agent`` and learn from them."""
-        return learn_episodes(agent, self.rollout(agent, index, step))
+        return learn_from(agent, self.rollout(agent, index, step))
 
-    def rollout(self, agent: Any, index: int, step: int) -> Episodes:
+    def rollout(self, agent: Any, index: int, step: int) -> Experience:
         """The batch of episodes of population member ``index`` at loop ``step`` (no update).
 
         The asynchronous loop's rollout worker calls this with its own copy of the agent.
@@ -174,46 +156,21 @@ class MultiTurnSource:
                 f"{batch.turn_rewards.shape[1]}"
             )
         sampling = recorder.aligned(batch.turn_ids)
-        return Episodes(
-            input_ids=batch.input_ids,
-            action_mask=batch.action_mask[:, 1:],
-            turn_rewards=batch.turn_rewards,
-            turn_ids=batch.turn_ids[:, 1:],
+        mask = batch.action_mask[:, 1:].bool()  # shifted by one, as every [N, T] tensor
+        rollout = Rollout(
+            input_ids=batch.input_ids.long(),
+            mask=mask,
+            prompt_lengths=first_actions(mask),
+            group_size=G,
             sampling_logprobs=None if sampling is None else sampling[:, 1:],
-            returns=batch.returns,
+            rewards=batch.turn_rewards,
+            turn_ids=batch.turn_ids[:, 1:],
         )
+        return Experience(rollout, batch.returns, None)
 
     def state_dict(self) -> dict[str, Any] | None:
         """None: episodes are drawn from seeds, there is no cursor to keep."""
         return None
-
-
-@dataclass(frozen=True)
-class Episodes:
-    """One batch of finished episodes, as ``learn`` takes them (shifted by one: ``[:, 1:]``)."""
-
-    input_ids: torch.Tensor
-    """[N, L] each episode's tokens: prompt, actions and observations."""
-    action_mask: torch.Tensor
-    """[N, L - 1] bool, shifted by one: True at the policy's own tokens."""
-    turn_rewards: torch.Tensor
-    """[N, K] each turn's reward."""
-    turn_ids: torch.Tensor
-    """[N, L - 1] shifted by one: the turn of each action token (-1 elsewhere)."""
-    sampling_logprobs: torch.Tensor | None
-    """[N, L - 1] shifted by one: the sampler's log-probs at the action tokens, or None."""
-    returns: torch.Tensor
-    """[N] each episode's return."""
-
-
-def learn_episodes(agent: Any, episodes: Episodes) -> StepOutput:
-    """``agent.learn`` on ``episodes`` with per-turn rewards, turn ids and sampling log-probs."""
-    metrics = agent.learn(
-        (episodes.input_ids, episodes.action_mask, episodes.turn_rewards),
-        turn_ids=episodes.turn_ids,
-        sampling_logps=episodes.sampling_logprobs,
-    )
-    return StepOutput(metrics, episodes.returns)
 
 
 class _TurnRecorder:
@@ -227,16 +184,12 @@ class _TurnRecorder:
     def __call__(self, obs: list[dict[str, Any]]) -> list[torch.Tensor]:
         active = [i for i, a in enumerate(self.vec.active) if a]
         result = self.agent.get_action(obs, training=True, repeat_prompts=False)
+        completions, _, logps = result.rollout.blocks()  # one row per observation
         actions = []
-        for j, (c, o) in enumerate(zip(result.completion_ids, obs, strict=True)):
+        for j, (c, o) in enumerate(zip(completions, obs, strict=True)):
             P = o["input_ids"].shape[1]
             actions.append(c[0, P:])
-            lp = (
-                None
-                if result.sampling_logprobs is None
-                else result.sampling_logprobs[j][0, P - 1 :]
-            )
-            self.turns[active[j]].append(lp)
+            self.turns[active[j]].append(None if logps is None else logps[j][0, P - 1 :])
         return actions
 
     def aligned(self, turn_ids: torch.Tensor) -> torch.Tensor | None:
