@@ -146,13 +146,9 @@ MATRIX: dict[str, dict[str, Cell]] = {
         "agilerl": _n(),
     },
     "rl_advantages.gpg": _only("verl", "args", '`alpha="nonzero_rewards"`', ("gpg",)),
-    "rl_advantages.opo": {
-        "verl": ("args", "`mask=lengths > 0` (verl keeps an empty row at weight 0)", ("opo",)),
-        "openrlhf": _n(),
-        "trl": _n(),
-        "liger": _n(),
-        "agilerl": _n(),
-    },
+    "rl_advantages.opo": _only(
+        "verl", "args", "`mask=lengths > 0` (verl keeps an empty row at weight 0)", ("opo",)
+    ),
     "rl_advantages.pass_at_k": _only("verl", "equal", "`grpo_passk`", ("passk",)),
     "rl_advantages.gdpo": _only(
         "verl",
@@ -381,13 +377,9 @@ MATRIX: dict[str, dict[str, Cell]] = {
         "liger": ("args", "as TRL", ("sapo",)),
         "agilerl": _n(),
     },
-    "rl_losses.gmpo_loss": {
-        "verl": ("args", "`normalizer=N` (`geo_mean` " + ALL_ROWS + ")", ("geo_mean",)),
-        "openrlhf": _n(),
-        "trl": _n(),
-        "liger": _n(),
-        "agilerl": _n(),
-    },
+    "rl_losses.gmpo_loss": _only(
+        "verl", "args", "`normalizer=N` (`geo_mean` " + ALL_ROWS + ")", ("geo_mean",)
+    ),
     "rl_losses.clip_cov_loss": {
         "verl": (
             "design",
@@ -401,13 +393,9 @@ MATRIX: dict[str, dict[str, Cell]] = {
         "liger": _n(),
         "agilerl": _n(),
     },
-    "rl_losses.kl_cov_loss": {
-        "verl": ("args", "`kl_cov_ratio`, `kl_coef=ppo_kl_coef`", ("kl_cov",)),
-        "openrlhf": _n(),
-        "trl": _n(),
-        "liger": _n(),
-        "agilerl": _n(),
-    },
+    "rl_losses.kl_cov_loss": _only(
+        "verl", "args", "`kl_cov_ratio`, `kl_coef=ppo_kl_coef`", ("kl_cov",)
+    ),
     "rl_losses.dppo_loss": _only(
         "verl",
         "args",
@@ -591,5 +579,20 @@ READ: dict[str, tuple[str, str]] = {
         "equal: `(reward - group mean) / group mean`, 0 for a group whose mean is <= 0 (prime-rl "
         "computes in float32); read, not run: `MaxRLAlgorithm.score_group` is a method of the "
         "async orchestrator, which imports prime-rl's whole stack",
+    ),
+    "rl_losses.dro_loss": (
+        "Tinker `dro` (tinker-docs.thinkingmachines.ai/tinker/losses/dro)",
+        '`aggregation="seq_mean_token_sum", normalizer=1` (Tinker sums over tokens); read, not '
+        "run: Tinker's losses run on its service (tested against the documented formula)",
+    ),
+    "rl_losses.clipped_surrogate": (
+        "Tinker `importance_sampling` (tinker-docs.thinkingmachines.ai/losses)",
+        'registered as `importance_sampling`: `ratio_bounds=(0, inf), aggregation="seq_mean_'
+        'token_sum", normalizer=1`; read, not run (tested against the documented formula)',
+    ),
+    "rl_losses.reinforce_loss": (
+        "Tinker `cross_entropy` (tinker-docs.thinkingmachines.ai/tinker/losses)",
+        'registered as `cross_entropy`: `advantages=weights, aggregation="seq_mean_token_sum", '
+        "normalizer=1`; read, not run (tested against the documented formula)",
     ),
 }

@@ -1,7 +1,8 @@
-"""rl-losses' DPPO (``dppo_tv``, ``dppo_kl``) and DRO (``dro``) reach ``GRPO(loss_type=...)``
-through the rl-losses registry alone (no rl-algos code names them): each trains a step on the
-plain path and on the fused one (``use_liger_loss=True``, rl-kernels' ``fused_policy_loss``),
-with its options given through ``loss_kwargs``."""
+"""rl-losses' DPPO (``dppo_tv``, ``dppo_kl``), DRO (``dro``) and Tinker's
+``importance_sampling`` and ``cross_entropy`` reach ``GRPO(loss_type=...)`` through the rl-losses
+registry alone (no rl-algos code names them): each trains a step on the plain path and on the
+fused one (``use_liger_loss=True``, rl-kernels' ``fused_policy_loss``), with its options given
+through ``loss_kwargs``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ OPTIONS = {
     "dppo_tv": {"delta_low": 0.05, "delta_high": 0.08},
     "dppo_kl": {"delta_low": 0.01},
     "dro": {"beta": 0.5},
+    # Tinker's names (rl-losses registers them as fixed-argument objectives)
+    "importance_sampling": {},
+    "cross_entropy": {},
 }
 
 

@@ -49,6 +49,8 @@ OBJECTIVE_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "dppo_tv": ("dppo_tv", {"delta_low": 0.05, "delta_high": 0.08, "ratio_cap": 1.3}),
     "dppo_kl": ("dppo_kl", {"delta_low": 0.005, "delta_high": 0.01}),
     "dro": ("dro", {"beta": 0.5}),
+    "importance_sampling": ("importance_sampling", {}),
+    "cross_entropy": ("cross_entropy", {}),
 }
 
 

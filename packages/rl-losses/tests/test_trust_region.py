@@ -305,3 +305,40 @@ def test_registered_names() -> None:
     assert got.item() == expected.item()
     for name in ("dppo_tv", "dppo_kl", "dro"):
         assert name in rl.available_policy_losses()
+
+
+# --------------------------------------------------------------------------- Tinker's names
+
+
+def _tinker_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = lib.gen("tinker")
+    inputs = lib.make_policy_inputs(g, 3, 5, adv_per_seq=False, with_is=False)
+    return inputs["logprobs"], inputs["old_logprobs"], inputs["advantages"], inputs["mask"]
+
+
+def _tinker_sum(terms: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack(terms).sum() if terms else torch.zeros((), dtype=F64)
+
+
+@pytest.mark.parametrize("name", ["importance_sampling", "cross_entropy", "dro"])
+def test_tinker_named_objectives_match_its_documented_formulas(name: str) -> None:
+    """Tinker's `importance_sampling`: -sum(exp(lp - q) A); `cross_entropy`: -sum(w lp) (the
+    weights passed as advantages); `dro`: -sum(lp A - beta/2 (lp - q)^2): each a sum over the
+    valid tokens, token by token here (Tinker's docs, tinker-docs.thinkingmachines.ai/losses)."""
+    lp, q, a, m = _tinker_inputs()
+    terms = []
+    for i, j in m.nonzero().tolist():
+        x, old, adv = lp[i, j], q[i, j], a[i, j]
+        if name == "importance_sampling":
+            terms.append(-torch.exp(x - old) * adv)
+        elif name == "cross_entropy":
+            terms.append(-adv * x)
+        else:
+            terms.append(-(x * adv - 0.5 * 0.05 * (x - old) ** 2))
+    expected = _tinker_sum(terms)
+    kw: dict[str, Any] = {"aggregation": "seq_mean_token_sum", "normalizer": 1.0}
+    if name == "dro":
+        kw["beta"] = 0.05
+    got = rl.get_policy_loss(name)(lp, q, a, m, **kw).loss
+    close(got, expected, name)
+    close(grad_of(got, lp), grad_of(expected, lp), f"grad of {name}")

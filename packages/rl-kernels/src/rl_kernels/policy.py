@@ -38,7 +38,8 @@ __all__ = ["FUSED_OBJECTIVES", "FusedPolicyLossOutput", "fused_policy_loss"]
 
 #: Token-level objectives of rl-losses that the fused path supports (they act per token).
 FUSED_OBJECTIVES: tuple[str, ...] = (
-    "ppo", "cispo", "reinforce", "sapo", "dppo_tv", "dppo_kl", "dro",
+    "ppo", "cispo", "reinforce", "sapo", "dppo_tv", "dppo_kl", "dro", "importance_sampling",
+    "cross_entropy",
 )  # fmt: skip
 
 
@@ -349,10 +350,11 @@ def fused_policy_loss(
     then applies to the policy term). Only valid tokens are projected: padding costs nothing.
 
     Objectives are the token-level ones (``FUSED_OBJECTIVES``: ``ppo`` with every clip
-    variant, ``cispo``, ``reinforce``, ``sapo``, ``dppo_tv``, ``dppo_kl``, ``dro``). Turn- and
-    trajectory-level importance sampling (GSPO, turn-level PPO) couple the tokens of a unit: for
-    those, compute ``rl_kernels.fused_logprobs`` (still memory-bounded) and pass the log-probs to
-    the rl-losses objective. Values for a critic come from a value head on the same hidden states
+    variant, ``cispo``, ``reinforce``, ``sapo``, ``dppo_tv``, ``dppo_kl``, ``dro``,
+    ``importance_sampling``, ``cross_entropy``). Turn- and trajectory-level importance sampling
+    (GSPO, turn-level PPO) couple the tokens of a unit: for those, compute
+    ``rl_kernels.fused_logprobs`` (still memory-bounded) and pass the log-probs to the rl-losses
+    objective. Values for a critic come from a value head on the same hidden states
     and need no kernel (rl-algos adds ``rl_losses.value_loss`` to this loss).
 
     For gradient accumulation, pass the global ``normalizer`` (see ``rl_losses.aggregate``);

@@ -156,6 +156,8 @@ def dro_loss(
 
     * verl 0.9.1: equal with ``beta=dro_beta`` (``dro`` policy loss).
     * No counterpart: OpenRLHF, TRL, Liger, AgileRL.
+    * Tinker (its documented formula, read, not run): ``dro`` is ours with
+      ``aggregation="seq_mean_token_sum", normalizer=1`` (a sum over tokens).
 
     Args:
         logprobs: [N, T] current log-probs.

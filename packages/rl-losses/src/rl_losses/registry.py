@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -83,3 +84,10 @@ for _name, _fn in _BUILTIN.items():
     register_policy_loss(_name)(_fn)
 # verl's two names for DPPO's trust regions; the signature stays inspectable (rl-algos reads it)
 register_policy_loss("dppo_kl")(functools.partial(dppo_loss, divergence="kl"))
+# Tinker's named objectives that are ours with fixed arguments (its `dro` is `dro`): the
+# unclipped importance-sampled policy gradient, and cross-entropy (the advantages are the
+# per-token weights). Tinker sums over tokens: aggregation="seq_mean_token_sum", normalizer=1.
+register_policy_loss("importance_sampling")(
+    functools.partial(clipped_surrogate, ratio_bounds=(0.0, math.inf))
+)
+register_policy_loss("cross_entropy")(functools.partial(reinforce_loss, form="logprob"))
