@@ -275,9 +275,10 @@ def test_a_worker_on_a_rollout_server_is_the_synchronous_run_bit_for_bit(tmp_pat
     (hf engine) and pushes the trainer's weights to it; at staleness 0 that is the sync run."""
     import socket
 
-    from rl_train.tiny import tiny_model, tiny_tokenizer
+    from rl_train.tiny import TINY_AGENT, tiny_model, tiny_tokenizer
 
     demo = DemoConfig(steps=4, evaluation_interval=2, **SMALL)
+    max_model_len = demo.max_model_len or TINY_AGENT["max_model_len"]  # None: the tiny model's
     tok = tiny_tokenizer()
     tiny_model(len(tok), seed=99).save_pretrained(tmp_path / "server-model")  # other weights:
     tok.save_pretrained(tmp_path / "server-model")  # the first push must overwrite them all
@@ -286,7 +287,7 @@ def test_a_worker_on_a_rollout_server_is_the_synchronous_run_bit_for_bit(tmp_pat
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "rl_rollout", "--engine", "hf", "--model",
            str(tmp_path / "server-model"), "--port", str(port), "--max-model-len",
-           str(demo.max_model_len)]  # fmt: skip
+           str(max_model_len)]  # fmt: skip
     server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert server.stdout is not None
