@@ -157,17 +157,12 @@ MATRIX: dict[str, dict[str, Cell]] = {
         ("gdpo",),
     ),
     "rl_advantages.max_rl": {p: _n("prime-rl's only: read, not run (below)") for p in PEERS},
-    "rl_advantages.remax": {
-        "verl": (
-            "equal",
-            "`remax` (valid tokens; verl leaves returns at masked tokens)",
-            ("remax",),
-        ),
-        "openrlhf": _n(),
-        "trl": _n(),
-        "liger": _n(),
-        "agilerl": _n(),
-    },
+    "rl_advantages.optimal_token_baseline": _only(
+        "verl", "equal", "`optimal_token_baseline`", ("otb", "otb_is")
+    ),
+    "rl_advantages.remax": _only(
+        "verl", "equal", "`remax` (valid tokens; verl leaves returns at masked tokens)", ("remax",)
+    ),
     "rl_advantages.reinforce_plus_plus": {
         "verl": (
             "equal",

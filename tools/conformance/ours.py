@@ -75,6 +75,13 @@ def verl(b: dict[str, torch.Tensor], g: int) -> dict[str, Out]:
     gdpo = ra.gdpo(both, g, weights=(1.0, 0.5), eps=1e-6)[:, None] * m.to(F64)
     w = ra.whiten(gdpo, m) * m.to(F64)
     out["gdpo"] = {"advantages": w, "returns": w}
+    p_old = torch.exp(old)
+    spi = p_old**2 + 0.5 * (1 - p_old) ** 2
+    a, r = ra.optimal_token_baseline(tr, m, old, spi, g)
+    out["otb"] = {"advantages": a, "returns": r}
+    rho = torch.exp(b["sampling_logprobs"] - old)
+    a, r = ra.optimal_token_baseline(tr, m, old, spi, g, is_weights=rho)
+    out["otb_is"] = {"advantages": a, "returns": r}
     for name, gamma in (("rpp", 1.0), ("rpp_gamma", 0.9)):
         a, r = ra.reinforce_plus_plus(tr, m, gamma)
         out[name] = {"advantages": a, "returns": r}

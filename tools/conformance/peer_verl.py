@@ -41,6 +41,22 @@ def _gdpo(b: dict[str, torch.Tensor], index: np.ndarray) -> peerlib.Out:
     return {"advantages": a, "returns": r}
 
 
+def _otb(b: dict[str, torch.Tensor], index: np.ndarray) -> dict[str, peerlib.Out]:
+    """The optimal token baseline with a made-up vocabulary sum of pi^2 (>= pi_t^2), without and
+    with rollout-correction weights (the sampler's ratio)."""
+    old, mf = b["old_logprobs"], b["mask"].to(torch.float64)
+    p_old = torch.exp(old)
+    spi = p_old**2 + 0.5 * (1 - p_old) ** 2
+    rho = torch.exp(b["sampling_logprobs"] - old)
+    out: dict[str, peerlib.Out] = {}
+    for name, w in (("otb", None), ("otb_is", rho)):
+        a, r = ca.compute_optimal_token_baseline_advantage(
+            b["token_rewards"], mf, index, old, spi, rollout_is_weights=w
+        )
+        out[name] = {"advantages": a, "returns": r}
+    return out
+
+
 def run(b: dict[str, torch.Tensor], g: int) -> dict[str, peerlib.Out]:
     m = b["mask"]
     mf = m.to(torch.float64)
@@ -82,7 +98,7 @@ def run(b: dict[str, torch.Tensor], g: int) -> dict[str, peerlib.Out]:
     adv("grpo_vectorized_lone", ca.compute_grpo_vectorized_outcome_advantage, tr, mf, lone)
     adv("rloo_lone", ca.compute_rloo_outcome_advantage, tr, mf, lone)
     adv("rloo_vectorized_lone", ca.compute_rloo_vectorized_outcome_advantage, tr, mf, lone)
-    out["gdpo"] = _gdpo(b, index)
+    out |= {"gdpo": _gdpo(b, index), **_otb(b, index)}
     adv("rpp", ca.compute_reinforce_plus_plus_outcome_advantage, tr, mf, config=_Algo(gamma=1.0))
     adv(
         "rpp_gamma",

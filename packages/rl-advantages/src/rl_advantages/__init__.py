@@ -25,6 +25,7 @@ from rl_advantages.reinforce import kl_in_reward, reinforce_plus_plus, reinforce
 from rl_advantages.returns import AdvantagesReturns, discounted_returns, gae, rebn
 from rl_advantages.shaping import overlong_penalty
 from rl_advantages.stats import masked_mean, masked_sum, masked_var, whiten
+from rl_advantages.token_baseline import optimal_token_baseline
 from rl_advantages.turns import TurnValues, broadcast_to_tokens, pool_to_turns, turn_mask_from_ids
 
 __version__: str = _version("rl-advantages")
@@ -49,6 +50,7 @@ __all__ = [
     "masked_var",
     "max_rl",
     "opo",
+    "optimal_token_baseline",
     "overlong_penalty",
     "pass_at_k",
     "pool_to_turns",

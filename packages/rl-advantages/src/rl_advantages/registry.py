@@ -19,6 +19,7 @@ from rl_advantages.group import (
 from rl_advantages.multi_reward import gdpo
 from rl_advantages.reinforce import reinforce_plus_plus, reinforce_plus_plus_baseline
 from rl_advantages.returns import gae, rebn
+from rl_advantages.token_baseline import optimal_token_baseline
 
 __all__ = ["available_estimators", "get_estimator", "register_estimator"]
 
@@ -83,6 +84,7 @@ _BUILTIN: dict[str, Callable[..., Any]] = {
     "gpg": gpg,
     "gdpo": gdpo,
     "max_rl": max_rl,
+    "optimal_token_baseline": optimal_token_baseline,
     "opo": opo,
     "pass_at_k": pass_at_k,
     "remax": remax,
