@@ -3,6 +3,7 @@
 :class:`ReasoningGym` (question/answer datasets, single turn), :class:`TokenObservationWrapper`
 and :class:`SyncMultiTurnVecEnv` (multi-turn text environments), :class:`ToolEnvWrapper`
 (tool-calling episodes of TRL ``environment_factory``-style classes, :mod:`rl_envs.tools`),
+OpenEnv environments in-process or served (:class:`OpenEnvWrapper`, the ``openenv`` extra),
 built-in tasks generated locally (:mod:`rl_envs.tasks`), reward helpers
 (:mod:`rl_envs.rewards`) and the AgileRL, TRL and verl reward-function conventions
 (:mod:`rl_envs.reward_functions`).
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
         Trajectory,
         TrajectoryBatch,
     )
+    from rl_envs.openenv import OpenEnvTextEnv, OpenEnvWrapper
     from rl_envs.reasoning import PromptBatch, ReasoningGym, RewardFunctionError, render_prompt
     from rl_envs.reward_functions import detect_reward_style, verl_reward
     from rl_envs.tools import ToolCall, ToolCallParseError, ToolEnvWrapper
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
 # Public name -> (submodule, attribute): loaded on first access (PEP 562), so importing the
 # package (or a light submodule of it) does not import torch or the model libraries.
 _LAZY: dict[str, tuple[str, str]] = {
+    "OpenEnvTextEnv": ("rl_envs.openenv", "OpenEnvTextEnv"),
+    "OpenEnvWrapper": ("rl_envs.openenv", "OpenEnvWrapper"),
     "PromptBatch": ("rl_envs.reasoning", "PromptBatch"),
     "ReasoningGym": ("rl_envs.reasoning", "ReasoningGym"),
     "RewardFunctionError": ("rl_envs.reasoning", "RewardFunctionError"),
@@ -46,6 +50,8 @@ _LAZY: dict[str, tuple[str, str]] = {
 __version__: str = _version("rl-envs")
 
 __all__ = [
+    "OpenEnvTextEnv",
+    "OpenEnvWrapper",
     "PromptBatch",
     "ReasoningGym",
     "RewardFunctionError",

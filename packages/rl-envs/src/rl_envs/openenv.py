@@ -1,0 +1,353 @@
+"""OpenEnv environments as multi-turn text episodes (the ``rl-envs[openenv]`` extra).
+
+An OpenEnv environment (``openenv.core.env_server.interfaces.Environment``: ``reset(seed) ->
+Observation``, ``step(Action) -> Observation`` with ``done`` and ``reward``) trains with the
+multi-turn loop unchanged, run in-process or served by ``create_app`` and driven over its
+WebSocket through ``EnvClient``:
+
+1. ``reset(seed=...)``'s observation, mapped to text by ``observation`` (default:
+   :func:`observation_text`), is the first user message;
+2. each action's text is mapped to an ``Action`` by ``action`` (default: the action class's
+   one string field, :func:`text_action`); the observation that comes back is the next user
+   message (tokenised as environment tokens: masked out of the loss);
+3. the turn's reward is ``reward(observation)`` if given, else the observation's ``reward``,
+   else the in-process environment's rubric ``rubric(action, observation)``; a step that ends
+   the episode with none of them is an error (the message says how to give one);
+4. ``observation.done`` ends the episode (terminated); the wrapper's ``max_turns`` caps an
+   environment that never ends (truncated).
+
+Remote environments: one WebSocket session per episode (``OpenEnvWrapper`` connects on
+``reset`` and closes when the episode ends), so the server's ``max_concurrent_envs`` must be
+at least the rollout's ``N = B x G`` episodes. A server that cannot be reached, or does not
+answer within ``timeout``, is an error naming its URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from rl_envs._extras import require
+from rl_envs.multiturn import TokenObservationWrapper
+
+__all__ = [
+    "OpenEnvError",
+    "OpenEnvTextEnv",
+    "OpenEnvWrapper",
+    "observation_text",
+    "text_action",
+]
+
+#: Fields of every OpenEnv observation that are not its content.
+_BOOKKEEPING = frozenset({"done", "reward", "metadata"})
+#: Field names preferred, in order, when an observation has several text fields.
+_TEXT_FIELDS = ("prompt", "text", "message", "content", "observation", "feedback")
+
+
+class OpenEnvError(RuntimeError):
+    """The environment (or its server) failed during an episode."""
+
+
+def _core() -> Any:
+    return require("openenv.core", "openenv", "rl_envs.openenv")
+
+
+def _fields(observation: Any) -> dict[str, Any]:
+    """The observation's content: its fields but ``done``, ``reward`` and ``metadata``."""
+    if hasattr(observation, "model_dump"):
+        return dict(observation.model_dump(exclude=set(_BOOKKEEPING)))
+    return {k: v for k, v in dict(observation).items() if k not in _BOOKKEEPING}
+
+
+def observation_text(observation: Any) -> str:
+    """The default ``Observation -> message`` mapping.
+
+    The content fields (all but ``done``, ``reward``, ``metadata``, as OpenEnv serialises
+    them): a single field as its text; else the first string field among ``prompt``, ``text``,
+    ``message``, ``content``, ``observation``, ``feedback``; else the fields as sorted JSON.
+
+    Args:
+        observation: An OpenEnv ``Observation`` or its serialised dict.
+
+    Returns:
+        The user message.
+    """
+    fields = _fields(observation)
+    if len(fields) == 1:
+        return str(next(iter(fields.values())))
+    for name in _TEXT_FIELDS:
+        if isinstance(fields.get(name), str):
+            return str(fields[name])
+    return json.dumps(fields, sort_keys=True, default=str)
+
+
+def text_action(action_cls: Any) -> Callable[[str], Any]:
+    """The default ``text -> Action`` mapping for ``action_cls``: its one ``str`` field.
+
+    Args:
+        action_cls: An OpenEnv ``Action`` subclass with exactly one string field (besides
+            ``metadata``), e.g. ``class GuessAction(Action): guess: str``.
+
+    Returns:
+        ``text -> action_cls(field=text)``.
+
+    Raises:
+        ValueError: ``action_cls`` has no string field or several.
+    """
+    names = [
+        name
+        for name, info in action_cls.model_fields.items()
+        if name != "metadata" and info.annotation is str
+    ]
+    if len(names) != 1:
+        raise ValueError(
+            f"{action_cls.__name__} has {len(names)} string fields ({names}); pass "
+            "action=fn(text) -> Action to say how the model's text becomes an action"
+        )
+    field = names[0]
+    return lambda text: action_cls(**{field: text})
+
+
+class OpenEnvTextEnv:
+    """One OpenEnv environment as a :class:`~rl_envs.multiturn.TextEnv` (strings in and out).
+
+    Exactly one of ``environment`` (in-process) and ``url`` (a ``create_app`` server) is given.
+
+    Args:
+        environment: An OpenEnv ``Environment``, or a callable that builds one (its class).
+        url: ``http://host:port`` of a server made by ``create_app``.
+        action: ``text -> Action`` (or the action's dict for a server); default
+            :func:`text_action` of ``action_cls``.
+        observation: ``Observation -> str``; default :func:`observation_text`.
+        reward: ``observation -> float``, used instead of the observation's ``reward``.
+        action_cls: The ``Action`` class (in-process: read from ``environment.step``'s
+            annotation when not given).
+        observation_cls: For a server: rebuild each observation as this class (the mapping
+            functions then see the same objects as in-process); None: plain dicts.
+        reset_kwargs: Extra keyword arguments of every ``reset``.
+        timeout: Seconds to connect to the server and to wait for each reply.
+    """
+
+    def __init__(
+        self,
+        environment: Any = None,
+        *,
+        url: str | None = None,
+        action: Callable[[str], Any] | None = None,
+        observation: Callable[[Any], str] | None = None,
+        reward: Callable[[Any], float] | None = None,
+        action_cls: Any = None,
+        observation_cls: Any = None,
+        reset_kwargs: Mapping[str, Any] | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        if (environment is None) == (url is None):
+            raise ValueError(
+                "pass exactly one of `environment` (an OpenEnv Environment, in-process) and "
+                "`url` (http://host:port of its create_app server)"
+            )
+        if not timeout > 0:
+            raise ValueError(f"`timeout` must be > 0 seconds, got {timeout}")
+        core = _core()
+        self.env: Any = None
+        if environment is not None:
+            env = environment if isinstance(environment, core.Environment) else environment()
+            if not isinstance(env, core.Environment):
+                raise ValueError(
+                    f"`environment` must be an OpenEnv Environment or build one, got "
+                    f"{type(env).__name__}"
+                )
+            self.env = env
+            action_cls = action_cls or _annotated_action(env)
+        self.url = url
+        self.name = type(self.env).__name__ if self.env is not None else str(url)
+        if action is None:
+            if action_cls is None:
+                raise ValueError(
+                    f"cannot tell the action class of {self.name}: pass action_cls= or "
+                    "action=fn(text) -> Action"
+                )
+            action = text_action(action_cls)
+        self.action_fn = action
+        self.observation_fn = observation or observation_text
+        self.reward_fn = reward
+        self.observation_cls = observation_cls
+        self.reset_kwargs = dict(reset_kwargs or {})
+        self.timeout = float(timeout)
+        self.client: Any = None
+        self.turn = 0
+
+    # -- the two transports ----------------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        self.close()
+        core = _core()
+        client = core.GenericEnvClient(
+            base_url=self.url, connect_timeout_s=self.timeout, message_timeout_s=self.timeout
+        ).sync()
+        try:
+            client.connect()
+        except Exception as exc:
+            client.close()
+            raise OpenEnvError(
+                f"the OpenEnv server at {self.url} is unreachable within {self.timeout:g}s "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
+        self.client = client
+        return client
+
+    def _remote(self, call: Callable[[], Any], what: str) -> tuple[Any, Any, bool]:
+        try:
+            result = call()
+        except Exception as exc:
+            self.close()
+            kind = "did not answer" if isinstance(exc, TimeoutError) else "failed"
+            raise OpenEnvError(
+                f"the OpenEnv server at {self.url} {kind} on {what} ({type(exc).__name__}: {exc})"
+            ) from exc
+        observation: Any = dict(result.observation)
+        if self.observation_cls is not None:
+            observation = self.observation_cls(
+                **observation, reward=result.reward, done=bool(result.done)
+            )
+        return observation, result.reward, bool(result.done)
+
+    def _local(self, call: Callable[[], Any], what: str) -> tuple[Any, Any, bool]:
+        try:
+            observation = call()
+        except Exception as exc:
+            raise OpenEnvError(f"{self.name}.{what} raised {type(exc).__name__}: {exc}") from exc
+        return observation, observation.reward, bool(observation.done)
+
+    # -- TextEnv ---------------------------------------------------------------------------------
+
+    def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode: ``(message, {"observation": ...})``."""
+        self.turn = 0
+        kwargs = {**self.reset_kwargs, "seed": seed}
+        if self.env is not None:
+            obs, _, done = self._local(lambda: self.env.reset(**kwargs), "reset")
+        else:
+            client = self._connect()
+            obs, _, done = self._remote(lambda: client.reset(**kwargs), "reset")
+        if done:
+            raise OpenEnvError(f"{self.name} ended the episode at reset (done=True)")
+        return self.observation_fn(obs), {"observation": obs}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Apply the model's text; Gymnasium's five-tuple (never truncated by the env)."""
+        self.turn += 1
+        try:
+            act = self.action_fn(action)
+        except Exception as exc:
+            raise OpenEnvError(
+                f"the action mapping of {self.name} refused {action!r} "
+                f"({type(exc).__name__}: {exc})"
+            ) from exc
+        if self.env is not None:
+            obs, reward, done = self._local(lambda: self.env.step(act), "step")
+        else:
+            payload = act.model_dump() if hasattr(act, "model_dump") else act
+            obs, reward, done = self._remote(lambda: self.client.step(payload), "step")
+        if self.reward_fn is not None:
+            reward = self.reward_fn(obs)
+        elif reward is None and self.env is not None and self.env.rubric is not None:
+            reward = self.env.rubric(act, obs)
+        if reward is None:
+            if done:
+                raise OpenEnvError(
+                    f"{self.name} ended the episode (turn {self.turn}) without a reward: set "
+                    "observation.reward in step(), give the environment a rubric, or pass "
+                    "reward=fn(observation) -> float"
+                )
+            reward = 0.0
+        return self.observation_fn(obs), float(reward), done, False, {"observation": obs}
+
+    def close(self) -> None:
+        """End the server session, if any (in-process: nothing to do)."""
+        client, self.client = self.client, None
+        if client is not None:
+            with contextlib.suppress(Exception):  # the session is gone either way
+                client.close()
+
+
+def _annotated_action(env: Any) -> Any:
+    """The ``Action`` subclass ``env.step`` is annotated with, or None."""
+    import typing
+
+    try:
+        hints = typing.get_type_hints(type(env).step)
+    except Exception:
+        return None
+    hint = hints.get("action")
+    return hint if isinstance(hint, type) and hasattr(hint, "model_fields") else None
+
+
+class OpenEnvWrapper(TokenObservationWrapper):
+    """An OpenEnv episode as tokens: :class:`OpenEnvTextEnv` in a token wrapper.
+
+    The episode's token layout, masks and turn ids are those of
+    :class:`~rl_envs.multiturn.TokenObservationWrapper` (observation tokens are not actions,
+    so they are masked out of the loss); a server session is closed as soon as the episode
+    ends (terminated, ``max_turns``, ``max_model_len`` or an error).
+
+    Args:
+        environment: As for :class:`OpenEnvTextEnv` (in-process).
+        tokenizer: A Hugging Face tokenizer.
+        url: As for :class:`OpenEnvTextEnv` (a server).
+        max_turns: Most actions per episode (the cap for an environment that never ends).
+        pad_id: Padding id.
+        max_model_len: Longest conversation in tokens.
+        max_output_tokens: Most tokens per action.
+        apply_chat_template: Render the conversation with the tokenizer's chat template.
+        system_prompt: An optional system message.
+        **kwargs: :class:`OpenEnvTextEnv`'s mapping arguments (``action``, ``observation``,
+            ``reward``, ``action_cls``, ``observation_cls``, ``reset_kwargs``, ``timeout``).
+    """
+
+    def __init__(
+        self,
+        environment: Any,
+        tokenizer: Any,
+        *,
+        url: str | None = None,
+        max_turns: int,
+        pad_id: int,
+        max_model_len: int,
+        max_output_tokens: int,
+        apply_chat_template: bool = True,
+        system_prompt: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.text_env = OpenEnvTextEnv(environment, url=url, **kwargs)
+        super().__init__(
+            self.text_env,
+            tokenizer,
+            max_turns=max_turns,
+            pad_id=pad_id,
+            max_model_len=max_model_len,
+            max_output_tokens=max_output_tokens,
+            apply_chat_template=apply_chat_template,
+            system_prompt=system_prompt,
+        )
+
+    def reset(self, seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Start an episode (a server: a new session)."""
+        try:
+            return super().reset(seed)
+        except BaseException:
+            self.text_env.close()
+            raise
+
+    def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        """Apply the policy's tokens; the server session closes when the episode ends."""
+        try:
+            out = super().step(action)
+        except BaseException:
+            self.text_env.close()
+            raise
+        if self.done:
+            self.text_env.close()
+        return out

@@ -1,0 +1,229 @@
+"""OpenEnv environments through the multi-turn wrapper: in-process and served identically,
+token-in/token-out, and every bad input a clear error (rl_envs.openenv, rl_envs.openenv_game)."""
+
+from __future__ import annotations
+
+import random
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.types import State
+from rl_envs import SyncMultiTurnVecEnv
+from rl_envs.openenv import OpenEnvError, OpenEnvTextEnv, OpenEnvWrapper, observation_text
+from rl_envs.openenv_game import EchoAction, EchoDigitEnvironment, EchoObservation
+from rl_testing.tokenizer import char_tokenizer
+
+EOS = 2
+TEMPLATE = (
+    "{%- for m in messages -%}{{ '<|' + m['role'] + '|>' + m['content'] + '<eos>' }}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}{{ '<|assistant|>' }}{%- endif -%}"
+)
+
+
+def tok() -> Any:
+    t = char_tokenizer()
+    t.chat_template = TEMPLATE
+    return t
+
+
+def encode(t: Any, text: str) -> list[int]:
+    return list(t(text, add_special_tokens=False)["input_ids"])
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    """The game behind OpenEnv's own create_app, served by uvicorn on a loopback port."""
+    import uvicorn
+
+    app = create_app(EchoDigitEnvironment, EchoAction, EchoObservation, max_concurrent_envs=16)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    while not srv.started and thread.is_alive():  # hang guard: the thread dies on a failed bind
+        time.sleep(0.02)
+    assert srv.started
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+def wrapper(t: Any, environment: Any = None, **kw: Any) -> OpenEnvWrapper:
+    args: dict[str, Any] = {
+        "max_turns": 4,
+        "pad_id": 0,
+        "max_model_len": 256,
+        "max_output_tokens": 4,
+    }
+    args.update(kw)
+    return OpenEnvWrapper(environment, t, **args)
+
+
+def echo_policy(t: Any) -> Any:
+    """Actions drawn from a generator seeded by the observation's ids: any difference in what
+    the environment said changes every later action."""
+
+    def policy(obs: list[dict[str, Any]]) -> list[torch.Tensor]:
+        out = []
+        for o in obs:
+            rng = random.Random(sum(i * (k + 1) for k, i in enumerate(o["input_ids"][0].tolist())))
+            out.append(torch.tensor([*encode(t, rng.choice("0123x")), EOS]))
+        return out
+
+    return policy
+
+
+def test_served_and_in_process_runs_give_identical_trajectories(server: str) -> None:
+    t = tok()
+    local = SyncMultiTurnVecEnv(
+        lambda: wrapper(t, EchoDigitEnvironment), batch_size=4, group_size=2
+    )
+    remote = SyncMultiTurnVecEnv(
+        lambda: wrapper(
+            t, url=server, action_cls=EchoAction, observation_cls=EchoObservation, timeout=20
+        ),
+        batch_size=4,
+        group_size=2,
+    )
+    a = local.rollout(echo_policy(t), seed=11)
+    b = remote.rollout(echo_policy(t), seed=11)
+    for name in ("input_ids", "action_mask", "turn_ids", "turn_rewards", "turn_mask"):
+        # bit-exact: the same integers and dyadic/decimal rewards from the same game code
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert a.turn_mask.sum(1).tolist() != [1] * 8  # multi-turn episodes happened
+    assert all(w.text_env.client is None for w in remote.envs)  # sessions closed at the end
+
+
+def test_ids_are_the_templates_rendering_and_observations_are_masked() -> None:
+    t = tok()
+    w = wrapper(t, EchoDigitEnvironment(digits="7", digit_reward=0.25))
+    obs, _ = w.reset(seed=0)
+    assert obs["input_ids"][0].tolist() == encode(t, "<|user|>say 7<eos><|assistant|>")
+    action = [*encode(t, "3"), EOS]
+    _, reward, done, _, _ = w.step(action)
+    assert (reward, done) == (0.25, False)  # a wrong digit is worth digit_reward
+    action2 = [*encode(t, "7"), EOS]
+    _, reward, done, _, _ = w.step(action2)
+    assert (reward, done) == (1.0, True)
+    traj = w.trajectory()
+    messages = [
+        {"role": "user", "content": "say 7"},
+        {"role": "assistant", "content": "3"},
+        {"role": "user", "content": "no, say 7"},
+        {"role": "assistant", "content": "7"},
+    ]
+    rendered = t.apply_chat_template(messages, tokenize=False)
+    assert traj.input_ids.tolist() == encode(t, rendered)
+    ids = traj.input_ids.tolist()
+    assert [i for i, m in zip(ids, traj.action_mask.tolist(), strict=True) if m] == action + action2
+    assert traj.turn_rewards.tolist() == [0.25, 1.0]  # dyadic: exact in float32
+
+
+def test_default_mappings() -> None:
+    assert observation_text(EchoObservation(prompt="hi", reward=1.0, done=True)) == "hi"
+    assert observation_text({"prompt": "a", "board": [1, 2]}) == "a"
+    assert observation_text({"x": 1, "y": [2]}) == '{"x": 1, "y": [2]}'
+    env = OpenEnvTextEnv(EchoDigitEnvironment)  # the action class read from step's annotation
+    assert env.action_fn("5") == EchoAction(text="5")
+
+
+class _Broken(Environment):  # type: ignore[misc]
+    """An environment whose behaviour each test picks."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kw: Any) -> Any:
+        return EchoObservation(prompt="go")
+
+    def step(self, action: EchoAction, timeout_s: float | None = None, **kw: Any) -> Any:
+        if self.mode == "raise":
+            raise KeyError("board exploded")
+        if self.mode == "no_reward":
+            return EchoObservation(prompt="over", done=True)
+        return EchoObservation(prompt="again", reward=0.5)  # never ends
+
+    @property
+    def state(self) -> State:
+        return State()
+
+
+def test_an_environment_that_raises_names_itself_and_the_call() -> None:
+    w = wrapper(tok(), _Broken("raise"))
+    w.reset(seed=0)
+    with pytest.raises(OpenEnvError, match=r"_Broken\.step raised KeyError: 'board exploded'"):
+        w.step([*encode(w.tokenizer, "1"), EOS])
+
+
+def test_an_episode_ending_without_a_reward_says_how_to_give_one() -> None:
+    w = wrapper(tok(), _Broken("no_reward"))
+    w.reset(seed=0)
+    with pytest.raises(OpenEnvError, match=r"without a reward.*reward=fn"):
+        w.step([*encode(w.tokenizer, "1"), EOS])
+    w = wrapper(tok(), _Broken("no_reward"), reward=lambda obs: 2.0)
+    w.reset(seed=0)
+    assert w.step([*encode(w.tokenizer, "1"), EOS])[1:3] == (2.0, True)
+
+
+def test_an_environment_that_never_ends_is_truncated_at_max_turns() -> None:
+    w = wrapper(tok(), _Broken("endless"), max_turns=3)
+    w.reset(seed=0)
+    for _ in range(3):
+        _, reward, terminated, truncated, info = w.step([*encode(w.tokenizer, "1"), EOS])
+    assert (reward, terminated, truncated, info["truncated_by"]) == (0.5, False, True, "max_turns")
+    assert w.done
+
+
+def test_an_action_the_mapping_refuses_is_a_clear_error() -> None:
+    def strict(text: str) -> EchoAction:
+        if not text.isdigit():
+            raise ValueError("not a digit")
+        return EchoAction(text=text)
+
+    w = wrapper(tok(), EchoDigitEnvironment, action=strict)
+    w.reset(seed=0)
+    with pytest.raises(OpenEnvError, match=r"refused 'x' \(ValueError: not a digit\)"):
+        w.step([*encode(w.tokenizer, "x"), EOS])
+
+
+def test_a_down_server_fails_within_the_timeout_naming_its_url() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    w = wrapper(tok(), url=url, action_cls=EchoAction, timeout=2)
+    with pytest.raises(OpenEnvError, match=f"server at {url} is unreachable within 2s"):
+        w.reset(seed=0)
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="exactly one of `environment`"):
+        OpenEnvTextEnv()
+    with pytest.raises(ValueError, match="cannot tell the action class"):
+        OpenEnvTextEnv(url="http://127.0.0.1:1")
+    with pytest.raises(ValueError, match="`timeout` must be > 0"):
+        OpenEnvTextEnv(EchoDigitEnvironment, timeout=0)
+
+
+def test_without_the_extra_the_error_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rl_envs.openenv as adapter
+
+    for name in [m for m in sys.modules if m == "openenv" or m.startswith("openenv.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "openenv", None)
+    with pytest.raises(ImportError, match=r"^rl_envs\.openenv needs the 'openenv' extra: "):
+        adapter.OpenEnvTextEnv(url="http://127.0.0.1:1", action_cls=EchoAction)
+    with pytest.raises(ImportError) as info:
+        adapter.OpenEnvTextEnv(url="http://127.0.0.1:1", action_cls=EchoAction)
+    assert "\n" not in str(info.value)
+    assert "pip install 'rl-envs[openenv]'" in str(info.value)
