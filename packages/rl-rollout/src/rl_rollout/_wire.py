@@ -73,6 +73,7 @@ def result_to_json(result: RolloutResult) -> dict[str, Any]:
         "texts": list(result.texts),
         "logprobs": None if result.logprobs is None else result.logprobs.tolist(),
         "logprobs_dtype": None if result.logprobs is None else str(result.logprobs.dtype),
+        "weight_version": result.weight_version,
     }
 
 
@@ -91,4 +92,5 @@ def result_from_json(data: dict[str, Any]) -> RolloutResult:
         group_index=torch.tensor(data["group_index"], dtype=torch.long),
         texts=list(data["texts"]),
         logprobs=logprobs,
+        weight_version=data.get("weight_version"),
     )

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, Protocol, cast
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from rl_rollout.decode import lean_decode, supports_lean_decode
+from rl_rollout.lora_sync import LoraAdapter, merged_weights
 from rl_rollout.params import SamplingParams, process_logits
 from rl_rollout.result import RolloutResult, assemble_result
 
@@ -28,7 +29,7 @@ Prompts = Sequence[str] | Sequence[Sequence[int]]
 class Engine(Protocol):
     """What rl-algos needs from a generation engine.
 
-    ``generate`` samples; the other four keep the engine's weights equal to the trainer's and
+    ``generate`` samples; the other five keep the engine's weights equal to the trainer's and
     share the accelerator with it. Engines that generate with the trainer's own model object
     (:class:`HFEngine`) make them no-ops.
     """
@@ -43,6 +44,23 @@ class Engine(Protocol):
 
     def load_lora(self, name: str, path: str) -> None:
         """LoRA sync: (re)load the peft adapter saved at ``path`` and generate with it."""
+        ...
+
+    def load_adapter(
+        self,
+        name: str,
+        tensors: Mapping[str, torch.Tensor],
+        config: Mapping[str, Any],
+        version: int,
+    ) -> None:
+        """Adapter-only sync in memory: generate with this LoRA adapter from now on.
+
+        ``tensors`` are in peft's saved form (``base_model.model.<module>.lora_A.weight``
+        [r, in], ``...lora_B.weight`` [out, r]), ``config`` is peft's ``LoraConfig`` as a dict,
+        ``version`` the policy version; every later result carries it as
+        :attr:`RolloutResult.weight_version`. The load is whole or refused (``ValueError``
+        naming the adapter): nothing is sampled from a half-loaded adapter.
+        """
         ...
 
     def sleep(self, level: int = 1) -> None:
@@ -258,6 +276,9 @@ class HFEngine:
             raise ValueError("the tokenizer needs a pad and an eos token")
         self.pad_id = int(tokenizer.pad_token_id)
         self.eos_id = int(tokenizer.eos_token_id)
+        self.adapter: str | None = None
+        self.weight_version: int | None = None
+        self._base_weights: dict[str, torch.nn.Parameter] = {}
 
     # -- inputs ------------------------------------------------------------------------------
 
@@ -373,7 +394,7 @@ class HFEngine:
             completions.extend(tokens.tolist())
             if lp is not None:
                 logprobs.extend(lp.tolist())
-        return assemble_result(
+        result = assemble_result(
             encoded,
             completions,
             params.n,
@@ -383,6 +404,8 @@ class HFEngine:
             decode=self._decode,
             logprobs=logprobs if params.return_logprobs else None,
         )
+        result.weight_version = self.weight_version
+        return result
 
     def _decode(self, tokens: list[int]) -> str:
         return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
@@ -390,8 +413,51 @@ class HFEngine:
     # -- weight sync (the trainer's model is this engine's model: nothing to copy) -------------
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy tensors into the model's parameters and buffers by name (strict names)."""
+        """Copy tensors into the model's parameters and buffers by name (strict names).
+
+        A loaded adapter (:meth:`load_adapter`) is dropped first: the tensors are base weights.
+        """
+        self._swap_in({})
+        self.adapter = self.weight_version = None
         copy_named_tensors(self.model, named_tensors)
+
+    def load_adapter(
+        self,
+        name: str,
+        tensors: Mapping[str, torch.Tensor],
+        config: Mapping[str, Any],
+        version: int,
+    ) -> None:
+        """Generate with the LoRA adapter merged into the targeted linear weights.
+
+        Each becomes ``W + s * B @ A`` (:func:`rl_rollout.lora_sync.merged_weights`, peft's
+        order of operations, so a trainer sampling with its merged adapter gets the same bits).
+
+        The merged weights are computed and checked in full before any is swapped in, and from
+        the original ``W`` (kept aside), so each version replaces the previous one. The model
+        must be a plain transformers model (not peft's, whose adapters are the trainer's).
+
+        Raises:
+            ValueError: an adapter that does not fit the model (unknown target module, wrong
+                rank), naming the adapter and version.
+        """
+        adapter = LoraAdapter(name, int(version), dict(config), dict(tensors))
+        merged = merged_weights(
+            self.model, adapter, lambda n, layer: self._base_weights.get(n, layer.weight)
+        )
+        self._swap_in(merged)
+        self.adapter, self.weight_version = name, int(version)
+
+    def _swap_in(self, merged: dict[str, torch.Tensor]) -> None:
+        """Put ``merged`` weights in place; every other swapped module gets its original back."""
+        modules = dict(self.model.named_modules())
+        for name, original in self._base_weights.items():
+            if name not in merged:
+                modules[name].weight = original
+        for name, weight in merged.items():
+            self._base_weights.setdefault(name, modules[name].weight)
+            modules[name].weight = torch.nn.Parameter(weight, requires_grad=False)
+        self._base_weights = {n: w for n, w in self._base_weights.items() if n in merged}
 
     def load_lora(self, name: str, path: str) -> None:
         """Not needed: the engine generates with the trainer's own (peft) model."""

@@ -30,6 +30,9 @@ class RolloutResult:
     """Decoded completions up to the mask end, stop strings cut off."""
     logprobs: torch.Tensor | None = None
     """[N, T] sampling log-probs under the processed distribution (0 where masked), or None."""
+    weight_version: int | None = None
+    """The version of the adapter the engine sampled with (``Engine.load_adapter``), or None
+    when it samples with no version-tagged weights."""
 
     @property
     def sequences(self) -> torch.Tensor:

@@ -13,6 +13,10 @@ Endpoints (JSON unless noted; no pickle anywhere):
 - ``POST /update_weights`` (body: safetensors bytes) -> ``{"updated": <count>}``
 - ``POST /load_lora`` ``{"name": str, "path": str}`` (a peft adapter directory the server can
   read, e.g. on a shared filesystem)
+- ``POST /load_adapter`` (body: a LoRA adapter as safetensors bytes, name, version and peft
+  config in its metadata: :func:`rl_rollout.lora_sync.adapter_to_bytes`) -> ``{"loaded": name,
+  "version": int, "bytes": int}``: adapter-only sync, in memory, no shared directory; each
+  ``/generate`` answer then carries ``weight_version``
 - ``POST /sleep`` ``{"level": int}``, ``POST /wake_up`` ``{"tags": [str] | null}``
 - ``POST /traces/pop`` ``{"episode_id": str}`` -> ``{"calls": [...]}`` (the recorded calls of
   an episode, removed from the server; :meth:`RemoteEngine.pop_trace`)
@@ -33,7 +37,7 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
@@ -44,6 +48,7 @@ from safetensors.torch import save as save_safetensors
 
 from rl_rollout._wire import params_from_json, params_to_json, result_from_json, result_to_json
 from rl_rollout.engine import Engine, Prompts
+from rl_rollout.lora_sync import LoraAdapter, adapter_from_bytes, adapter_to_bytes
 from rl_rollout.openai_api import OpenAIError, OpenAIRoutes
 from rl_rollout.openai_tools import TOOL_PARSERS, ToolParser
 from rl_rollout.openai_trace import TraceCall, TraceRecorder
@@ -170,11 +175,15 @@ class RolloutServer:
         except Exception as exc:  # an engine failure: OpenAI's error body, HTTP 500
             raise OpenAIError(f"{type(exc).__name__}: {exc}", status=500) from exc
 
-    def _dispatch(self, path: str, body: bytes) -> dict[str, Any]:
+    def _dispatch(self, path: str, body: bytes) -> dict[str, Any]:  # noqa: PLR0911
         if path == "/update_weights":
             tensors = load_safetensors(body)
             self.engine.update_weights(tensors.items())
             return {"updated": len(tensors)}
+        if path == "/load_adapter":
+            adapter = adapter_from_bytes(body)
+            self.engine.load_adapter(adapter.name, adapter.tensors, adapter.config, adapter.version)
+            return {"loaded": adapter.name, "version": adapter.version, "bytes": len(body)}
         request = json.loads(body or b"{}")
         if path == "/generate":
             params = params_from_json(request.get("params", {}))
@@ -225,8 +234,10 @@ class RemoteEngine:
         base_url: ``http://host:port`` of the server.
         timeout: Seconds to wait for any part of a reply (generation included) before failing.
         connect_timeout: Seconds to wait for the TCP connection.
-        weight_sync_timeout: Seconds for ``update_weights`` / ``load_lora`` / ``sleep`` /
-            ``wake_up`` (default: ``timeout``).
+        weight_sync_timeout: Seconds for ``update_weights`` / ``load_lora`` /
+            ``load_adapter`` / ``sleep`` / ``wake_up`` (default: ``timeout``), each try.
+        sync_retries: Further tries of a ``load_adapter`` that found the server down or silent
+            (a refused adapter is not retried), after 0.5 s, 1 s, ...
     """
 
     def __init__(
@@ -236,6 +247,7 @@ class RemoteEngine:
         timeout: float = 600.0,
         connect_timeout: float = 10.0,
         weight_sync_timeout: float | None = None,
+        sync_retries: int = 2,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname or parts.port is None:
@@ -248,6 +260,12 @@ class RemoteEngine:
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.weight_sync_timeout = weight_sync_timeout or timeout
+        if sync_retries < 0:
+            raise ValueError(f"`sync_retries` must be >= 0, got {sync_retries}")
+        self.sync_retries = sync_retries
+        self.last_sync: dict[str, float] = {}
+        """``bytes`` (request body), ``tensor_bytes`` and ``seconds`` of the last
+        :meth:`load_adapter`."""
 
     def pop_trace(self, episode_id: str) -> list[TraceCall]:
         """The calls the server recorded for ``episode_id``, removed from the server.
@@ -346,6 +364,55 @@ class RemoteEngine:
         """Have the server (re)load the peft adapter at ``path`` (a path it can read)."""
         body = json.dumps({"name": name, "path": path}).encode()
         self._request("/load_lora", body, timeout=self.weight_sync_timeout)
+
+    def load_adapter(
+        self,
+        name: str,
+        tensors: Mapping[str, torch.Tensor],
+        config: Mapping[str, Any],
+        version: int,
+    ) -> None:
+        """Send a LoRA adapter's tensors: one safetensors body, no file on either side.
+
+        The server generates with it from now on and tags each result with ``version``.
+
+        The body is the tensors' bytes plus a safetensors header (names, shapes, the peft
+        config as JSON); see :attr:`last_sync`. A server that is down or silent is tried
+        ``sync_retries`` more times, each within ``weight_sync_timeout``.
+
+        Raises:
+            ValueError: the server refused the adapter (unknown target module, wrong rank...).
+            RolloutServerError: no try succeeded.
+            Both name the server's URL and the adapter.
+        """
+        adapter = LoraAdapter(name, int(version), dict(config), dict(tensors))
+        body = adapter_to_bytes(adapter)
+        what = f"{adapter.describe()} ({len(body)} bytes)"
+        start = time.monotonic()
+        for attempt in range(self.sync_retries + 1):
+            try:
+                self._request(
+                    "/load_adapter",
+                    body,
+                    timeout=self.weight_sync_timeout,
+                    content_type="application/octet-stream",
+                )
+                break
+            except (ValueError, NotImplementedError) as exc:
+                message = f"the rollout server at {self.base_url} refused {what}: {exc}"
+                raise type(exc)(message) from exc
+            except RolloutServerError as exc:
+                if attempt == self.sync_retries:
+                    raise RolloutServerError(
+                        f"pushing {what} to the rollout server at {self.base_url} failed "
+                        f"after {attempt + 1} tries ({time.monotonic() - start:.1f} s): {exc}"
+                    ) from exc
+                time.sleep(0.5 * 2**attempt)
+        self.last_sync = {
+            "bytes": float(len(body)),
+            "tensor_bytes": float(adapter.tensor_bytes),
+            "seconds": time.monotonic() - start,
+        }
 
     def sleep(self, level: int = 1) -> None:
         """Put the server's engine to sleep (frees its GPU memory)."""

@@ -6,13 +6,17 @@ workspace lock (see the package README): install it into its own environment.
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterable, Sequence
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 
 from rl_rollout.engine import Prompts, encode_prompts, register_engine
+from rl_rollout.lora_sync import LoraAdapter, adapter_to_bytes
 from rl_rollout.params import SamplingParams
 from rl_rollout.result import RolloutResult, assemble_result
 
@@ -161,6 +165,9 @@ class VLLMEngine:
         self.pad_id = int(self.eos_id if pad is None else pad)
         self._lora: Any = None
         self._lora_ids = 0
+        self._lora_dir: str | None = None
+        self.max_lora_rank = max_lora_rank
+        self.weight_version: int | None = None
         self.sleeping = False
 
     def generate(self, prompts: Prompts, params: SamplingParams) -> RolloutResult:
@@ -186,7 +193,7 @@ class VLLMEngine:
                 if params.return_logprobs:
                     steps = zip(tokens, sample.logprobs, strict=True)
                     logprobs.append([step[t].logprob for t, step in steps])
-        return assemble_result(
+        result = assemble_result(
             encoded,
             completions,
             params.n,
@@ -196,6 +203,8 @@ class VLLMEngine:
             decode=lambda t: str(self.tokenizer.decode(t, skip_special_tokens=True)),
             logprobs=logprobs if params.return_logprobs else None,
         )
+        result.weight_version = self.weight_version if self._lora is not None else None
+        return result
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Full-weight sync: load Hugging Face-named tensors into vLLM's model.
@@ -234,6 +243,50 @@ class VLLMEngine:
         if previous is not None:
             self.llm.llm_engine.remove_lora(previous.lora_int_id)
         self.llm.reset_prefix_cache()
+        self.weight_version = None
+
+    def load_adapter(
+        self,
+        name: str,
+        tensors: Mapping[str, torch.Tensor],
+        config: Mapping[str, Any],
+        version: int,
+    ) -> None:
+        """Adapter-only sync from tensors (:meth:`rl_rollout.Engine.load_adapter`).
+
+        vLLM's public API loads a LoRA adapter from a path only (``LoRARequest(name, id,
+        path)``; in-memory loading exists only as a patch of its private
+        ``LRUCacheWorkerLoRAManager._load_adapter`` calling ``LoRAModel.from_lora_tensors``,
+        as verl does, which changes between releases). So the tensors are written once to a
+        directory private to this engine, in memory where the host has ``/dev/shm``
+        (``adapter_model.safetensors`` and ``adapter_config.json``, the form peft saves), and
+        loaded through :meth:`load_lora`: the trainer needs no filesystem shared with the
+        server, and the previous version's directory is removed.
+
+        Raises:
+            ValueError: LoRA not enabled, or a rank above ``max_lora_rank``.
+        """
+        if not self.enable_lora:
+            raise ValueError("load_adapter needs VLLMEngine(..., enable_lora=True)")
+        adapter = LoraAdapter(name, int(version), dict(config), dict(tensors))
+        rank = int(adapter.config.get("r", 0))
+        if rank > self.max_lora_rank:
+            raise ValueError(
+                f"{adapter.describe()} has rank {rank} > max_lora_rank = {self.max_lora_rank} "
+                "(wrong rank): start the engine with a larger --max-lora-rank"
+            )
+        parent = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        directory = tempfile.mkdtemp(prefix="rl-rollout-lora-", dir=parent)
+        with open(os.path.join(directory, "adapter_model.safetensors"), "wb") as f:
+            f.write(adapter_to_bytes(adapter))
+        config_json = {k: v for k, v in adapter.config.items() if k != "peft_version"}
+        with open(os.path.join(directory, "adapter_config.json"), "w") as f:
+            json.dump(config_json, f, default=lambda v: sorted(v) if isinstance(v, set) else v)
+        previous, self._lora_dir = self._lora_dir, directory
+        self.load_lora(name, directory)
+        self.weight_version = adapter.version
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
 
     def sleep(self, level: int = 1) -> None:
         """Free GPU memory for training: level 1 offloads weights to CPU, 2 discards them."""

@@ -1,0 +1,203 @@
+"""Adapter-only weight sync: the wire form, the merge, the server route and its failures.
+
+A real HFEngine serves a tiny model behind a real RolloutServer in this process; the down and
+silent servers are real sockets (closed, or accepting and never answering).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import struct
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+from rl_rollout import HFEngine, RemoteEngine, RolloutServer, RolloutServerError, SamplingParams
+from rl_rollout.lora_sync import LoraAdapter, adapter_from_bytes, adapter_to_bytes, merged_weights
+from rl_testing.tolerance import assert_close
+from rollout_testlib import tiny
+from test_engine import assert_same_result
+
+#: Seconds after which a call that must fail within its own (sub-second) timeouts counts as
+#: hung: a hang guard, far beyond the timeouts configured here, never a speed limit.
+HANG_GUARD_S = 120.0
+
+TARGETS = ("q_proj", "v_proj", "down_proj")
+PARAMS = SamplingParams(temperature=1.0, max_new_tokens=5, n=2, seed=7, return_logprobs=True)
+
+
+def _adapter(model: torch.nn.Module, r: int = 4, seed: int = 0, version: int = 1) -> LoraAdapter:
+    """A random rank-``r`` adapter on ``TARGETS`` of ``model``, in peft's saved form."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in TARGETS:
+            out_f, in_f = module.weight.shape
+            tensors[f"base_model.model.{name}.lora_A.weight"] = torch.randn(r, in_f, generator=gen)
+            tensors[f"base_model.model.{name}.lora_B.weight"] = torch.randn(out_f, r, generator=gen)
+    config = {"peft_type": "LORA", "r": r, "lora_alpha": 2 * r, "target_modules": set(TARGETS)}
+    return LoraAdapter("actor", version, config, tensors)
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[HFEngine, RemoteEngine, torch.nn.Module]]:
+    model, tok = tiny("qwen2", seed=3)
+    reference, _ = tiny("qwen2", seed=3)  # the same base weights, never touched
+    engine = HFEngine(model, tok)
+    with RolloutServer(engine) as server:
+        yield engine, RemoteEngine(server.url, timeout=60.0, connect_timeout=5.0), reference
+
+
+def test_the_payload_is_the_tensors_plus_a_small_header() -> None:
+    model, _ = tiny("qwen2", seed=0)
+    adapter = _adapter(model)
+    body = adapter_to_bytes(adapter)
+    (header,) = struct.unpack("<Q", body[:8])
+    assert len(body) == adapter.tensor_bytes + 8 + header  # safetensors: size, JSON, data
+    assert header < 200 * len(adapter.tensors) + 1024  # names, shapes, offsets and the config
+    back = adapter_from_bytes(body)
+    assert (back.name, back.version) == ("actor", 1)
+    assert back.config["r"] == 4 and sorted(back.config["target_modules"]) == sorted(TARGETS)
+    for key, tensor in adapter.tensors.items():
+        assert torch.equal(back.tensors[key], tensor), key  # bytes on the wire: exact
+    with pytest.raises(ValueError, match="not an adapter of format"):
+        adapter_from_bytes(json.dumps({}).encode().rjust(16))
+
+
+def test_the_merge_is_w_plus_s_b_a() -> None:
+    """Against a float64 reference; and bit for bit the float32 expression peft evaluates."""
+    model, _ = tiny("qwen2", seed=0)
+    adapter = _adapter(model, r=4)
+    merged = merged_weights(model, adapter)
+    modules = dict(model.named_modules())
+    assert sorted(merged) == sorted({k.split(".lora_")[0][len("base_model.model.") :]
+                                     for k in adapter.tensors})  # fmt: skip
+    for name, weight in merged.items():
+        a = adapter.tensors[f"base_model.model.{name}.lora_A.weight"]
+        b = adapter.tensors[f"base_model.model.{name}.lora_B.weight"]
+        w = modules[name].weight.detach()
+        assert torch.equal(weight, w + (b @ a) * 2.0)  # s = lora_alpha / r = 8 / 4
+        expected = w.double() + 2.0 * b.double() @ a.double()
+        assert_close(weight, expected, reduction=4, stages=2)
+
+
+def test_a_served_adapter_samples_as_the_merged_model(
+    served: tuple[HFEngine, RemoteEngine, torch.nn.Module],
+) -> None:
+    engine, remote, reference = served
+    prompts = ["hello", "ab"]
+    before = remote.generate(prompts, PARAMS)
+    assert before.weight_version is None  # no adapter yet
+    adapter = _adapter(reference, version=3)
+    remote.load_adapter(adapter.name, adapter.tensors, adapter.config, adapter.version)
+    assert remote.last_sync["bytes"] == len(adapter_to_bytes(adapter))
+    assert remote.last_sync["tensor_bytes"] == adapter.tensor_bytes
+    after = remote.generate(prompts, PARAMS)
+    assert after.weight_version == 3
+    # the same sampling from a local model whose weights are the merged ones
+    merged = merged_weights(reference, adapter)
+    modules = dict(reference.named_modules())
+    with torch.no_grad():
+        for name, weight in merged.items():
+            modules[name].weight.copy_(weight)
+    assert_same_result(after, HFEngine(reference, engine.tokenizer).generate(prompts, PARAMS))
+    # the next version replaces this one (merged from the original base weights)
+    second = _adapter(reference, seed=1, version=4)
+    remote.load_adapter(second.name, second.tensors, second.config, second.version)
+    assert remote.generate(prompts, PARAMS).weight_version == 4
+    base, _ = tiny("qwen2", seed=3)
+    for name, weight in merged_weights(base, second).items():
+        assert torch.equal(dict(engine.model.named_modules())[name].weight, weight), name
+    # a full-weight sync drops the adapter: the originals are back, then overwritten
+    name, param = next(iter(base.named_parameters()))
+    remote.update_weights([(name, param.detach())])
+    assert remote.generate(prompts, PARAMS).weight_version is None
+    assert_same_result(remote.generate(prompts, PARAMS), before)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ("rank", r"wrong rank"),
+        ("module", r"targets module 'model\.layers\.0\.nope'.*unknown target module"),
+        ("dora", r"`use_dora` = True is not supported"),
+    ],
+)
+def test_a_refused_adapter_names_the_server_and_leaves_the_served_one(
+    served: tuple[HFEngine, RemoteEngine, torch.nn.Module], change: str, match: str
+) -> None:
+    _, remote, reference = served
+    good = _adapter(reference, version=1)
+    remote.load_adapter(good.name, good.tensors, good.config, good.version)
+    expected = remote.generate(["ab"], PARAMS)
+    tensors, config = dict(good.tensors), dict(good.config)
+    if change == "rank":
+        config["r"] = 8
+    elif change == "module":
+        tensors["base_model.model.model.layers.0.nope.lora_A.weight"] = torch.zeros(4, 4)
+        tensors["base_model.model.model.layers.0.nope.lora_B.weight"] = torch.zeros(4, 4)
+    else:
+        config["use_dora"] = True
+    with pytest.raises(ValueError, match=match) as info:
+        remote.load_adapter("actor", tensors, config, 2)
+    assert re.search(rf"rollout server at {remote.base_url} refused adapter 'actor' version 2",
+                     str(info.value))  # fmt: skip
+    result = remote.generate(["ab"], PARAMS)  # nothing half-loaded: version 1 still serves
+    assert result.weight_version == 1
+    assert_same_result(result, expected)
+
+
+def test_a_down_server_fails_after_the_retries_naming_it() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    remote = RemoteEngine(f"http://127.0.0.1:{port}", connect_timeout=1.0, sync_retries=1)
+    model, _ = tiny("qwen2", seed=0)
+    adapter = _adapter(model)
+    with pytest.raises(RolloutServerError) as info:
+        remote.load_adapter(adapter.name, adapter.tensors, adapter.config, adapter.version)
+    message = str(info.value)
+    assert f"rollout server at http://127.0.0.1:{port} failed after 2 tries" in message
+    assert "adapter 'actor' version 1" in message and "cannot reach" in message
+
+
+def test_a_silent_server_times_out_instead_of_hanging() -> None:
+    """A server that accepts and never answers: each try ends at the timeout, then an error."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    accepted: list[socket.socket] = []
+
+    def accept() -> None:
+        for _ in range(2):
+            accepted.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = listener.getsockname()[1]
+    remote = RemoteEngine(f"http://127.0.0.1:{port}", weight_sync_timeout=0.5, sync_retries=1)
+    model, _ = tiny("qwen2", seed=0)
+    adapter = _adapter(model)
+    raised: list[BaseException] = []
+
+    def sync() -> None:
+        try:
+            remote.load_adapter(adapter.name, adapter.tensors, adapter.config, adapter.version)
+        except BaseException as exc:
+            raised.append(exc)
+
+    caller = threading.Thread(target=sync, daemon=True)
+    try:
+        caller.start()
+        caller.join(HANG_GUARD_S)  # a hang guard: a hung call fails the test instead of hanging it
+        assert not caller.is_alive(), f"load_adapter hung for {HANG_GUARD_S:.0f} s"
+        assert raised and isinstance(raised[0], RolloutServerError), raised
+        assert re.search(r"adapter 'actor' version 1 \(\d+ bytes\) to the rollout server at "
+                         rf"http://127\.0\.0\.1:{port} failed after 2 tries", str(raised[0]))  # fmt: skip
+        assert "no reply from" in str(raised[0]) and "within 0.5 s" in str(raised[0])
+    finally:
+        for conn in accepted:
+            conn.close()
+        listener.close()
