@@ -20,8 +20,9 @@ from typing import Any
 import algos_testlib as tl
 import pytest
 import torch
-from rl_algos import packing
-from rl_algos.packing import RowSplit, pack_rows, split_rows, token_budget_groups, unpack
+from rl_algos import packing, varlen_attention
+from rl_algos.microbatch import RowSplit, split_rows, token_budget_groups
+from rl_algos.packing import pack_rows, unpack
 from rl_testing.tolerance import assert_close
 
 
@@ -158,7 +159,7 @@ def test_packed_hidden_states_equal_padded(arch: str, attn: str) -> None:
     from rl_testing.models import tiny_causal_lm
 
     model, _ = tiny_causal_lm(arch, seed=0, attn_implementation=attn)  # type: ignore[call-overload]
-    assert packing.attention_implementation(model) == attn
+    assert varlen_attention.attention_implementation(model) == attn
     policy = PolicyModel(model, lora_config=tl.lora_config(), critic=True, seed=3)
     tl.perturb_adapter(policy, "actor", seed=1)
     tl.perturb_adapter(policy, "critic", seed=2)
@@ -173,7 +174,7 @@ def test_packed_hidden_states_equal_padded(arch: str, attn: str) -> None:
     ]:
         _check_packed_hidden(policy, b, role)
     _check_left_padded_hidden(policy)
-    assert packing.attention_implementation(model) == attn  # restored after the forward
+    assert varlen_attention.attention_implementation(model) == attn  # restored after the forward
 
 
 def _check_left_padded_hidden(policy: Any) -> None:

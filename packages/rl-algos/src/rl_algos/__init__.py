@@ -36,9 +36,10 @@ if TYPE_CHECKING:
     from rl_algos.grpo import CISPO, GRPO, GSPO, GRPOConfig
     from rl_algos.ilql import ILQL, ILQLConfig
     from rl_algos.learner import Learner, StepResult
+    from rl_algos.microbatch import RowSplit, token_budget_groups
     from rl_algos.names import ALGORITHMS, AlgorithmSpec, batch_rows, register_algorithm
     from rl_algos.objectives import LossTerms, PolicyObjective
-    from rl_algos.packing import PackedRows, RowSplit, pack_rows, token_budget_groups
+    from rl_algos.packing import PackedRows, pack_rows
     from rl_algos.ppo import LLMPPO, PPOConfig
     from rl_algos.presets import (
         PRESETS,
@@ -89,7 +90,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "Preset": ("rl_algos.presets", "Preset"),
     "REINFORCEConfig": ("rl_algos.reinforce", "REINFORCEConfig"),
     "RLParameter": ("rl_algos.config", "RLParameter"),
-    "RowSplit": ("rl_algos.packing", "RowSplit"),
+    "RowSplit": ("rl_algos.microbatch", "RowSplit"),
     "Scorer": ("rl_algos.scoring", "Scorer"),
     "Scores": ("rl_algos.batch", "Scores"),
     "StepResult": ("rl_algos.learner", "StepResult"),
@@ -106,7 +107,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "rloo": ("rl_algos.presets", "rloo_agent"),
     "rloo_agent": ("rl_algos.presets", "rloo_agent"),
     "save_llm_checkpoint": ("rl_algos.checkpoint", "save_llm_checkpoint"),
-    "token_budget_groups": ("rl_algos.packing", "token_budget_groups"),
+    "token_budget_groups": ("rl_algos.microbatch", "token_budget_groups"),
 }
 
 __version__: str = _version("rl-algos")

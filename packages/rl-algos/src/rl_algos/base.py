@@ -52,8 +52,9 @@ from rl_algos.generation import (
     vllm_engine,
 )
 from rl_algos.learner import Learner, StepResult, broadcast_module, summarize
+from rl_algos.microbatch import RowSplit, split_rows
 from rl_algos.objectives import LossTerms, PolicyObjective, fused_objective_loss, policy_loss
-from rl_algos.packing import PackingReport, RowSplit, split_rows
+from rl_algos.packing import PackingReport
 from rl_algos.scoring import Scorer, score_batch
 
 __all__ = ["AgentParts", "Batch", "LLMAlgorithm"]
@@ -451,7 +452,7 @@ class LLMAlgorithm:
     def micro_batches(
         self, batch: Batch, scores: Scores | None, estimates: Estimates, rows: torch.Tensor
     ) -> list[MicroBatch]:
-        """``rows`` in micro-batches (:func:`rl_algos.packing.split_rows`)."""
+        """``rows`` in micro-batches (:func:`rl_algos.microbatch.split_rows`)."""
         split = RowSplit(self.config.micro_batch_size_per_gpu, self.config.micro_batch_tokens)
         groups = split_rows(rows, batch.attention_mask, split)
         return [MicroBatch.select(batch, scores, estimates, g) for g in groups]

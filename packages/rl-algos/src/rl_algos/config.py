@@ -166,7 +166,7 @@ class AgentConfig:
     """Rows per forward/backward (None: the whole minibatch)."""
     micro_batch_tokens: int | None = None
     """Real tokens (prompt + completion) per forward, rows packed into balanced micro-batches
-    (``rl_algos.packing.token_budget_groups``), also in the no-grad scoring passes; None: no
+    (``rl_algos.microbatch.token_budget_groups``), also in the no-grad scoring passes; None: no
     budget. A row longer than the budget raises. With ``micro_batch_size_per_gpu`` both limits
     hold."""
     use_sequence_packing: bool | None = None

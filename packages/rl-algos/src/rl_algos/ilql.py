@@ -38,8 +38,8 @@ from rl_algos.config import AgentConfig
 from rl_algos.distributed import deepspeed_plugin
 from rl_algos.generation import generate_actions, prompt_ids
 from rl_algos.learner import broadcast_module, summarize
+from rl_algos.microbatch import RowSplit
 from rl_algos.objectives import LossTerms
-from rl_algos.packing import RowSplit
 from rl_algos.scoring import Scorer
 
 __all__ = ["ILQL", "ILQLConfig", "pack_actions", "shape_rewards"]

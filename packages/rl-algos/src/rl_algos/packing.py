@@ -1,4 +1,4 @@
-"""Padding-free forwards: packed sequences and token-budget micro-batches.
+"""Padding-free forwards: padded rows run as one packed sequence.
 
 Shapes: ``M`` rows of a micro-batch, ``L`` tokens per right-padded row, ``T = L - 1``
 predictions (shifted by one against ``input_ids``), ``S`` packed tokens (the sum of the rows'
@@ -10,21 +10,8 @@ sequence ``[1, S]``; each token keeps the position the padded forward gives it (
 the padded forward's default ``0..L-1`` positions do). The model is called with
 ``attention_mask=None``, those ``position_ids`` (RoPE per row) and the rows' cumulative
 lengths ``cu_seq_lens_q/k`` (transformers' ``FlashAttentionKwargs``, passed down to every
-attention call). Attention stays inside each row, by implementation:
-
-* ``flash_attention_2`` / ``_3`` (CUDA only, not exercised by the CPU tests): transformers calls
-  ``flash_attn_varlen_func`` with the cumulative lengths; cost ``sum_i L_i^2``.
-* ``sdpa`` and ``eager`` (CPU and CUDA): for the packed forward the model runs
-  :func:`varlen_sdpa_attention` (registered in transformers' ``AttentionInterface`` as
-  ``"rl_varlen_sdpa"``; the config's implementation is switched for the forward and restored
-  after, a :func:`rl_adapters.replay.replayable` switch, so a checkpointed layer recomputes
-  with it too): causal SDPA on each row's slice, so the cost is ``sum_i L_i^2`` and no ``[S, S]``
-  mask is built. Equal to the padded forward to float rounding.
-* ``flex_attention``: transformers' own packed path. With ``attention_mask=None`` and
-  restarting ``position_ids`` (no cache), ``masking_utils.create_causal_mask`` detects the
-  packed layout (``find_packed_sequence_indices``) and builds a block-diagonal causal mask.
-  The same detection makes SDPA/eager models correct when called with packed
-  ``position_ids`` directly, at ``S^2`` cost (a dense ``[1, 1, S, S]`` mask).
+attention call). Attention stays inside each row by the attention implementation
+(:mod:`rl_algos.varlen_attention`).
 
 :func:`unpack` scatters the packed hidden states back onto the padded ``[M, L, H]`` layout
 (zeros on padding), so every consumer (the fused log-prob head, the value heads, the losses)
@@ -35,45 +22,37 @@ when :func:`packing_blocker` finds nothing against it (a packable attention impl
 each row's attention one contiguous span) and otherwise runs it padded, with one warning per
 reason and the counts and last reason on the report (``agent.packing_report``).
 ``use_sequence_packing=True`` raises where auto falls back; ``False`` never packs.
-
-**Token budgets.** :func:`token_budget_groups` splits rows into micro-batches of at most
-``micro_batch_tokens`` real tokens, balanced by the sum of squared lengths (attention grows with
-``L^2``): rows longest first, each into the micro-batch of least cost it still fits in.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import warnings
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from rl_adapters.replay import replayable
 
+from rl_algos.varlen_attention import (
+    PACKABLE_IMPLEMENTATIONS,
+    VARLEN_SDPA,
+    attention_configs,
+    attention_implementation,
+    register_varlen_sdpa,
+    switched_to,
+)
+
 __all__ = [
-    "FLASH_IMPLEMENTATIONS",
-    "PACKABLE_IMPLEMENTATIONS",
     "PackedRows",
     "PackingReport",
-    "RowSplit",
     "pack_rows",
     "packed_hidden_states",
     "packing_blocker",
     "row_lengths",
-    "split_rows",
-    "token_budget_groups",
     "unpack",
-    "varlen_sdpa_attention",
 ]
-
-#: Attention implementations whose varlen kernel reads ``cu_seq_lens`` (no mask is built).
-FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3")
-#: Attention implementations for which transformers builds the packed (block-diagonal) mask.
-PACKABLE_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention", *FLASH_IMPLEMENTATIONS)
 
 
 @dataclass(frozen=True)
@@ -188,12 +167,6 @@ def unpack(packed: torch.Tensor, rows: PackedRows) -> torch.Tensor:
     return out.view(rows.num_rows, rows.width, *flat.shape[1:])
 
 
-def attention_implementation(model: Any) -> str:
-    """The attention implementation a transformers model runs (``config._attn_implementation``)."""
-    config = getattr(model, "config", None)
-    return str(getattr(config, "_attn_implementation", None) or "eager")
-
-
 def packed_hidden_states(
     policy: Any,
     input_ids: torch.Tensor,
@@ -237,28 +210,15 @@ def packed_hidden_states(
     model = policy.reference_model if role == "reference" else None
     switch: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
     if impl in ("sdpa", "eager"):
-        _register_varlen()
-        configs = _configs(policy.causal_lm if model is None else model)
+        register_varlen_sdpa()
+        configs = attention_configs(policy.causal_lm if model is None else model)
         # replayable: a checkpointed layer recomputes with the varlen attention too
-        switch = replayable(functools.partial(_attention, tuple(configs), VARLEN_SDPA))
+        switch = replayable(functools.partial(switched_to, tuple(configs), VARLEN_SDPA))
     with switch:
         hidden: torch.Tensor = policy.hidden_states(
             rows.input_ids, None, role=role, position_ids=rows.position_ids, **extra
         )
     return unpack(hidden, rows)
-
-
-@contextlib.contextmanager
-def _attention(configs: Sequence[Any], impl: str) -> Iterator[None]:
-    """Run the body with attention implementation ``impl`` in ``configs``; restore after."""
-    saved = [c._attn_implementation_internal for c in configs]
-    try:
-        for c in configs:
-            c._attn_implementation_internal = impl
-        yield
-    finally:
-        for c, value in zip(configs, saved, strict=True):
-            c._attn_implementation_internal = value
 
 
 def _unpadded_hidden_states(
@@ -359,204 +319,3 @@ class PackingReport:
             message = f"use_sequence_packing=None (auto): running padded, {reason}"
             warnings.warn(message, RuntimeWarning, stacklevel=3)
         return False
-
-
-#: The name :func:`varlen_sdpa_attention` is registered under in transformers.
-VARLEN_SDPA = "rl_varlen_sdpa"
-
-
-def _configs(model: Any) -> list[Any]:
-    """The distinct configs (with an attention implementation) of a model's modules."""
-    seen: dict[int, Any] = {}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is not None and hasattr(config, "_attn_implementation_internal"):
-            seen.setdefault(id(config), config)
-    return list(seen.values())
-
-
-def _register_varlen() -> None:
-    from transformers import AttentionInterface
-
-    if VARLEN_SDPA not in AttentionInterface._global_mapping:
-        AttentionInterface.register(VARLEN_SDPA, varlen_sdpa_attention)
-
-
-def varlen_sdpa_attention(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-    cu_seq_lens_q: torch.Tensor | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """Causal attention within each packed row: SDPA on every row's slice.
-
-    Consecutive rows of equal length share one batched call (uniform lengths cost what the
-    padded batch does).
-
-    A transformers attention function (``AttentionInterface``): ``query`` [1, heads, S, d],
-    ``key``/``value`` [1, kv_heads, S, d] (grouped-query attention), the rows'
-    boundaries ``cu_seq_lens_q`` [M + 1]. Returns ``([1, S, heads, d], None)``.
-
-    Raises:
-        ValueError: Without ``cu_seq_lens_q``, with a mask, or with a row longer than a
-            sliding window (a shorter row attends causally to all of itself either way).
-    """
-    del module, kwargs
-    if cu_seq_lens_q is None or attention_mask is not None or query.shape[0] != 1:
-        raise ValueError(
-            f"{VARLEN_SDPA} runs packed rows only: one sequence [1, S] with cu_seq_lens_q and "
-            "no attention mask (rl_algos.packing.packed_hidden_states sets them)"
-        )
-    if sliding_window is not None and max(
-        b - a for a, b in itertools.pairwise(cu_seq_lens_q.tolist())
-    ) > int(sliding_window):
-        raise ValueError(
-            "sliding-window attention cannot be packed with SDPA here: pass "
-            "use_sequence_packing=False (or use flash-attention on CUDA)"
-        )
-    # grouped-query heads: SDPA's enable_gqa (no copies), as transformers' SDPA path does
-    # without a mask; larger head dims repeat the key/value heads
-    gqa = query.shape[1] != key.shape[1] and key.shape[-1] == value.shape[-1] <= 256
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1 and not gqa:
-        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    runs = _runs(cu_seq_lens_q.tolist())
-    sizes = [n * length for _, n, length in runs]
-    # one split per tensor (its backward is one concatenation, where a slice per run would
-    # scatter into a zero [heads, S, d] gradient per run)
-    splits = [torch.split(t[0], sizes, dim=1) for t in (query, key, value)]
-    parts = []
-    for (_, n, length), *qkv in zip(runs, *splits, strict=True):
-        # n consecutive rows of one length: one batched call on [n, heads, length, d]
-        q, k, v = (t.unflatten(1, (n, length)).transpose(0, 1) for t in qkv)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa
-        )  # [n, heads, length, d]
-        parts.append(out.transpose(0, 1).flatten(1, 2))  # [heads, n * length, d]
-    return torch.cat(parts, dim=1).transpose(0, 1)[None].contiguous(), None
-
-
-def _runs(bounds: list[int]) -> list[tuple[int, int, int]]:
-    """``(start, rows, length)`` of each run of consecutive equal-length rows of ``bounds``."""
-    runs: list[tuple[int, int, int]] = []
-    for a, b in itertools.pairwise(bounds):
-        if runs and runs[-1][2] == b - a:
-            start, n, length = runs[-1]
-            runs[-1] = (start, n + 1, length)
-        else:
-            runs.append((a, 1, b - a))
-    return runs
-
-
-def token_budget_groups(
-    lengths: Sequence[int], budget: int, max_rows: int | None = None, groups: int = 0
-) -> list[list[int]]:
-    """Indices of ``lengths`` in micro-batches of at most ``budget`` tokens, balanced.
-
-    Two passes. The first counts the micro-batches a first-fit pass needs (rows longest first,
-    each into the first micro-batch with room: ``budget`` tokens and ``max_rows`` rows). The
-    second opens that many (or ``groups``, if more: e.g. the most any process needs, so every
-    process runs the same number of forwards; never more than there are rows) and puts the rows,
-    longest first, each into the micro-batch of least cost (sum of squared lengths, as attention
-    grows with ``L^2``) that has room, opening another when none has. Each micro-batch lists
-    its rows in ascending order; the micro-batches are ordered by their first row.
-
-    Raises:
-        ValueError: A row longer than ``budget`` (both numbers are named).
-    """
-    if budget < 1:
-        raise ValueError(f"`micro_batch_tokens` must be >= 1, got {budget}")
-    longest = max(lengths, default=0)
-    if longest > budget:
-        raise ValueError(
-            f"a row has {longest} tokens, more than micro_batch_tokens={budget}: raise "
-            "micro_batch_tokens to at least the longest row (prompt + completion), or shorten "
-            "max_output_tokens"
-        )
-    order = sorted(range(len(lengths)), key=lambda k: (-lengths[k], k))
-    first_fit = _fill(order, lengths, budget, max_rows, 0, balanced=False)
-    bins = _fill(order, lengths, budget, max_rows, max(groups, len(first_fit)), balanced=True)
-    out = [sorted(b) for b in bins if b]
-    return sorted(out, key=lambda b: b[0])
-
-
-def _fill(
-    order: list[int],
-    lengths: Sequence[int],
-    budget: int,
-    max_rows: int | None,
-    opened: int,
-    balanced: bool,
-) -> list[list[int]]:
-    """Rows ``order`` into ``opened`` micro-batches, more when needed.
-
-    Each row goes into the first micro-batch with room or (``balanced``) the one of least sum
-    of squared lengths with room.
-    """
-    bins: list[list[int]] = [[] for _ in range(min(opened, len(order)))]
-    tokens = [0] * len(bins)
-    cost = [0] * len(bins)
-    for i in order:
-        n = lengths[i]
-        fits = [
-            b
-            for b in range(len(bins))
-            if tokens[b] + n <= budget and (max_rows is None or len(bins[b]) < max_rows)
-        ]
-        if not fits:
-            bins.append([])
-            tokens.append(0)
-            cost.append(0)
-            fits = [len(bins) - 1]
-        b = min(fits, key=lambda k: (cost[k], tokens[k], k)) if balanced else fits[0]
-        bins[b].append(i)
-        tokens[b] += n
-        cost[b] += n * n
-    return bins
-
-
-@dataclass(frozen=True)
-class RowSplit:
-    """How a set of rows is cut into forwards (micro-batches)."""
-
-    micro_batch_rows: int | None = None
-    """At most this many rows per micro-batch (None: no row limit)."""
-    micro_batch_tokens: int | None = None
-    """At most this many real tokens per micro-batch (None: no token budget)."""
-
-
-def split_rows(
-    rows: torch.Tensor, attention_mask: torch.Tensor, split: RowSplit
-) -> list[torch.Tensor]:
-    """``rows`` [R] (indices into ``attention_mask`` [N, L]) cut into micro-batches.
-
-    Without a token budget: consecutive slices of ``split.micro_batch_rows`` rows (all rows
-    when None). With one: :func:`token_budget_groups` over the rows' real lengths (the row
-    limit still applies); under data parallelism every process gets as many micro-batches as
-    the process that needs the most, so collective forwards (ZeRO-3) stay in step.
-    """
-    if split.micro_batch_tokens is None:
-        size = split.micro_batch_rows or max(1, len(rows))
-        return [rows[s : s + size] for s in range(0, len(rows), size)]
-    lengths = attention_mask[rows].sum(1).tolist()
-    groups = token_budget_groups(lengths, split.micro_batch_tokens, split.micro_batch_rows)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        count = torch.tensor([len(groups)], device=attention_mask.device)
-        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-        if int(count) > len(groups):
-            groups = token_budget_groups(
-                lengths, split.micro_batch_tokens, split.micro_batch_rows, groups=int(count)
-            )
-        if int(count) > len(groups):
-            raise ValueError(
-                f"another process needs {int(count)} micro-batches of micro_batch_tokens="
-                f"{split.micro_batch_tokens}, this one has only {len(groups)} rows: give every "
-                "process the same number of rows, or raise micro_batch_tokens"
-            )
-    return [rows[torch.tensor(g, dtype=torch.long, device=rows.device)] for g in groups]

@@ -17,7 +17,8 @@ from rl_kernels import fused_logprobs
 
 from rl_algos.batch import Batch, Scores
 from rl_algos.distributed import gathered
-from rl_algos.packing import PackingReport, RowSplit, packed_hidden_states, split_rows
+from rl_algos.microbatch import RowSplit, split_rows
+from rl_algos.packing import PackingReport, packed_hidden_states
 
 __all__ = ["Scorer", "score_batch"]
 
