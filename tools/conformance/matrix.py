@@ -590,4 +590,9 @@ READ: dict[str, tuple[str, str]] = {
         'registered as `cross_entropy`: `advantages=weights, aggregation="seq_mean_token_sum", '
         "normalizer=1`; read, not run (tested against the documented formula)",
     ),
+    "rl_losses.get_policy_loss": (
+        "Tinker `stable_reinforce` (tinker-docs.thinkingmachines.ai/tinker/losses/stable-reinforce)",
+        "not implemented, refused by name: the page gives no formula (it reads sampler-recorded "
+        "stability info); read only, nothing to run",
+    ),
 }

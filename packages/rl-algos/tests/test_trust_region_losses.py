@@ -48,3 +48,22 @@ def test_grpo_advantage_estimator_max_rl() -> None:
     assert torch.isfinite(torch.tensor(metrics["loss"]))
     # bit-exact: any change at all shows the update moved a weight
     assert any(not torch.equal(p, before[n]) for n, p in _actor(agent).items())
+
+
+@pytest.mark.parametrize(
+    ("keyword", "name", "reason"),
+    [
+        ("loss_type", "stable_reinforce", "formula is not published"),
+        ("advantage_estimator", "gdpo", "call rl_advantages.gdpo"),
+        ("advantage_estimator", "optimal_token_baseline", "sum_pi_squared"),
+    ],
+)
+def test_names_an_agent_cannot_run_are_refused_at_build(
+    keyword: str, name: str, reason: str
+) -> None:
+    """Tinker's ``stable_reinforce`` (no published formula), GDPO (needs [N, R] rewards) and
+    the optimal token baseline (needs the vocabulary's squared probabilities) are refused when
+    the agent is built, naming the option and the reason, not at the first learn()."""
+    with pytest.raises(ValueError, match=f"`{keyword}` '{name}'") as info:
+        tl.make_agent("GRPO", **{keyword: name})
+    assert reason in str(info.value)

@@ -223,6 +223,15 @@ def test_policy_sequence_level_objective_rejected(objective: str) -> None:
     _raises(lambda: rk.fused_policy_loss(**_policy(), objective=objective), "objective")
 
 
+def test_policy_unpublished_objective_refused_by_name() -> None:
+    """Tinker's ``stable_reinforce`` has no published formula: refused with rl-losses' reason."""
+    message = _raises(
+        lambda: rk.fused_policy_loss(**_policy(), objective="stable_reinforce"), "objective"
+    )
+    assert "'stable_reinforce' is not fused" in message
+    assert "formula is not published" in message
+
+
 def test_policy_sampling_logprobs_without_old_logprobs() -> None:
     sampling = torch.full((N, T), -1.0)
     _raises(lambda: rk.fused_policy_loss(**_policy(), sampling_logprobs=sampling), "old_logprobs")

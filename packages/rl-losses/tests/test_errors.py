@@ -356,6 +356,18 @@ def test_unknown_policy_loss_lists_known_names() -> None:
     assert "cispo" in message
 
 
+def test_unpublished_peer_loss_is_refused_by_name_with_the_reason() -> None:
+    """Tinker's ``stable_reinforce``: documented without a formula, so not registered; the
+    error says why and how to register one (the name stays free for that)."""
+    assert "stable_reinforce" not in rl.available_policy_losses()
+    with pytest.raises(KeyError) as info:
+        rl.get_policy_loss("stable_reinforce")
+    message = str(info.value)
+    assert "'stable_reinforce' is not available" in message
+    assert "formula is not published" in message
+    assert "register_policy_loss('stable_reinforce')" in message
+
+
 def test_register_new_policy_loss_and_duplicate() -> None:
     name = f"test_loss_{uuid.uuid4().hex}"
 

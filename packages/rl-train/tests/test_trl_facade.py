@@ -45,6 +45,8 @@ def test_bad_settings_name_the_field() -> None:
         GRPOConfig(loss_type="sapo_x")
     with pytest.raises(ValueError, match="scale_rewards='batch' is not supported"):
         GRPOConfig(scale_rewards="batch")
+    with pytest.raises(ValueError, match="multi_objective_aggregation='normalize_then_sum' is"):
+        GRPOConfig(multi_objective_aggregation="normalize_then_sum")  # GDPO
     with pytest.raises(ValueError, match=r"\(6\) must be a multiple of num_generations \(4"):
         GRPOConfig(per_device_train_batch_size=6, num_generations=4)
     with pytest.raises(TypeError, match="unexpected keyword argument 'vllm_mode_x'"):

@@ -1,6 +1,6 @@
-"""``rl-train run`` with ``agent.loss_type`` set to rl-losses' DPPO and DRO names, and
+"""``rl-train run`` with ``agent.loss_type`` set to rl-losses' DPPO, DRO and Tinker's names, and
 ``agent.advantage_estimator=max_rl``: the YAML front door reaches them through the registries
-(no rl-train code names them)."""
+(no rl-train code names them); the names an agent cannot run are refused before training."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ GRPO_TINY = Path(__file__).resolve().parents[3] / "examples" / "grpo_tiny.yaml"
 @pytest.mark.parametrize(
     "override",
     ["agent.loss_type=dppo_tv", "agent.loss_type=dppo_kl", "agent.loss_type=dro",
+     "agent.loss_type=importance_sampling", "agent.loss_type=cross_entropy",
      "agent.advantage_estimator=max_rl"],
 )  # fmt: skip
 def test_yaml_names_run(override: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -23,3 +24,19 @@ def test_yaml_names_run(override: str, tmp_path: Path, capsys: pytest.CaptureFix
                  f"train.run_dir={tmp_path}", "--quiet"])  # fmt: skip
     assert code == 0, capsys.readouterr().err
     assert "greedy accuracy after training" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("override", "reason"),
+    [("agent.loss_type=stable_reinforce", "formula is not published"),
+     ("agent.advantage_estimator=gdpo", "call rl_advantages.gdpo"),
+     ("agent.advantage_estimator=optimal_token_baseline", "sum_pi_squared")],
+)  # fmt: skip
+def test_yaml_names_refused(
+    override: str, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["run", str(GRPO_TINY), override, f"train.run_dir={tmp_path}", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert override.split(".")[1].split("=", maxsplit=1)[0] in err
+    assert reason in err

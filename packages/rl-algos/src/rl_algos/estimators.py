@@ -32,6 +32,7 @@ from rl_algos.batch import Batch, Estimates, Scores
 
 __all__ = [
     "ESTIMATOR_ALIASES",
+    "NOT_FOR_AGENTS",
     "TOKEN_ESTIMATORS",
     "GroupAdvantage",
     "gae_advantages",
@@ -46,6 +47,16 @@ __all__ = [
 ESTIMATOR_ALIASES: Mapping[str, str] = {"reinforce_pp_baseline": "reinforce_plus_plus_baseline"}
 #: Registered estimators that need token-level inputs (the mask and the per-token KL).
 TOKEN_ESTIMATORS: frozenset[str] = frozenset({"reinforce_plus_plus_baseline"})
+#: Registered estimators whose inputs an agent's batch does not carry: refused by name when
+#: the agent is built (call them from rl_advantages directly).
+NOT_FOR_AGENTS: Mapping[str, str] = {
+    "gdpo": "GDPO normalises each of R rewards per sample ([N, R]), but a rollout carries one "
+    "reward per sample (reward functions are summed with `reward_weights` in the "
+    "environment); call rl_advantages.gdpo on your [N, R] rewards",
+    "optimal_token_baseline": "it needs the sum of squared probabilities over the vocabulary "
+    "at every sampled token (`sum_pi_squared` [N, T]), which the agents' scorer does not "
+    "compute; call rl_advantages.optimal_token_baseline directly",
+}
 
 
 def resolve_estimator_name(advantage_estimator: str, adv_norm: str = "mean_std") -> str:
@@ -55,9 +66,15 @@ def resolve_estimator_name(advantage_estimator: str, adv_norm: str = "mean_std")
     ``get_estimator("dr_grpo")`` with ``"mean_only"``.
 
     Raises:
-        ValueError: Not registered; the message lists the registered estimators.
+        ValueError: Not registered (the message lists the registered estimators), or one of
+            :data:`NOT_FOR_AGENTS` (the message says why and what to call instead).
     """
     name = ESTIMATOR_ALIASES.get(advantage_estimator, advantage_estimator)
+    if name in NOT_FOR_AGENTS:
+        raise ValueError(
+            f"`advantage_estimator` {advantage_estimator!r} cannot be an agent's estimator: "
+            f"{NOT_FOR_AGENTS[name]}"
+        )
     if name == "grpo" and adv_norm == "mean_only":
         name = "dr_grpo"
     try:

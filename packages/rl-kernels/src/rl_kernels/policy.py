@@ -28,6 +28,7 @@ from rl_losses import (
     kl_estimate,
     rollout_correction,
 )
+from rl_losses.registry import UNPUBLISHED
 from torch.autograd.function import once_differentiable
 
 from rl_kernels._checks import check_finite_rows, check_projection, check_targets, shape_str
@@ -419,8 +420,11 @@ def fused_policy_loss(
     _check_tokens("sampling_logprobs", sampling_logprobs, targets)
     _check_tokens("is_weights", is_weights, targets)
     if objective not in FUSED_OBJECTIVES:
+        why = UNPUBLISHED.get(objective)
         raise ValueError(
-            f"`objective` must be one of {FUSED_OBJECTIVES} (token-level objectives); got "
+            f"`objective` {objective!r} is not fused: {why}"
+            if why
+            else f"`objective` must be one of {FUSED_OBJECTIVES} (token-level objectives); got "
             f"{objective!r}. For turn/trajectory-level ones use fused_logprobs + rl_losses."
         )
     if not kl_coef >= 0 or not entropy_coef >= 0:

@@ -26,6 +26,19 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _LOSSES: dict[str, Callable[..., Any]] = {}
 
+#: Peers' objective names whose formula is not published: refused by name (with the reason)
+#: unless someone registers a function under the name.
+UNPUBLISHED: dict[str, str] = {
+    "stable_reinforce": (
+        "Tinker's `stable_reinforce` (tinker-docs.thinkingmachines.ai/tinker/losses/"
+        "stable-reinforce, alpha) is a REINFORCE variant that reads stability information its "
+        "sampler records (record_stability_info=True, per-sequence sequence_id) and takes a "
+        "`kl_coeff`; its formula is not published, so it is not implemented here. Use "
+        "'importance_sampling', 'ppo', 'cispo', 'dro' or 'dppo_tv' for off-policy data, or "
+        "register yours with @rl_losses.register_policy_loss('stable_reinforce')"
+    ),
+}
+
 
 def register_policy_loss(name: str) -> Callable[[F], F]:
     """Register a policy objective under ``name`` (decorator).
@@ -52,11 +65,15 @@ def get_policy_loss(name: str) -> Callable[..., Any]:
     """Return the policy objective registered under ``name``.
 
     Raises:
-        KeyError: For an unknown name; the message lists the known ones.
+        KeyError: For an unknown name; the message lists the known ones. A peer's name whose
+            formula is not published (:data:`UNPUBLISHED`, e.g. Tinker's ``stable_reinforce``)
+            says why it is missing.
     """
     try:
         return _LOSSES[name]
     except KeyError:
+        if name in UNPUBLISHED:
+            raise KeyError(f"policy loss {name!r} is not available: {UNPUBLISHED[name]}") from None
         known = ", ".join(sorted(_LOSSES))
         raise KeyError(f"unknown policy loss {name!r}; known: {known}") from None
 

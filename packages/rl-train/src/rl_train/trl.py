@@ -99,6 +99,9 @@ class GRPOConfig:
     """``group`` (divide by the group's std) or ``none``."""
     reward_weights: list[float] | None = None
     """One weight per reward function (default 1.0 each)."""
+    multi_objective_aggregation: str = "sum_then_normalize"
+    """``sum_then_normalize`` (the weighted sum, then the group advantage); GDPO's
+    ``normalize_then_sum`` is refused (a rollout carries one reward per sample)."""
     max_steps: int = -1
     """Training steps; -1: ``num_train_epochs`` passes over the dataset."""
     num_train_epochs: float = 1.0
@@ -142,6 +145,13 @@ class GRPOConfig:
             raise ValueError(
                 f"GRPOConfig.scale_rewards={self.scale_rewards!r} is not supported here; use "
                 "'group' or 'none' ('batch' scaling has no equivalent yet)"
+            )
+        if self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError(
+                f"GRPOConfig.multi_objective_aggregation={self.multi_objective_aggregation!r} "
+                "is not supported here; use 'sum_then_normalize' (GDPO's per-reward "
+                "'normalize_then_sum' needs [N, R] rewards, which a rollout does not carry: "
+                "call rl_advantages.gdpo on them)"
             )
         total = self.per_device_train_batch_size * self.gradient_accumulation_steps
         if self.num_generations < 2 or total % self.num_generations:
