@@ -16,7 +16,6 @@ reads and writes it) plus composed parts:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import random
@@ -27,7 +26,6 @@ from typing import Any, ClassVar
 
 import torch
 from rl_adapters import PolicyModel
-from rl_losses import rollout_correction
 from rl_rollout import HFEngine, SamplingParams
 
 from rl_algos import lifecycle
@@ -39,6 +37,7 @@ from rl_algos.config import (
     VLLMConfig,
     config_fields,
 )
+from rl_algos.correction import SamplerCorrection
 from rl_algos.distributed import world_size
 from rl_algos.generation import (
     ActionResult,
@@ -396,44 +395,23 @@ class LLMAlgorithm:
         )
         with torch.no_grad():
             estimates = parts.estimate(batch, scores)  # 4. advantages
-        estimates = self._correct(batch, scores, estimates)  # 5. correction
+        estimates = self.correction.weigh_batch(batch, scores, estimates)  # 5. correction
         metrics = self._update(batch, scores, estimates, parts)  # 6. update
         out = summarize(metrics, batch.rewards)
         if self.config.use_vllm and metrics.get("loss"):
             self._push_weights_to_engine()
         return out
 
-    def _corrects(self, batch: Batch) -> bool:
-        """Whether phase 5 weights the batch by old / sampler probabilities."""
-        cfg = self.config
-        correct = cfg.vllm_importance_sampling_correction and not cfg.clip_against_sampler
-        return batch.sampling_logprobs is not None and correct
+    @property
+    def correction(self) -> SamplerCorrection:
+        """Phase 5 as the config asks for it now (:mod:`rl_algos.correction`)."""
+        return SamplerCorrection.from_config(self.config)
 
     def on_policy(self, batch: Batch) -> bool:
         """Whether ``learn(batch)`` is one optimizer step (see :meth:`learn`, phase 3)."""
         cfg = self.config
         one_step = cfg.update_epochs == 1 and cfg.batch_size >= batch.num_rows
-        return one_step and not (self._corrects(batch) and cfg.use_liger_loss)
-
-    def _correct(self, batch: Batch, scores: Scores, estimates: Estimates) -> Estimates:
-        """Truncated importance weights old / sampler (on-policy: per micro-batch, in 6)."""
-        sampling = batch.sampling_logprobs
-        if not self._corrects(batch) or sampling is None or scores.old_logprobs is None:
-            return estimates
-        weights = self._is_weights(scores.old_logprobs, sampling, batch.mask)
-        return dataclasses.replace(estimates, is_weights=weights)
-
-    def _weigh_on_policy(self, mb: MicroBatch, lp: torch.Tensor) -> MicroBatch:
-        """On-policy, phase 5 weighs ``mb`` by its own log-probs ``lp`` [M, T] (old = lp)."""
-        samp = mb.sampling_logprobs if self.config.vllm_importance_sampling_correction else None
-        if mb.old_logprobs is not None or mb.is_weights is not None or samp is None:
-            return mb
-        return dataclasses.replace(mb, is_weights=self._is_weights(lp.detach(), samp, mb.mask))
-
-    def _is_weights(self, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor) -> Any:
-        """[N, T] :func:`rl_losses.rollout_correction` weights of ``old`` over ``sampling``."""
-        cap = self.config.vllm_importance_sampling_cap
-        return rollout_correction(old, sampling, mask, cap=cap).weights
+        return one_step and not (self.correction.applies(batch) and cfg.use_liger_loss)
 
     def minibatches(self, num_rows: int) -> list[torch.Tensor]:
         """``update_epochs`` shuffled passes of ``batch_size`` sorted row indices each.
@@ -484,7 +462,7 @@ class LLMAlgorithm:
             lp = self.scorer.logprobs(mb.input_ids, mb.attention_mask, mb.mask)
             if not bool(torch.isfinite(lp).all()):  # 0 off the mask; else the loss raises
                 return None
-            mb = self._weigh_on_policy(mb, lp)
+            mb = self.correction.weigh_micro_batch(mb, lp)  # 5., on-policy
             terms = policy_loss(parts.objective, mb, lp, norm)
         if parts.extra_loss is None:
             return terms
