@@ -19,9 +19,8 @@ the backward writes three more. :func:`silu_mul` is one node that keeps only ``g
 Every element is the same rounded operations as autograd's two nodes (IEEE products commute),
 so values and both input gradients are equal **bit for bit**; one ``[N, T, I]`` activation per
 layer less is saved (a quarter of the MLP's saved activations, counting the product the down
-projection keeps) and one full-size write less runs each way. On the peer benchmark's large
-model (``[64, 144]`` tokens, ``I = 1280``, one CPU thread) a ``GRPO.learn()`` took 0.91x and
-0.96x the time in two interleaved runs (``docs/benchmarks.md``, issue 19 seventh pass).
+projection keeps) and one full-size write less runs each way (the time it saves:
+``docs/benchmarks.md``, "How we got here").
 
 :func:`lean_swiglu` swaps a drop-in ``forward`` into a model's MLP modules (those with
 ``gate_proj``, ``up_proj``, ``down_proj`` and ``act_fn``) for the length of a ``with`` block,

@@ -24,8 +24,8 @@ which equals dividing the ``[..., 1]`` tensor first, and IEEE products and sums 
 the values and the norm's input gradient are equal bit for bit. Inside a model the gradients
 further back equal to float rounding only (about 1e-7 relative): autograd adds the norm's two
 gradient terms and the residual stream's in its own order, this node hands over their first
-two already summed. On the peer benchmark's large model (``[64, 144, 512]``, one CPU thread)
-one norm's forward and backward take 20 ms instead of 49.
+two already summed. The time it saves is measured in ``docs/benchmarks.md`` ("How we got
+here").
 
 :func:`lean_rms_norm` swaps the lean forward into a model's RMSNorm modules for the length of a
 ``with`` block, only where the module's class computes transformers' formula: checked once per

@@ -39,11 +39,8 @@ def auto_chunk_rows(
     (at V = 152k and 16 rows a tile is 9.7 MB); ``cap`` bounds the chunk for tiny ones.
 
     With ``cpu`` the tile is also kept under :data:`CPU_TILE_BYTES` where that still leaves it
-    :data:`CPU_MIN_TILE_ROWS` rows or more. Measured on one CPU thread, ``fused_logprobs``
-    forward + backward (``docs/benchmarks.md``, issue 19 seventh pass): ``[8192, 512]`` hidden
-    against V = 8192, 1022-row tiles 0.88x the time of 1024-row (32 MiB) ones; ``[4096, 512]``
-    against V = 32000, 261-row tiles 0.86x of 512-row ones; at V = 152k the cap would leave
-    55 rows, and 53-row tiles take 1.4x as long as 110-row ones, so it does not apply.
+    :data:`CPU_MIN_TILE_ROWS` rows or more (the tile sizes measured for both constants are in
+    ``docs/benchmarks.md``, "How we got here").
 
     Args:
         vocab_size: V (>= 1).
