@@ -38,7 +38,7 @@ from rl_algos.config import (
     config_fields,
 )
 from rl_algos.correction import SamplerCorrection
-from rl_algos.distributed import world_size
+from rl_algos.distributed import ensure_deepspeed
 from rl_algos.generation import (
     ActionResult,
     IdsTokenizer,
@@ -288,22 +288,6 @@ class LLMAlgorithm:
         zero, report = self.learner.zero_stage, self.packing_report
         return Scorer(self.policy, cfg.temperature, chunk, zero, packing, split, report)
 
-    def _deepspeed(self) -> Any:
-        """The DeepSpeed engine, built on first use (get_action, learn, checkpoints); or None."""
-        learner = self.learner
-        if learner.ds_engine is None and learner.uses_deepspeed:
-            if self.config.use_liger_loss and self.scorer.trainable_partitioned_head():
-                raise ValueError(
-                    "use_liger_loss=True cannot train an lm_head partitioned by ZeRO-3 (full "
-                    "fine-tuning): use LoRA, ZeRO-2, or use_liger_loss=False"
-                )
-            if self.config.use_vllm:
-                raise ValueError("use_vllm=True is not supported with DeepSpeed yet: use DDP")
-            learner.deepspeed(self.policy)
-            if learner.zero_stage == 3 and world_size() > 1:
-                self.engine.generate_kwargs = {"synced_gpus": True}
-        return learner.ds_engine
-
     # -- generation ------------------------------------------------------------------------------
 
     def _group_size(self, training: bool) -> int:
@@ -336,7 +320,7 @@ class LLMAlgorithm:
         unpacks as AgileRL's per-prompt blocks (see :class:`~rl_algos.ActionResult`).
         """
         ids = prompt_ids(obs)
-        self._deepspeed()
+        ensure_deepspeed(self)
         merge = self.config.merge_lora_for_generation and not self.config.use_vllm
         with self.policy.merged_for_generation(merge):
             params = self.sampling_params(training)
@@ -438,7 +422,7 @@ class LLMAlgorithm:
     def _update(
         self, batch: Batch, scores: Scores, estimates: Estimates, parts: AgentParts
     ) -> dict[str, list[float]]:
-        self._deepspeed()
+        ensure_deepspeed(self)
         if self.policy.training:  # dropout stays off (the class docstring); once per update
             self.policy.eval()
         fused = self.config.use_liger_loss and parts.objective.fusable

@@ -20,6 +20,7 @@ import torch
 
 __all__ = [
     "deepspeed_plugin",
+    "ensure_deepspeed",
     "gathered",
     "is_main_process",
     "prepare_deepspeed",
@@ -54,6 +55,28 @@ def world_size() -> int:
 def is_main_process() -> bool:
     """Process 0 of the default group, or the only process."""
     return world_size() == 1 or torch.distributed.get_rank() == 0
+
+
+def ensure_deepspeed(agent: Any) -> Any:
+    """The agent's DeepSpeed engine, built on first use (get_action, learn, checkpoints); or None.
+
+    Raises:
+        ValueError: options DeepSpeed cannot run with (the liger loss on an lm_head that
+            ZeRO-3 partitions, vLLM generation).
+    """
+    learner = agent.learner
+    if learner.ds_engine is None and learner.uses_deepspeed:
+        if agent.config.use_liger_loss and agent.scorer.trainable_partitioned_head():
+            raise ValueError(
+                "use_liger_loss=True cannot train an lm_head partitioned by ZeRO-3 (full "
+                "fine-tuning): use LoRA, ZeRO-2, or use_liger_loss=False"
+            )
+        if agent.config.use_vllm:
+            raise ValueError("use_vllm=True is not supported with DeepSpeed yet: use DDP")
+        learner.deepspeed(agent.policy)
+        if learner.zero_stage == 3 and world_size() > 1:
+            agent.engine.generate_kwargs = {"synced_gpus": True}
+    return learner.ds_engine
 
 
 def _fill(config: dict[str, Any], key: str, value: Any) -> None:

@@ -18,7 +18,13 @@ from typing import Any
 import torch
 from rl_adapters import load_checkpoint, save_checkpoint
 
-from rl_algos.distributed import deepspeed_plugin, gathered, is_main_process, world_size
+from rl_algos.distributed import (
+    deepspeed_plugin,
+    ensure_deepspeed,
+    gathered,
+    is_main_process,
+    world_size,
+)
 
 __all__ = [
     "agent_state",
@@ -105,7 +111,7 @@ def load_agent(
     Under DeepSpeed every process loads the weights (ZeRO-3 partitions process 0's copy) and
     DeepSpeed's fp32 master weights are refreshed from them; optimizer state is not loaded.
     """
-    ds = agent._deepspeed()
+    ds = ensure_deepspeed(agent)
     if load_optimizer and not (Path(path) / "optimizer.json").is_file():
         warnings.warn(
             f"{path} holds no optimizer state (saved under DeepSpeed or with "
