@@ -15,7 +15,9 @@ RNG state, and from then on each step:
    the sampling log-probs, so the rollout-mismatch correction weights its tokens by
    ``pi_old / pi_sampler`` (the trainer's proximal log-probs against the behaviour policy's);
 3. every ``weight_sync_steps`` updates, sends the actor's trainable tensors (LoRA: the
-   adapter only) to the worker, which loads them through ``Engine.update_weights``.
+   adapter only) to the worker, which loads them through ``Engine.update_weights``, or, with
+   ``engine_url``, into its model and on to the rollout server (LoRA: ``Engine.load_adapter``,
+   the adapter's tensors in memory, each sample tagged with the version it was drawn with).
 
 The policy version is the loop step (updates applied). With ``max_staleness=0`` the worker
 samples batch ``s`` with version ``s`` and the seeds the synchronous loop draws, so the run is
@@ -146,11 +148,15 @@ class AsyncReasoningSource:
     def start(self, agents: Sequence[Any], state: dict[str, Any] | None) -> None:
         """Check the agent; remember a resumed run's environment state (the worker starts later)."""
         check_async_agent(agents)
-        if self.config.engine_url is not None and agents[0].policy.peft is not None:
+        accelerator = getattr(agents[0], "accelerator", None)
+        processes = getattr(accelerator, "num_processes", 1)
+        lora = agents[0].policy.peft is not None
+        if self.config.engine_url and lora and processes > 1 and self.config.max_staleness:
             raise ValueError(
-                "async.engine_url: a rollout server takes full weights, and this agent trains "
-                "LoRA adapters; drop engine_url (the worker's own engine syncs the adapters "
-                "only) or fine-tune fully"
+                f"async.engine_url under DDP ({processes} processes) with max_staleness > 0: "
+                "each process's worker pushes its adapter to the one server, and a worker a "
+                "version ahead would have the others sample with its adapter; set "
+                "async.max_staleness: 0, or drop async.engine_url (each worker's own engine)"
             )
         cfg = agents[0].config
         corrected = cfg.vllm_importance_sampling_correction or cfg.clip_against_sampler

@@ -57,8 +57,15 @@ def collect(agent: Any, env: Any, prompts: Any) -> tuple[Experience, Any]:
 
 
 def learn_from(agent: Any, experience: Experience) -> StepOutput:
-    """``agent.learn`` on the experience's rollout; then the reference and the score follow."""
+    """``agent.learn`` on the experience's rollout; then the reference and the score follow.
+
+    An agent that generates on a rollout server (:class:`rl_algos.server_sync.ServerEngine`)
+    sends it the updated actor (LoRA: the adapter only) before the next sample.
+    """
     metrics = agent.learn(experience.rollout)
+    push = getattr(agent.engine, "push", None)
+    if push is not None:
+        push(agent.engine.version + 1)
     if experience.num_epochs is not None:
         agent.set_reference_policy(experience.num_epochs)
         agent.scores.append(float(experience.rewards.float().mean()))
