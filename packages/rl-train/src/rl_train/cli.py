@@ -23,6 +23,7 @@ from rl_envs.tasks import available_tasks
 
 from rl_train.config import load_config
 from rl_train.demo import DemoConfig
+from rl_train.tinker.command import add_arguments as tinker_arguments
 
 #: Exit status for bad arguments or configuration.
 EXIT_USAGE = 2
@@ -93,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="a module or .py file to import first (repeatable), as the config's imports",
     )
     rs.add_argument("--debug", action="store_true", help="show tracebacks")
+    ts = sub.add_parser(
+        "tinker-server",
+        help="serve the Tinker API (the tinker SDK) on a local model",
+        description="Serve the Tinker REST API of the official `tinker` SDK on loopback: LoRA "
+        "training clients, Tinker's losses (rl-losses), sampling and checkpoints "
+        "(needs rl-train[tinker]).",
+    )
+    tinker_arguments(ts)
     return parser
 
 
@@ -183,6 +192,13 @@ def _reward_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tinker_server(args: argparse.Namespace) -> int:
+    """``rl-train tinker-server --model DIR --api-key tml-...`` (rl_train.tinker)."""
+    from rl_train.tinker.command import run
+
+    return run(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``rl-train`` command and return its exit status.
 
@@ -195,6 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     commands = {"demo": _demo, "run": _run, "eval": _eval, "reward-server": _reward_server}
+    commands["tinker-server"] = _tinker_server
     if args.command in commands:
         try:
             return commands[args.command](args)

@@ -1,0 +1,142 @@
+"""Checkpoints of training clients: tensors in safetensors, everything else in JSON; no pickle.
+
+``save_state`` writes ``tinker://<model_id>/weights/<name>`` (adapter and AdamW state),
+``save_weights_for_sampler`` ``tinker://<model_id>/sampler_weights/<name>`` (adapter only).
+Both are directories under the server's ``checkpoint_dir``::
+
+    <checkpoint_dir>/<model_id>/<weights | sampler_weights>/<name>/
+        adapter.safetensors     lora tensors, keyed without the adapter name
+        optimizer.safetensors   AdamW moments and step counts (weights/ only, once stepped)
+        checkpoint.json         base model, LoRA shape, steps, AdamW hyper-parameters
+
+so a server started again on the same ``checkpoint_dir`` loads them: ``load_state`` (and
+``create_training_client_from_state``) rebuilds a client from them, ``create_sampling_client``
+samples from them. Loading reads only these files with ``safetensors`` and ``json``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rl_train.tinker.futures import UserError
+from rl_train.tinker.state import BaseModel, LoraSpec, Snapshot, TrainingClient
+from rl_train.tinker.tensorfile import load_tensors, save_tensors
+
+__all__ = ["load_snapshot", "load_state", "parse_path", "read_meta", "save"]
+
+KINDS = ("weights", "sampler_weights")
+_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def parse_path(path: str) -> tuple[str, str, str]:
+    """``tinker://<model_id>/<kind>/<name>`` -> ``(model_id, kind, name)``; :class:`UserError`."""
+    match = re.fullmatch(r"tinker://([^/]+)/([^/]+)/([^/]+)", path)
+    if not match or match[2] not in KINDS or not all(_NAME.match(p) for p in match.groups()):
+        raise UserError(
+            f"checkpoint path {path!r} is not tinker://<model_id>/<weights|sampler_weights>/<name> "
+            "(names of letters, digits, '.', '_' and '-')"
+        )
+    if ".." in (match[1], match[3]):
+        raise UserError(f"checkpoint path {path!r} may not contain '..'")
+    return match[1], match[2], match[3]
+
+
+def directory(root: Path, path: str) -> Path:
+    """The directory of checkpoint ``path`` under ``root``."""
+    model_id, kind, name = parse_path(path)
+    return root / model_id / kind / name
+
+
+def save(
+    root: Path, base: BaseModel, client: TrainingClient, kind: str, name: str, base_model: str
+) -> str:
+    """Write ``client``'s adapter (and, for ``weights``, its AdamW state); return the path."""
+    path = f"tinker://{client.model_id}/{kind}/{name}"
+    target = directory(root, path)
+    target.mkdir(parents=True, exist_ok=True)
+    params = base.adapter_params(client.adapter)
+    names = list(params)
+    save_tensors(
+        {k: v.detach().contiguous() for k, v in params.items()}, target / "adapter.safetensors"
+    )
+    meta: dict[str, Any] = {
+        "format": "rl-train tinker checkpoint 1",
+        "base_model": base_model,
+        "lora": asdict(client.lora),
+        "steps": client.steps,
+        "tensor_order": names,
+        "optimizer": None,
+    }
+    if kind == "weights" and client.optimizer is not None:
+        state = client.optimizer.state_dict()
+        tensors: dict[str, torch.Tensor] = {}
+        for index, slots in state["state"].items():
+            for slot, value in slots.items():
+                tensors[f"{index}.{slot}"] = torch.as_tensor(value).detach().contiguous()
+        save_tensors(tensors, target / "optimizer.safetensors")
+        groups = [dict(g.items()) for g in state["param_groups"]]
+        meta["optimizer"] = {"param_groups": groups}
+    (target / "checkpoint.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return path
+
+
+def read_meta(root: Path, path: str) -> dict[str, Any]:
+    """A checkpoint's JSON; :class:`UserError` when there is no checkpoint at ``path``."""
+    meta_file = directory(root, path) / "checkpoint.json"
+    if not meta_file.is_file():
+        raise UserError(f"no checkpoint at {path!r} on this server (looked in {meta_file.parent})")
+    meta: dict[str, Any] = json.loads(meta_file.read_text())
+    return meta
+
+
+def lora_of(meta: dict[str, Any]) -> LoraSpec:
+    """The LoRA shape recorded in a checkpoint's JSON."""
+    lora = meta["lora"]
+    return LoraSpec(int(lora["rank"]), tuple(lora["targets"]), int(lora["seed"]))
+
+
+def load_snapshot(root: Path, path: str) -> Snapshot:
+    """A checkpoint's adapter tensors, for sampling."""
+    meta = read_meta(root, path)
+    tensors = load_tensors(directory(root, path) / "adapter.safetensors")
+    return Snapshot(lora_of(meta), tensors)
+
+
+def load_state(
+    root: Path, base: BaseModel, client: TrainingClient, path: str, *, optimizer: bool
+) -> None:
+    """Load checkpoint ``path`` into ``client`` (its AdamW state too with ``optimizer``)."""
+    meta = read_meta(root, path)
+    if lora_of(meta).key() != client.lora.key():
+        raise UserError(
+            f"checkpoint {path!r} is a LoRA of rank {meta['lora']['rank']} on "
+            f"{meta['lora']['targets']}; this training client is rank {client.lora.rank} on "
+            f"{list(client.lora.targets)}: create the client with the checkpoint's rank"
+        )
+    base.load_snapshot(client.adapter, load_snapshot(root, path))
+    client.steps = int(meta["steps"])
+    client.optimizer = None
+    if not optimizer:
+        return
+    if meta["optimizer"] is None:
+        if path.split("/")[-2] == "sampler_weights":
+            raise UserError(f"{path!r} holds sampler weights only, no optimizer state")
+        return  # saved before the first optim_step: a fresh AdamW is the saved state
+    params = base.adapter_params(client.adapter)
+    ordered = [params[name] for name in meta["tensor_order"]]
+    client.optimizer = torch.optim.AdamW(ordered)
+    tensors = load_tensors(directory(root, path) / "optimizer.safetensors")
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for key, value in tensors.items():
+        index, slot = key.split(".", 1)
+        state.setdefault(int(index), {})[slot] = value
+    groups = meta["optimizer"]["param_groups"]
+    for group in groups:
+        group["betas"] = tuple(group["betas"])
+    client.optimizer.load_state_dict({"state": state, "param_groups": groups})

