@@ -187,7 +187,23 @@ def test_demo_cli_runs_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 
 def test_demo_summary_fields() -> None:
-    cfg = ILQLDemoConfig(steps=2, n_train=40, n_test=8, batch_size=8, evaluation_interval=1)
+    cfg = ILQLDemoConfig(
+        steps=2, n_train=40, n_test=8, evaluation_interval=1, agent={"batch_size": 8}
+    )
     summary = run_ilql_demo(cfg, None, verbose=False)
     assert 0.0 < summary["logged_reward"] < 1.0
     assert [("eval_accuracy" in r) for r in summary["history"]] == [True, True]
+
+
+def test_demo_agent_settings_are_the_config_defaults_then_the_demo_overrides() -> None:
+    """ILQLConfig holds the agent defaults; the demo's overrides and the user's sit on top."""
+    from rl_algos import ILQLConfig
+    from rl_train.ilql_demo import ILQL_DEMO_AGENT
+
+    settings = ILQLDemoConfig(seed=3, agent={"batch_size": 8, "tau": 0.9}).agent_settings()
+    assert settings == {**ILQL_DEMO_AGENT, "batch_size": 8, "tau": 0.9, "seed": 3}
+    defaults = ILQLConfig()
+    # every override changes a default (an override equal to the default is a second home)
+    assert [k for k, v in ILQL_DEMO_AGENT.items() if getattr(defaults, k) == v] == []
+    with pytest.raises(ValueError, match=r"\['taus'\].*its fields: .*tau"):
+        ILQLDemoConfig(agent={"taus": 0.9}).agent_settings()

@@ -12,34 +12,48 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from rl_algos import ILQL
+from rl_algos import ILQL, ILQLConfig
 from rl_envs.tasks import train_test_split_task
 
 from rl_train.demo import DemoConfig, build_env
 from rl_train.evaluation import greedy_accuracy
 from rl_train.loops import offline_learning_loop
 from rl_train.offline import make_experience
-from rl_train.tiny import demo_reward, tiny_model, tiny_tokenizer
+from rl_train.tiny import TINY_AGENT, demo_reward, tiny_model, tiny_tokenizer
 
-__all__ = ["ILQLDemoConfig", "behaviour_dataset", "run_ilql_demo"]
+__all__ = ["ILQL_DEMO_AGENT", "ILQLDemoConfig", "behaviour_dataset", "run_ilql_demo"]
+
+
+#: What the demo sets on top of :class:`rl_algos.ILQLConfig`'s defaults: the tiny model's
+#: settings (:data:`rl_train.tiny.TINY_AGENT`), full fine-tuning, and target heads that follow
+#: within a 300-step run (ILQLConfig's ``alpha=0.001``, trlX's, is for runs of many thousand
+#: steps) with stronger guidance at decoding.
+ILQL_DEMO_AGENT: dict[str, Any] = {
+    **{k: TINY_AGENT[k] for k in ("lr", "max_grad_norm", "max_output_tokens", "max_model_len")},
+    "full_finetune": True,
+    "batch_size": 32,
+    "alpha": 0.1,
+    "steps_for_target_q_sync": 1,
+    "decode_beta": 4.0,
+}
 
 
 @dataclass
 class ILQLDemoConfig:
-    """Settings of ``rl-train demo --algo ilql`` (and of the integration test)."""
+    """Settings of ``rl-train demo --algo ilql`` (and of the integration test).
+
+    The agent's settings are :class:`rl_algos.ILQLConfig`'s defaults, then
+    :data:`ILQL_DEMO_AGENT`, then ``agent``: :meth:`agent_settings` resolves them.
+    """
 
     task: str = "successor_digit"
     """A built-in task of :mod:`rl_envs.tasks`."""
     steps: int = 300
     """Optimizer steps on the logged dataset."""
-    batch_size: int = 32
-    """Samples per step."""
-    lr: float = 1e-3
-    """Learning rate (full fine-tuning of the tiny model and the heads)."""
     n_train: int = 400
     """Questions the behaviour policy answers (one logged sample each)."""
     n_test: int = 40
@@ -51,24 +65,26 @@ class ILQLDemoConfig:
     p_distractor: float = 0.5
     """Probability of its systematic mistake (each character shifted by one), so the most
     frequent logged answer is wrong and imitation alone fails."""
-    gamma: float = 0.99
-    """Discount."""
-    tau: float = 0.7
-    """Expectile."""
-    cql_scale: float = 0.1
-    """CQL weight."""
-    awac_scale: float = 1.0
-    """Weight of the LM (behaviour cloning) term."""
-    alpha: float = 0.1
-    """Polyak rate of the target Q heads (trlX's 0.001 is for runs of many thousand steps)."""
-    steps_for_target_q_sync: int = 1
-    """Steps between target updates."""
-    decode_beta: float = 4.0
-    """Guidance strength of value-guided decoding."""
     evaluation_interval: int = 50
     """Steps between evaluations."""
-    max_output_tokens: int = 2
-    """Generated tokens per answer."""
+    agent: dict[str, Any] = field(default_factory=dict)
+    """:class:`rl_algos.ILQL` settings on top of :data:`ILQL_DEMO_AGENT` (e.g.
+    ``{"batch_size": 8}``)."""
+
+    def agent_settings(self) -> dict[str, Any]:
+        """The ILQL keyword arguments: :data:`ILQL_DEMO_AGENT`, ``agent``, and the seed.
+
+        Raises:
+            ValueError: a key of ``agent`` that :class:`rl_algos.ILQLConfig` does not have.
+        """
+        known = {f.name for f in fields(ILQLConfig)}
+        unknown = sorted(set(self.agent) - known)
+        if unknown:
+            raise ValueError(
+                f"ILQLDemoConfig.agent has keys ILQLConfig does not: {unknown} "
+                f"(its fields: {', '.join(sorted(known))})"
+            )
+        return {**ILQL_DEMO_AGENT, **self.agent, "seed": self.seed}
 
 
 def _shift(text: str) -> str:
@@ -156,7 +172,9 @@ def run_ilql_demo(
         train["question"], train["answer"], demo_reward,
         p_correct=cfg.p_correct, p_distractor=cfg.p_distractor, seed=cfg.seed,
     )  # fmt: skip
-    dataset = make_experience(samples, rewards, tokenizer, max_length=64)
+    dataset = make_experience(
+        samples, rewards, tokenizer, max_length=cfg.agent_settings()["max_model_len"]
+    )
     logged = float(dataset.raw_rewards.mean())
     model = tiny_model(len(tokenizer), seed=cfg.seed)
     agent = ILQL(
@@ -164,20 +182,7 @@ def run_ilql_demo(
         pad_token_id=tokenizer.pad_token_id,
         pad_token=tokenizer.pad_token,
         tokenizer=tokenizer,
-        full_finetune=True,
-        lr=cfg.lr,
-        batch_size=cfg.batch_size,
-        max_grad_norm=1.0,
-        max_output_tokens=cfg.max_output_tokens,
-        max_model_len=64,
-        seed=cfg.seed,
-        gamma=cfg.gamma,
-        tau=cfg.tau,
-        cql_scale=cfg.cql_scale,
-        awac_scale=cfg.awac_scale,
-        alpha=cfg.alpha,
-        steps_for_target_q_sync=cfg.steps_for_target_q_sync,
-        decode_beta=cfg.decode_beta,
+        **cfg.agent_settings(),
     )
 
     def scores() -> dict[str, float]:
@@ -235,7 +240,8 @@ def run_ilql_demo(
     if run_dir is not None:
         out = Path(run_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+        resolved = {**asdict(cfg), "agent": cfg.agent_settings()}
+        (out / "config.json").write_text(json.dumps(resolved, indent=2))
         (out / "summary.json").write_text(
             json.dumps(
                 {"logged_reward": logged, "before": before, "after": after,
