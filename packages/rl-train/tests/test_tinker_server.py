@@ -98,3 +98,73 @@ def test_sampling_is_seeded_and_the_snapshot_is_fixed(service: tinker.ServiceCli
         assert list(a.tokens) == list(b.tokens)
         # bit-exact: the same snapshot, seed, kernels and inputs in the same order
         assert torch.equal(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
+
+
+def adapter_tensors(server: tuple[str, object, Path], model_id: str) -> dict[str, torch.Tensor]:
+    base = server[1].state.service.base  # type: ignore[attr-defined]
+    adapter = base.client(model_id).adapter
+    return {k: v.detach().clone() for k, v in base.adapter_params(adapter).items()}
+
+
+def test_two_clients_train_concurrently_without_touching_each_other(
+    service: tinker.ServiceClient, server: tuple[str, object, Path]
+) -> None:
+    a = service.create_lora_training_client(base_model=MODEL, rank=4).result()
+    b = service.create_lora_training_client(base_model=MODEL, rank=8).result()
+    adam = types.AdamParams(learning_rate=1e-2)
+    for client in (a, b):  # both have trained adapters (LoRA B is zero at creation)
+        client.forward_backward([sft_datum()], "cross_entropy").result()
+        client.optim_step(adam).result()
+    b_before = forward_logprobs(b, TOKENS)
+    b_tensors = adapter_tensors(server, b.model_id)
+    a_before = forward_logprobs(a, TOKENS)
+    # a trains while b's requests are in flight: the futures overlap on the server's queue
+    pending = []
+    for _ in range(3):
+        pending.append(a.forward_backward([sft_datum(TOKENS[::-1])], "cross_entropy"))
+        pending.append(b.forward([sft_datum()], "cross_entropy"))
+        pending.append(a.optim_step(adam))
+    results = [f.result() for f in pending]
+    for out in results[1::3]:  # b's forwards between a's steps
+        # bit-exact: b's adapter, inputs and kernels are the same as for b_before
+        assert torch.equal(torch.tensor(out.loss_fn_outputs[0]["logprobs"].tolist()), b_before)
+    # bit-exact: b's tensors were not written (a's optimizer holds only a's)
+    assert all(torch.equal(v, b_tensors[k]) for k, v in adapter_tensors(server, b.model_id).items())
+    # bit-exact: the same forward of b as above, after all of a's steps
+    assert torch.equal(forward_logprobs(b, TOKENS), b_before)
+    assert not torch.equal(forward_logprobs(a, TOKENS), a_before)  # a did change
+
+
+def test_bad_inputs_fail_with_the_sdks_errors_and_the_server_keeps_serving(
+    service: tinker.ServiceClient, server: tuple[str, object, Path]
+) -> None:
+    url = server[0]
+    stranger = tinker.ServiceClient(base_url=url, api_key="tml-wrong-key")
+    with pytest.raises(tinker.AuthenticationError, match="invalid API key"):
+        stranger.create_lora_training_client(base_model=MODEL, rank=2).result()
+    with pytest.raises(tinker.RequestFailedError, match="unknown base_model 'no-such-model'"):
+        service.create_lora_training_client(base_model="no-such-model", rank=2).result()
+    client = service.create_lora_training_client(base_model=MODEL, rank=2).result()
+    ragged = types.Datum(
+        model_input=types.ModelInput.from_ints(TOKENS[:-1]),
+        loss_fn_inputs={"target_tokens": TOKENS[1:-1], "weights": [1.0] * (len(TOKENS) - 1)},
+    )
+    with pytest.raises(tinker.RequestFailedError, match=r"target_tokens'\] has shape \[8\]"):
+        client.forward_backward([ragged], "cross_entropy").result()
+    for loss in ("stable_reinforce", "custom"):
+        with pytest.raises(tinker.RequestFailedError, match=f"loss_fn '{loss}'.*not supported"):
+            client.forward_backward([sft_datum()], loss).result()
+    with pytest.raises(tinker.RequestFailedError, match=r"needs loss_fn_inputs\['logprobs'\]") as e:
+        client.forward_backward([sft_datum()], "importance_sampling").result()
+    assert e.value.category == types.RequestErrorCategory.User
+    sampler = client.save_weights_and_get_sampling_client().result()
+    limit = TINY_DEFAULTS["max_position_embeddings"]
+    with pytest.raises(tinker.RequestFailedError, match=f"exceeds the context length {limit}"):
+        sampler.sample(
+            types.ModelInput.from_ints([3, 5]), 1, types.SamplingParams(max_tokens=limit)
+        ).result()
+    # the server still trains and samples
+    fb = client.forward_backward([sft_datum()], "cross_entropy").result()
+    assert fb.metrics["loss:sum"] > 0
+    out = sampler.sample(types.ModelInput.from_ints([3]), 1, types.SamplingParams(max_tokens=2))
+    assert len(out.result().sequences[0].tokens) >= 1
