@@ -161,9 +161,8 @@ class WorkerFailed:
 class Packed:
     """Tensors of one dtype as one flat byte string plus their shapes: cheap to (un)pickle.
 
-    The raw bytes (not a pickled tensor, whose storage pickles through ``torch.save``, about
-    0.15 ms a tensor to load on the demo) keep a batch's decode and a weight push at a few
-    tens of microseconds.
+    The raw bytes (not a pickled tensor, whose storage pickles through ``torch.save``, a
+    per-tensor cost) keep a batch's decode and a weight push cheap (``docs/benchmarks.md``).
     """
 
     shapes: tuple[tuple[int, ...], ...]
@@ -249,8 +248,17 @@ def weight_update(
 
 
 def apply_weights(agent: Any, update: WeightUpdate) -> None:
-    """Load ``update`` into ``agent``'s generation engine (``Engine.update_weights``)."""
+    """Load ``update`` into ``agent``'s generation engine (``Engine.update_weights``).
+
+    On a rollout server (:class:`rl_algos.server_sync.ServerEngine`) the tensors go into the
+    worker's model, and from there to the server: a LoRA actor's adapter only, tagged with
+    ``update.version``, which every sample of the server then carries.
+    """
     packed: dict[str, tuple[list[str], Packed]] = _decode(update.payload)
+    if hasattr(agent.engine, "apply_update"):
+        pairs = [zip(names, values.unpack(), strict=True) for names, values in packed.values()]
+        agent.engine.apply_update([p for group in pairs for p in group], update.version)
+        return
     for names, values in packed.values():
         agent.engine.update_weights(zip(names, values.unpack(), strict=True))
 
@@ -347,9 +355,9 @@ def worker_main(start: WorkerStart, inbox: Any, outbox: Any) -> None:
         pieces = start.factory()
         agent, env = pieces.agent, pieces.env
         if start.engine_url is not None:
-            from rl_algos.generation import remote_engine
+            from rl_algos.server_sync import use_server
 
-            agent.engine = remote_engine(start.engine_url, start.timeout_s)
+            use_server(agent, start.engine_url, timeout=start.timeout_s)
         agent._rng.setstate(start.rng_state)
         prompts = None
         if start.episodes is None:
