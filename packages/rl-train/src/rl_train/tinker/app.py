@@ -93,6 +93,7 @@ class Service:
         self.queue = FutureQueue()
         self.sessions: set[str] = set()
         self.samplers: dict[str, Snapshot] = {}
+        self.sampler_paths: dict[str, str | None] = {}
         self.sampler_clients: dict[str, itertools.count[int]] = {}
         self.run = uuid.uuid4().hex[:8]
         self.counter = itertools.count(1)
@@ -106,12 +107,20 @@ class Service:
                 "only (see get_server_capabilities)"
             )
 
-    def new_sampler(self, snapshot: Snapshot) -> str:
+    def new_sampler(self, snapshot: Snapshot, model_path: str | None = None) -> str:
         """Register a sampling session on ``snapshot``; return its id."""
         session = f"sampler-{self.run}-{next(self.counter)}"
         self.samplers[session] = snapshot
+        self.sampler_paths[session] = model_path
         self.sampler_clients[session] = itertools.count(1)
         return session
+
+    def model_id(self, body: dict[str, Any]) -> str:
+        """The SDK's id of a new training model: ``<session_id>:train:<model_seq_id>``."""
+        model_id = f"{body['session_id']}:train:{int(body['model_seq_id'])}"
+        if model_id in self.base.clients:
+            raise UserError(f"model {model_id!r} exists already (model_seq_id reused)")
+        return model_id
 
     def submit(self, operation: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """Queue ``operation(*args)``; the ``UntypedAPIFuture`` JSON."""
@@ -127,7 +136,7 @@ class Service:
         optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
         if optimizer != "adamw":
             raise UserError(f"optimizer {optimizer!r} is not served; only 'adamw'")
-        model_id = f"model-{self.run}-{next(self.counter)}"
+        model_id = self.model_id(body)
         self.base.create_client(
             model_id,
             int(lora["rank"]),
@@ -147,7 +156,10 @@ class Service:
         if name is None:
             name = f"step-{client.steps:06d}"
         path = checkpoints.save(self.root, self.base, client, kind, name, self.config.name)
-        return {"path": path, "type": "save_weights" if kind == "weights" else kind}
+        return {
+            "path": path,
+            "type": "save_weights" if kind == "weights" else "save_weights_for_sampler",
+        }
 
     def load_weights(self, body: dict[str, Any]) -> dict[str, Any]:
         """``load_weights`` into a client, or a new client from a checkpoint (no model_id)."""
@@ -157,10 +169,8 @@ class Service:
         if model_id is None:
             self.check_base(body.get("base_model") or meta["base_model"])
             lora = checkpoints.lora_of(meta)
-            model_id = f"model-{self.run}-{next(self.counter)}"
-            client = self.base.create_client(model_id, lora.rank, seed=lora.seed)
-            if client.lora.key() != lora.key():
-                raise UserError(f"checkpoint {path!r} targets {lora.targets}, not this model's")
+            model_id = self.model_id(body)
+            self.base.create_client(model_id, lora.rank, seed=lora.seed, targets=lora.targets)
         client = self.base.client(model_id)
         checkpoints.load_state(
             self.root, self.base, client, path, optimizer=bool(body.get("optimizer"))
@@ -372,7 +382,17 @@ def _sampling_routes(app: FastAPI, service: Service) -> None:
             snapshot = Snapshot(None)
         return {
             "type": "create_sampling_session",
-            "sampling_session_id": service.new_sampler(snapshot),
+            "sampling_session_id": service.new_sampler(snapshot, body.get("model_path")),
+        }
+
+    @app.get(f"{V1}/samplers/{{sampler_id}}")
+    async def get_sampler(sampler_id: str) -> Any:
+        if sampler_id not in service.samplers:
+            return _error(404, f"unknown sampler {sampler_id!r}")
+        return {
+            "sampler_id": sampler_id,
+            "base_model": service.config.name,
+            "model_path": service.sampler_paths[sampler_id],
         }
 
     @app.post(f"{V1}/join_sampling_session")

@@ -31,7 +31,7 @@ from rl_train.tinker.tensorfile import load_tensors, save_tensors
 __all__ = ["load_snapshot", "load_state", "parse_path", "read_meta", "save"]
 
 KINDS = ("weights", "sampler_weights")
-_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+_NAME = re.compile(r"^[A-Za-z0-9._:-]+$")
 
 
 def parse_path(path: str) -> tuple[str, str, str]:
@@ -40,7 +40,7 @@ def parse_path(path: str) -> tuple[str, str, str]:
     if not match or match[2] not in KINDS or not all(_NAME.match(p) for p in match.groups()):
         raise UserError(
             f"checkpoint path {path!r} is not tinker://<model_id>/<weights|sampler_weights>/<name> "
-            "(names of letters, digits, '.', '_' and '-')"
+            "(names of letters, digits, '.', '_', ':' and '-')"
         )
     if ".." in (match[1], match[3]):
         raise UserError(f"checkpoint path {path!r} may not contain '..'")

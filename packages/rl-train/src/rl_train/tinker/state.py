@@ -15,6 +15,7 @@ All methods run on the :class:`~rl_train.tinker.futures.FutureQueue` worker, one
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -87,17 +88,17 @@ class BaseModel:
             for name, module in self.model.named_modules()
             if isinstance(module, nn.Linear) and module is not head
         }
+        self._head_is_linear = isinstance(head, nn.Linear)
         self.peft: Any = None
         self.clients: dict[str, TrainingClient] = {}
         self._sampler_adapters: dict[str, str] = {}
 
     # ----------------------------------------------------------------------- adapters
     def _targets(self, train_attn: bool, train_mlp: bool, train_unembed: bool) -> tuple[str, ...]:
-        head = self.model.get_output_embeddings()
         names = self._linear_names
         chosen = {n for n in names if (n in _ATTN and train_attn) or (n in _MLP and train_mlp)}
         chosen |= {n for n in names if n not in _ATTN and n not in _MLP and train_attn}
-        if train_unembed and isinstance(head, nn.Linear):
+        if train_unembed and self._head_is_linear:
             chosen.add("lm_head")
         if not chosen:
             raise UserError(
@@ -132,13 +133,17 @@ class BaseModel:
         train_attn: bool = True,
         train_mlp: bool = True,
         train_unembed: bool = True,
+        targets: tuple[str, ...] | None = None,
     ) -> TrainingClient:
-        """A new LoRA training client ``model_id`` of rank ``rank``."""
+        """A new LoRA training client ``model_id`` of rank ``rank`` (on ``targets`` if given)."""
         if rank < 1:
             raise UserError(f"lora_config.rank must be >= 1, got {rank}")
-        targets = self._targets(train_attn, train_mlp, train_unembed)
+        if targets is None:
+            targets = self._targets(train_attn, train_mlp, train_unembed)
+        elif not set(targets) <= self._linear_names | {"lm_head"}:
+            raise UserError(f"LoRA targets {targets} are not linear layers of this model")
         lora = LoraSpec(rank, targets, 0 if seed is None else int(seed))
-        adapter = model_id.replace("-", "_")
+        adapter = "client_" + re.sub(r"[^A-Za-z0-9]", "_", model_id)
         self._add_adapter(adapter, lora)
         client = TrainingClient(model_id, adapter, lora)
         self.clients[model_id] = client
