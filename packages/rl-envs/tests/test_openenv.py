@@ -108,7 +108,7 @@ def test_ids_are_the_templates_rendering_and_observations_are_masked() -> None:
     t = tok()
     w = wrapper(t, EchoDigitEnvironment(digits="7", digit_reward=0.25))
     obs, _ = w.reset(seed=0)
-    assert obs["input_ids"][0].tolist() == encode(t, "<|user|>say 7<eos><|assistant|>")
+    assert obs["input_ids"][0].tolist() == encode(t, "<|user|>say 7?<eos><|assistant|>")
     action = [*encode(t, "3"), EOS]
     _, reward, done, _, _ = w.step(action)
     assert (reward, done) == (0.25, False)  # a wrong digit is worth digit_reward
@@ -117,9 +117,9 @@ def test_ids_are_the_templates_rendering_and_observations_are_masked() -> None:
     assert (reward, done) == (1.0, True)
     traj = w.trajectory()
     messages = [
-        {"role": "user", "content": "say 7"},
+        {"role": "user", "content": "say 7?"},
         {"role": "assistant", "content": "3"},
-        {"role": "user", "content": "no, say 7"},
+        {"role": "user", "content": "no, say 7?"},
         {"role": "assistant", "content": "7"},
     ]
     rendered = t.apply_chat_template(messages, tokenize=False)

@@ -5,9 +5,11 @@
 or behind ``openenv.core.env_server.http_server.create_app``. The tests and tutorials train the
 tiny model on it with :class:`rl_envs.openenv.OpenEnvWrapper`.
 
-The game: the observation asks for a digit (``"say 3"``); the action's first character is the
-answer. Right: reward 1, the episode ends. Wrong: reward ``digit_reward`` if it is a digit
-(else 0) and, until ``max_tries`` answers, the observation ``"no, say 3"`` asks again.
+The game: the observation asks for a digit (``"say 3?"``); the action's first character is
+the answer. Right: reward 1, the episode ends. Wrong: reward ``digit_reward`` if it is a digit
+(else 0) and, until ``max_tries`` answers, the observation ``"no, say 3?"`` asks again. (The
+question mark keeps the target from being the last character: an untrained model with tied
+embeddings tends to repeat the last character it read.)
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class EchoDigitEnvironment(_core.Environment):  # type: ignore[misc,name-defined
 
     SUPPORTS_CONCURRENT_SESSIONS = True
 
-    def __init__(self, digits: str = "0123", max_tries: int = 2, digit_reward: float = 0.1):
+    def __init__(self, digits: str = "0123", max_tries: int = 2, digit_reward: float = 0.5):
         super().__init__()
         if not digits or max_tries < 1:
             raise ValueError("`digits` must be non-empty and `max_tries` >= 1")
@@ -66,7 +68,7 @@ class EchoDigitEnvironment(_core.Environment):  # type: ignore[misc,name-defined
         del kwargs
         target = random.Random(seed).choice(self.digits)
         self._state = EchoState(episode_id=episode_id, target=target)
-        return EchoObservation(prompt=f"say {target}")
+        return EchoObservation(prompt=f"say {target}?")
 
     def step(
         self, action: EchoAction, timeout_s: float | None = None, **kwargs: Any
@@ -81,7 +83,7 @@ class EchoDigitEnvironment(_core.Environment):  # type: ignore[misc,name-defined
             return EchoObservation(prompt="yes", reward=1.0, done=True)
         reward = self.digit_reward if answer.isdigit() else 0.0
         done = state.tries >= self.max_tries
-        return EchoObservation(prompt=f"no, say {state.target}", reward=reward, done=done)
+        return EchoObservation(prompt=f"no, say {state.target}?", reward=reward, done=done)
 
     @property
     def state(self) -> EchoState:

@@ -18,6 +18,7 @@ import yaml
 # torch-free: the config is checked against the algorithm table before torch loads
 from rl_algos.names import ALGORITHM_SPECS, ALGORITHMS, Column, agent_config_fields
 
+from rl_train.env_config import EnvConfig, check_env
 from rl_train.trackers import check_report_to
 from rl_train.user_code import ConfigError, import_user_code
 
@@ -181,9 +182,9 @@ class AsyncConfig:
     engine_url: str | None = None
     """``http://host:port`` of a rollout server (``rl-rollout-server``: vLLM on its own GPUs,
     or the hf engine on another machine): the worker generates through
-    :class:`rl_rollout.RemoteEngine` and pushes the trainer's weights to that server (full
-    fine-tuning only; a LoRA run keeps the worker's local engine). None: the worker's own
-    hf engine."""
+    :class:`rl_rollout.RemoteEngine` and pushes the trainer's weights to that server (LoRA:
+    the adapter's tensors only, in memory, each sample tagged with its version). None: the
+    worker's own hf engine."""
 
     def __post_init__(self) -> None:
         if isinstance(self.max_staleness, bool) or self.max_staleness < 0:
@@ -245,12 +246,19 @@ class RunConfig:
     :func:`rl_algos.make_agent`. An unknown key is refused when the YAML is read."""
     engine: str = "hf"
     """Generation engine: ``hf`` or ``vllm`` (CUDA)."""
+    engine_url: str | None = None
+    """``http://host:port`` of a rollout server (``rl-rollout-server``) the synchronous loop
+    samples on; after each update the trainer sends it the actor (LoRA: the adapter's tensors
+    only, in memory; full fine-tuning: every weight). With ``async:``, ``async.engine_url``."""
     deepspeed_config: str | None = None
     """A DeepSpeed JSON config (ZeRO-2/3; needs a launcher: ``torchrun`` or ``accelerate
     launch``). Under a launcher without it the run is DDP."""
     async_: AsyncConfig | None = None
     """YAML ``async:``: generate in a worker process while training (:class:`AsyncConfig`);
     null: the synchronous loop."""
+    env: EnvConfig | None = None
+    """YAML ``env:``: train on a multi-turn environment (OpenEnv, verifiers) instead of the
+    prompts of ``data`` (:class:`~rl_train.env_config.EnvConfig`); null: prompts."""
 
 
 #: YAML keys that are Python keywords -> the dataclass field that holds them.
@@ -438,7 +446,20 @@ def _check(config: RunConfig) -> None:
         _unknown_algorithm(config.algo)
     if config.engine not in ("hf", "vllm"):
         raise ConfigError(f"engine must be 'hf' or 'vllm', got {config.engine!r}")
+    if config.engine_url is not None:
+        if not re.fullmatch(r"http://[^/:\s]+:\d+/?", str(config.engine_url)):
+            raise ConfigError(
+                f"engine_url must look like 'http://host:port', got {config.engine_url!r}"
+            )
+        if config.async_ is not None:
+            raise ConfigError(
+                "engine_url is the synchronous loop's; with async: set async.engine_url"
+            )
+        if config.engine != "hf":
+            raise ConfigError("engine_url: the server runs the engine; drop engine: vllm")
     _check_reward_url(config.data)
+    spec = ALGORITHM_SPECS.get(config.algo)
+    check_env(config.env, spec is None or spec.online)
     try:
         check_report_to(config.train.report_to)
     except ValueError as exc:

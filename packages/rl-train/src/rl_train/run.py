@@ -105,6 +105,10 @@ def fit(built: Built, *, verbose: bool = True, say: Callable[[str], None] = _sil
     Returns:
         The :class:`Summary`.
     """
+    if built.config.env is not None:  # episodes of an OpenEnv / verifiers environment
+        from rl_train.env_run import fit_episodes
+
+        return fit_episodes(built, verbose=verbose, say=say)
     config, agent, env = built.config, built.agent, built.env
     t = config.train
     run_dir = Path(t.run_dir)

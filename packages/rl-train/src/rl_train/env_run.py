@@ -1,0 +1,144 @@
+"""``rl-train run`` with an ``env:`` section: episodes of an OpenEnv or verifiers environment.
+
+:func:`env_factory` turns ``config.env`` into the picklable factory of token-level episodes
+that :func:`rl_train.finetune_llm_multiturn` plays; :func:`fit_episodes` is
+:func:`rl_train.run.fit` for such a run, reporting the greedy mean episode return before and
+after training.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rl_train.collective import is_main_process
+from rl_train.config import ConfigError, RunConfig, to_dict
+from rl_train.evaluation import greedy_return
+from rl_train.loops import finetune_llm_multiturn
+
+if TYPE_CHECKING:
+    from rl_train.builder import Built
+    from rl_train.run import Summary
+
+__all__ = ["env_factory", "fit_episodes", "resolve"]
+
+
+def resolve(key: str, name: str) -> Any:
+    """The object ``module:attribute`` names (``key``: the config key, for the error)."""
+    module_name, _, attr = name.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split(".") if attr else []:
+            obj = getattr(obj, part)
+    except ImportError as exc:
+        raise ConfigError(f"{key} {name!r} does not resolve: {exc}".splitlines()[0]) from exc
+    except AttributeError as exc:
+        raise ConfigError(f"{key} {name!r} does not resolve: {exc}") from exc
+    return obj
+
+
+def _optional(key: str, name: str | None) -> Any:
+    return None if name is None else resolve(key, name)
+
+
+def env_factory(config: RunConfig, tokenizer: Any, agent: Any) -> Callable[[], Any]:
+    """A picklable factory of one episode's token wrapper for ``config.env``.
+
+    Args:
+        config: The run configuration (``env`` set).
+        tokenizer: The model's tokenizer.
+        agent: The agent (its ``max_model_len`` and ``max_output_tokens`` size the episodes).
+
+    Returns:
+        ``() -> TokenObservationWrapper`` (an :class:`rl_envs.openenv.OpenEnvWrapper` or a
+        :class:`rl_envs.verifiers.TasksetEnvWrapper`).
+
+    Raises:
+        ConfigError: A name that does not resolve.
+    """
+    e = config.env
+    assert e is not None
+    max_model_len = int(agent.max_model_len)
+    common: dict[str, Any] = {
+        "max_turns": e.max_turns,
+        "pad_id": int(tokenizer.eos_token_id),  # a sampled pad id stays a token
+        "max_model_len": max_model_len,
+        "max_output_tokens": int(agent.max_output_tokens or max_model_len // 2),
+        "system_prompt": e.system_prompt,
+    }
+    if e.verifiers is not None:
+        raise ConfigError("env.verifiers: not available yet")
+    from rl_envs.openenv import OpenEnvWrapper
+
+    environment = None
+    if e.openenv is not None:
+        environment = resolve("env.openenv", e.openenv)
+        if e.kwargs:
+            environment = functools.partial(environment, **e.kwargs)
+    return functools.partial(
+        OpenEnvWrapper,
+        environment,
+        tokenizer,
+        url=e.openenv_url,
+        action=_optional("env.action", e.action),
+        observation=_optional("env.observation", e.observation),
+        action_cls=_optional("env.action_class", e.action_class),
+        observation_cls=_optional("env.observation_class", e.observation_class),
+        timeout=e.timeout,
+        **common,
+    )
+
+
+def fit_episodes(built: Built, *, verbose: bool = True, say: Callable[[str], None]) -> Summary:
+    """:func:`rl_train.run.fit` for an ``env:`` run: greedy mean return, train, return again.
+
+    The evaluation plays ``env.eval_episodes`` fresh tasks (seeds from 10**6, never trained
+    on) greedily; the Summary's ``accuracy_before`` / ``accuracy_after`` hold the mean returns.
+
+    Args:
+        built: What :func:`rl_train.run.prepare` built (its ``env`` is unused).
+        verbose: Show progress.
+        say: Where the report lines go (process 0).
+
+    Returns:
+        The :class:`~rl_train.run.Summary`.
+    """
+    from rl_train.run import Summary
+
+    config, agent = built.config, built.agent
+    assert config.env is not None
+    if config.async_ is not None:
+        raise ConfigError("env: runs are synchronous for now; remove the async section")
+    t = config.train
+    run_dir = Path(t.run_dir)
+    main = is_main_process()
+    factory = env_factory(config, built.tokenizer, agent)
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
+    episodes = config.env.eval_episodes
+    before = greedy_return(agent, factory, episodes, seed=10**6)
+    if main:
+        say(f"greedy mean return before training: {before:.3f}")
+    finetune_llm_multiturn(
+        [agent],
+        config.env.max_turns,
+        factory,
+        max_steps=t.steps,
+        evaluation_interval=t.evaluation_interval,
+        batch_size=config.data.prompts_per_step,
+        seed=t.seed,
+        run_dir=run_dir,
+        verbose=verbose,
+        eval_episodes=episodes,
+        report_to=t.report_to,
+        project=t.project,
+    )
+    after = greedy_return(agent, factory, episodes, seed=10**6)
+    if main:
+        say(f"greedy mean return after training:  {after:.3f}")
+    return Summary(before, after, str(run_dir.resolve()), main)
