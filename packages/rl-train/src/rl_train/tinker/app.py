@@ -189,7 +189,16 @@ class Service:
         else:
             self.check_base(body.get("base_model"))
             snapshot = Snapshot(None)
-        tokens = [t for c in body["prompt"]["chunks"] for t in c.get("tokens", [])]
+        for field in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
+            if body.get(field):
+                raise UserError(f"{field} is not served by this server (leave it 0)")
+        for field in ("target_prompt_logprobs", "prompt_logprobs_last_n"):
+            if body.get(field) is not None:
+                raise UserError(f"{field} is not served by this server (leave it unset)")
+        chunks = body["prompt"]["chunks"]
+        if any(c.get("type", "encoded_text") != "encoded_text" for c in chunks):
+            raise UserError("prompt chunks other than text tokens are not supported")
+        tokens = [t for c in chunks for t in c.get("tokens", [])]
         vocab = int(self.base.model.config.vocab_size)
         if any(not 0 <= int(t) < vocab for t in tokens):
             raise UserError(f"prompt holds token ids outside the vocabulary [0, {vocab})")
