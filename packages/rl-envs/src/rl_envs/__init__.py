@@ -4,6 +4,8 @@
 and :class:`SyncMultiTurnVecEnv` (multi-turn text environments), :class:`ToolEnvWrapper`
 (tool-calling episodes of TRL ``environment_factory``-style classes, :mod:`rl_envs.tools`),
 OpenEnv environments in-process or served (:class:`OpenEnvWrapper`, the ``openenv`` extra),
+``verifiers`` tasksets scored by their own rewards (:class:`TasksetEnvWrapper`, the
+``verifiers`` extra),
 built-in tasks generated locally (:mod:`rl_envs.tasks`), reward helpers
 (:mod:`rl_envs.rewards`) and the AgileRL, TRL and verl reward-function conventions
 (:mod:`rl_envs.reward_functions`).
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from rl_envs.reasoning import PromptBatch, ReasoningGym, RewardFunctionError, render_prompt
     from rl_envs.reward_functions import detect_reward_style, verl_reward
     from rl_envs.tools import ToolCall, ToolCallParseError, ToolEnvWrapper
+    from rl_envs.verifiers import TasksetEnvWrapper
 
 # Public name -> (submodule, attribute): loaded on first access (PEP 562), so importing the
 # package (or a light submodule of it) does not import torch or the model libraries.
@@ -35,6 +38,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "ReasoningGym": ("rl_envs.reasoning", "ReasoningGym"),
     "RewardFunctionError": ("rl_envs.reasoning", "RewardFunctionError"),
     "SyncMultiTurnVecEnv": ("rl_envs.multiturn", "SyncMultiTurnVecEnv"),
+    "TasksetEnvWrapper": ("rl_envs.verifiers", "TasksetEnvWrapper"),
     "TextEnv": ("rl_envs.multiturn", "TextEnv"),
     "TokenObservationWrapper": ("rl_envs.multiturn", "TokenObservationWrapper"),
     "ToolCall": ("rl_envs.tools", "ToolCall"),
@@ -56,6 +60,7 @@ __all__ = [
     "ReasoningGym",
     "RewardFunctionError",
     "SyncMultiTurnVecEnv",
+    "TasksetEnvWrapper",
     "TextEnv",
     "TokenObservationWrapper",
     "ToolCall",

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from rl_train.builder import Built
     from rl_train.run import Summary
 
-__all__ = ["env_factory", "fit_episodes", "resolve"]
+__all__ = ["env_factory", "fit_episodes", "max_turns", "resolve"]
 
 
 def resolve(key: str, name: str) -> Any:
@@ -43,6 +43,12 @@ def resolve(key: str, name: str) -> Any:
 
 def _optional(key: str, name: str | None) -> Any:
     return None if name is None else resolve(key, name)
+
+
+def max_turns(config: RunConfig) -> int:
+    """Model turns per episode: ``env.max_turns``; 1 for a verifiers taskset (one call)."""
+    assert config.env is not None
+    return 1 if config.env.verifiers is not None else config.env.max_turns
 
 
 def env_factory(config: RunConfig, tokenizer: Any, agent: Any) -> Callable[[], Any]:
@@ -64,14 +70,20 @@ def env_factory(config: RunConfig, tokenizer: Any, agent: Any) -> Callable[[], A
     assert e is not None
     max_model_len = int(agent.max_model_len)
     common: dict[str, Any] = {
-        "max_turns": e.max_turns,
+        "max_turns": max_turns(config),
         "pad_id": int(tokenizer.eos_token_id),  # a sampled pad id stays a token
         "max_model_len": max_model_len,
         "max_output_tokens": int(agent.max_output_tokens or max_model_len // 2),
         "system_prompt": e.system_prompt,
     }
     if e.verifiers is not None:
-        raise ConfigError("env.verifiers: not available yet")
+        from rl_envs.verifiers import TasksetEnvWrapper, load_taskset, tasks
+
+        try:
+            loaded = tasks(load_taskset(e.verifiers, **e.kwargs))
+        except ValueError as exc:
+            raise ConfigError(f"env.verifiers {e.verifiers!r}: {exc}") from exc
+        return functools.partial(TasksetEnvWrapper, loaded, tokenizer, **common)
     from rl_envs.openenv import OpenEnvWrapper
 
     environment = None
@@ -126,7 +138,7 @@ def fit_episodes(built: Built, *, verbose: bool = True, say: Callable[[str], Non
         say(f"greedy mean return before training: {before:.3f}")
     finetune_llm_multiturn(
         [agent],
-        config.env.max_turns,
+        max_turns(config),
         factory,
         max_steps=t.steps,
         evaluation_interval=t.evaluation_interval,

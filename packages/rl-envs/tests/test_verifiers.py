@@ -1,0 +1,136 @@
+"""verifiers v1 tasksets as token episodes (rl_envs.verifiers, rl_envs.verifiers_taskset): the
+task's own rewards score a verifiers Trace whose tokens are the trajectory's."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import verifiers.v1 as vf
+from rl_envs import SyncMultiTurnVecEnv
+from rl_envs.verifiers import TasksetEnvWrapper, load_taskset, tasks
+from rl_envs.verifiers_taskset import EchoDigitTaskset
+from rl_testing.tokenizer import char_tokenizer
+
+EOS = 2
+
+
+def tok() -> Any:
+    return char_tokenizer()  # its chat template: <|role|>content<eos>, <|assistant|> prompt
+
+
+def encode(t: Any, text: str) -> list[int]:
+    return list(t(text, add_special_tokens=False)["input_ids"])
+
+
+def wrapper(taskset: Any = "rl_envs.verifiers_taskset", **kw: Any) -> TasksetEnvWrapper:
+    args: dict[str, Any] = {"pad_id": 0, "max_model_len": 128, "max_output_tokens": 4}
+    args.update(kw)
+    return TasksetEnvWrapper(taskset, tok(), **args)
+
+
+def test_the_trace_holds_the_episodes_tokens_and_the_tasks_reward() -> None:
+    w = wrapper(system_prompt="be brief")
+    t = w.tokenizer
+    obs, _ = w.reset(seed=1)  # task 1 asks for "1"
+    prompt = t.apply_chat_template(
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "say 1?"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert obs["input_ids"][0].tolist() == encode(t, prompt)
+    action = [*encode(t, "1"), EOS]
+    _, reward, terminated, truncated, info = w.step(action)
+    assert (reward, terminated, truncated) == (1.0, True, False)
+    trace = info["trace"]
+    assert trace.rewards["echo"].score == 1.0
+    assert trace.last_reply == "1"
+    traj = w.trajectory()
+    branch = trace.branches[0]
+    assert branch.token_ids == traj.input_ids.tolist()
+    assert branch.sampled_mask == traj.action_mask.tolist()
+    assert [i for i, m in zip(branch.token_ids, branch.sampled_mask, strict=True) if m] == action
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "say 1?"},
+        {"role": "assistant", "content": "1"},
+    ]
+    rendered = t.apply_chat_template(messages, tokenize=False)
+    assert traj.input_ids.tolist() == encode(t, rendered)
+
+
+def test_rewards_of_other_digits_and_other_text() -> None:
+    w = wrapper(load_taskset("rl_envs.verifiers_taskset", digits="7", digit_reward=0.25))
+    for answer, expected in (("7", 1.0), ("3", 0.25), ("x", 0.0)):
+        w.reset(seed=0)
+        assert w.step([*encode(w.tokenizer, answer), EOS])[1] == expected
+
+
+def test_load_taskset_forms() -> None:
+    by_id = load_taskset("rl_envs.verifiers_taskset", repeats=1)
+    by_name = load_taskset("rl_envs.verifiers_taskset:EchoDigitTaskset", repeats=1)
+    instance = EchoDigitTaskset(by_id.config)
+    assert [x.data.prompt for x in by_id] == ["say 0?", "say 1?", "say 2?", "say 3?"]
+    assert [x.data.prompt for x in by_name] == [x.data.prompt for x in instance]
+    assert load_taskset(by_id) is by_id
+    assert len(tasks(by_id.take(2))) == 2
+
+
+def test_a_vec_env_plays_one_turn_per_task() -> None:
+    t = tok()
+    vec = SyncMultiTurnVecEnv(wrapper, batch_size=4, group_size=2)
+
+    def policy(obs: list[dict[str, Any]]) -> list[list[int]]:
+        asked = [re.search(r"say (\d)", o["text"]).group(1) for o in obs]  # type: ignore[union-attr]
+        return [[*encode(t, digit), EOS] for digit in asked]
+
+    batch = vec.rollout(policy, seed=0)  # type: ignore[arg-type]
+    assert batch.returns.tolist() == [1.0] * 8
+    assert batch.turn_mask.sum(1).tolist() == [1] * 8
+
+
+class _Infinite(vf.Taskset):  # type: ignore[misc]
+    INFINITE = True
+
+    def load(self) -> Iterator[Any]:
+        while True:
+            yield vf.Task(vf.TaskData(prompt="x"))
+
+
+class _Raising(vf.Task):  # type: ignore[misc]
+    @vf.reward
+    async def broken(self, trace: Any) -> float:
+        raise KeyError("grader down")
+
+
+def test_bad_inputs_are_clear_errors() -> None:
+    with pytest.raises(ValueError, match="taskset 'no_such_module_x:T' does not resolve"):
+        load_taskset("no_such_module_x:T")
+    with pytest.raises(ValueError, match="is a int, not a verifiers Taskset"):
+        load_taskset(3)
+    with pytest.raises(ValueError, match="is infinite: bound it first"):
+        tasks(_Infinite(vf.TasksetConfig()))
+    with pytest.raises(ValueError, match="no prompt"):
+        wrapper([vf.Task(vf.TaskData())]).reset(seed=0)
+    with pytest.raises(ValueError, match="played in one turn"):
+        wrapper(max_turns=2)
+    w = wrapper([_Raising(vf.TaskData(prompt="hi"))])
+    w.reset(seed=0)
+    with pytest.raises(RuntimeError, match=r"scoring task 0 \(_Raising\) failed: .*grader down"):
+        w.step([*encode(w.tokenizer, "a"), EOS])
+
+
+def test_without_the_extra_the_error_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rl_envs.verifiers as adapter
+
+    for name in [m for m in sys.modules if m == "verifiers" or m.startswith("verifiers.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "verifiers", None)
+    with pytest.raises(ImportError) as info:
+        adapter.load_taskset("rl_envs.verifiers_taskset")
+    assert str(info.value) == (
+        "rl_envs.verifiers needs the 'verifiers' extra: pip install 'rl-envs[verifiers]'"
+    )
