@@ -227,3 +227,21 @@ def test_without_the_extra_the_error_names_it(monkeypatch: pytest.MonkeyPatch) -
         adapter.OpenEnvTextEnv(url="http://127.0.0.1:1", action_cls=EchoAction)
     assert "\n" not in str(info.value)
     assert "pip install 'rl-envs[openenv]'" in str(info.value)
+
+
+def test_rl_envs_imports_without_the_extras() -> None:
+    """Both extras blocked in a fresh interpreter: the package and the adapter modules import;
+    only using them asks for the extra."""
+    import subprocess
+
+    code = (
+        "import sys; sys.modules['openenv'] = None; sys.modules['verifiers'] = None\n"
+        "import rl_envs, rl_envs.openenv, rl_envs.verifiers\n"
+        "rl_envs.SyncMultiTurnVecEnv, rl_envs.OpenEnvWrapper, rl_envs.TasksetEnvWrapper\n"
+        "try:\n    import rl_envs.openenv_game\nexcept ImportError as exc:\n    print(exc)\n"
+    )
+    command = [sys.executable, "-c", code]
+    out = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    expected = "rl_envs.openenv_game needs the 'openenv' extra: pip install 'rl-envs[openenv]'"
+    assert out.stdout.strip() == expected

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -47,3 +48,22 @@ def test_a_taskset_that_does_not_resolve_is_a_config_error(tmp_path: Path) -> No
     config = load_config(write(tmp_path, {"verifiers": "rl_envs.verifiers_taskset:Nope"}, 1))
     with pytest.raises(ConfigError, match=r"env\.verifiers 'rl_envs\.verifiers_taskset:Nope'"):
         train(config, verbose=False)
+
+
+@pytest.mark.parametrize(
+    ("env", "extra"),
+    [
+        ({"verifiers": "rl_envs.verifiers_taskset"}, "verifiers"),
+        ({"openenv_url": "http://127.0.0.1:1", "action_class": "builtins:dict"}, "openenv"),
+    ],
+)
+def test_a_missing_extra_is_a_one_line_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, Any], extra: str
+) -> None:
+    for name in [m for m in sys.modules if m.partition(".")[0] == extra]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, extra, None)
+    config = load_config(write(tmp_path, env, 1))
+    with pytest.raises(ConfigError) as info:
+        train(config, verbose=False)
+    assert str(info.value).endswith(f"needs the '{extra}' extra: pip install 'rl-envs[{extra}]'")

@@ -45,6 +45,18 @@ def _optional(key: str, name: str | None) -> Any:
     return None if name is None else resolve(key, name)
 
 
+def _require(module: str, extra: str, key: str) -> None:
+    """A missing extra as a one-line ConfigError naming it (``rl-train run`` prints it)."""
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.partition(".")[0] != module.partition(".")[0]:
+            raise
+        raise ConfigError(
+            f"{key} needs the {extra!r} extra: pip install 'rl-envs[{extra}]'"
+        ) from None
+
+
 def max_turns(config: RunConfig) -> int:
     """Model turns per episode: ``env.max_turns``; 1 for a verifiers taskset (one call)."""
     assert config.env is not None
@@ -77,6 +89,7 @@ def env_factory(config: RunConfig, tokenizer: Any, agent: Any) -> Callable[[], A
         "system_prompt": e.system_prompt,
     }
     if e.verifiers is not None:
+        _require("verifiers.v1", "verifiers", "env.verifiers")
         from rl_envs.verifiers import TasksetEnvWrapper, load_taskset, tasks
 
         try:
@@ -84,6 +97,7 @@ def env_factory(config: RunConfig, tokenizer: Any, agent: Any) -> Callable[[], A
         except ValueError as exc:
             raise ConfigError(f"env.verifiers {e.verifiers!r}: {exc}") from exc
         return functools.partial(TasksetEnvWrapper, loaded, tokenizer, **common)
+    _require("openenv.core", "openenv", "env.openenv" if e.openenv else "env.openenv_url")
     from rl_envs.openenv import OpenEnvWrapper
 
     environment = None
