@@ -168,3 +168,29 @@ def test_bad_inputs_fail_with_the_sdks_errors_and_the_server_keeps_serving(
     assert fb.metrics["loss:sum"] > 0
     out = sampler.sample(types.ModelInput.from_ints([3]), 1, types.SamplingParams(max_tokens=2))
     assert len(out.result().sequences[0].tokens) >= 1
+
+
+def test_tokenizer_prompt_logprobs_and_refused_sampling_extras(
+    service: tinker.ServiceClient,
+) -> None:
+    client = service.create_lora_training_client(base_model=MODEL, rank=2).result()
+    prompt = client.get_tokenizer().encode("12+3=")  # AutoTokenizer on get_info's tokenizer_id
+    assert len(prompt) == 5
+    sampler = client.save_weights_and_get_sampling_client().result()
+    result = sampler.sample(
+        types.ModelInput.from_ints(prompt),
+        1,
+        types.SamplingParams(max_tokens=2, stop=["\n"]),
+        include_prompt_logprobs=True,
+    ).result()
+    assert result.prompt_logprobs is not None and result.prompt_logprobs[0] is None
+    expected = forward_logprobs(client, prompt)  # position i predicts prompt[i + 1]
+    got = torch.tensor(result.prompt_logprobs[1:])
+    assert_close(got, expected, **LOGPROB_TOL, msg="prompt logprobs")
+    with pytest.raises(tinker.RequestFailedError, match="topk_sample_logprobs is not served"):
+        sampler.sample(
+            types.ModelInput.from_ints(prompt),
+            1,
+            types.SamplingParams(max_tokens=2),
+            topk_sample_logprobs=2,
+        ).result()

@@ -24,7 +24,8 @@ def write_tiny(directory: Path) -> Path:
     return directory
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on loopback."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
@@ -40,7 +41,7 @@ def running_server(model_dir: Path, checkpoint_dir: Path) -> Iterator[tuple[str,
         api_key=KEY,
         checkpoint_dir=str(checkpoint_dir),
         model_name=MODEL,
-        port=_free_port(),
+        port=free_port(),
     )
     app = create_app(config)
     server = uvicorn.Server(
