@@ -39,6 +39,13 @@ SEEDS = (0, 1, 2)
 #: Margin of the budget over the measured median steps to the target.
 MARGIN = 1.5
 ALGOS = ("grpo", "gspo", "cispo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce", "ppo")
+#: Rows that are a table algorithm with other agent settings (a registered objective or
+#: estimator of the GRPO family, in the slow session): DPPO-Binary-TV's trust region
+#: (``dppo_tv``, its defaults), MaxRL's advantage. ``run`` and ``main`` take these keys too.
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "dppo": ("grpo", {"loss_type": "dppo_tv"}),
+    "max_rl": ("grpo", {"advantage_estimator": "max_rl"}),
+}
 #: Learning rates other than the demo's 1e-3 (Dr. GRPO: docs/testing.md, "Dr. GRPO's lr").
 LR = {"dr_grpo": 7e-4}
 #: Measured median steps to the target over ``SEEDS`` (a seed that did not reach and hold
@@ -55,6 +62,8 @@ MEDIAN_STEPS = {
     "reinforce_pp": 250,
     "reinforce": 225,
     "ppo": 350,
+    "dppo": 325,
+    "max_rl": 350,
 }
 
 #: Options that only take effect when the agent is built (the model is wrapped for them).
@@ -98,7 +107,8 @@ def run(algo: str, seed: int, max_steps: int, **options: Any) -> Curve:
     """Train one seed until it reaches the target and ``HOLD`` more steps, or ``max_steps``.
 
     Args:
-        algo: A key of :data:`ALGOS`.
+        algo: A key of :data:`ALGOS` or :data:`VARIANTS` (built as its table algorithm with
+            its settings).
         seed: The model, data and sampling seed.
         max_steps: The budget: a run that has not reached the target by then stops.
         options: Agent config fields set after building (``use_sequence_packing``,
@@ -116,10 +126,12 @@ def run(algo: str, seed: int, max_steps: int, **options: Any) -> Curve:
     from rl_train.sources import ReasoningSource
     from rl_train.tiny import tiny_model, tiny_tokenizer
 
-    config = DemoConfig(algo=algo, seed=seed, lr=LR.get(algo, DemoConfig.lr))
+    base, settings = VARIANTS.get(algo, (algo, {}))
+    config = DemoConfig(algo=base, seed=seed, lr=LR.get(algo, DemoConfig.lr))
     tok = tiny_tokenizer()
     env = build_env(config, tok)
     run_config = config.run_config()
+    run_config.agent.update(settings)
     run_config.agent.update({k: v for k, v in options.items() if k in BUILD_OPTIONS})
     agent = build_agent(run_config, tiny_model(len(tok), seed=seed), tok)
     for name, value in options.items():

@@ -79,6 +79,16 @@ def test_algorithm_learns_with_gradient_checkpointing(algo: str) -> None:
     assert curve.checkpointed and curve.packed_forwards > 0, curve
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", sorted(table.VARIANTS))
+def test_objective_and_estimator_rows_learn_successor_digit(algo: str) -> None:
+    """DPPO-Binary-TV (``GRPO(loss_type="dppo_tv")``, arXiv 2602.04879) and MaxRL
+    (``GRPO(advantage_estimator="max_rl")``, arXiv 2602.02710) learn the demo task under the
+    table's rule, with their own measured budgets (docs/testing.md)."""
+    curve = _learns(algo)
+    assert curve.packed_forwards > 0 and curve.padded_forwards == 0, curve
+
+
 @pytest.mark.parametrize("algo", ["grpo", "reinforce", "ppo"])
 def test_multiturn_guess_the_number_improves_with_turn_level_credit(
     algo: str, tmp_path: Path
