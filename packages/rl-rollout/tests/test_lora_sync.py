@@ -62,7 +62,7 @@ def test_the_payload_is_the_tensors_plus_a_small_header() -> None:
     assert (back.name, back.version) == ("actor", 1)
     assert back.config["r"] == 4 and sorted(back.config["target_modules"]) == sorted(TARGETS)
     for key, tensor in adapter.tensors.items():
-        assert torch.equal(back.tensors[key], tensor), key  # bytes on the wire: exact
+        assert torch.equal(back.tensors[key], tensor), key  # bit-exact: bytes on the wire
     with pytest.raises(ValueError, match="not an adapter of format"):
         adapter_from_bytes(json.dumps({}).encode().rjust(16))
 
@@ -79,7 +79,8 @@ def test_the_merge_is_w_plus_s_b_a() -> None:
         a = adapter.tensors[f"base_model.model.{name}.lora_A.weight"]
         b = adapter.tensors[f"base_model.model.{name}.lora_B.weight"]
         w = modules[name].weight.detach()
-        assert torch.equal(weight, w + (b @ a) * 2.0)  # s = lora_alpha / r = 8 / 4
+        # bit-exact: the float32 ops of peft's get_delta_weight (s = lora_alpha / r = 8 / 4)
+        assert torch.equal(weight, w + (b @ a) * 2.0)
         expected = w.double() + 2.0 * b.double() @ a.double()
         assert_close(weight, expected, reduction=4, stages=2)
 
@@ -109,7 +110,7 @@ def test_a_served_adapter_samples_as_the_merged_model(
     remote.load_adapter(second.name, second.tensors, second.config, second.version)
     assert remote.generate(prompts, PARAMS).weight_version == 4
     base, _ = tiny("qwen2", seed=3)
-    for name, weight in merged_weights(base, second).items():
+    for name, weight in merged_weights(base, second).items():  # bit-exact: the same merge
         assert torch.equal(dict(engine.model.named_modules())[name].weight, weight), name
     # a full-weight sync drops the adapter: the originals are back, then overwritten
     name, param = next(iter(base.named_parameters()))

@@ -424,6 +424,10 @@ def build(
     lm, tokenizer = build_model(config) if model is None else model
     env = build_env(config, tokenizer, accelerator, datasets=datasets, rewards=rewards)
     agent = build_agent(config, lm, tokenizer, accelerator, lora_config=lora_config)
+    if config.engine_url is not None and config.async_ is None:  # the worker has its own
+        from rl_algos.server_sync import use_server  # sample on the server, push after updates
+
+        use_server(agent, config.engine_url, accelerator)
     return Built(config, accelerator, lm, tokenizer, env, agent)
 
 

@@ -1,0 +1,234 @@
+"""LoRA training on a rollout server: adapter-only weight sync, synchronous and asynchronous.
+
+A real ``rl-rollout-server`` process (hf engine) serves the base model from its own directory
+and runs in another working directory: nothing but HTTP connects it to the trainer, whose
+run directory it cannot see. The trainer sends it the actor adapter's tensors after each
+update; the runs must equal the local ones bit for bit where the local run is the same
+computation (synchronous, and asynchronous at staleness 0).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rl_train import MetricsLogger
+from rl_train.config import AsyncConfig, RunConfig
+from rl_train.demo import DemoConfig
+from rl_train.run import train
+
+SMALL = {"n_train": 80, "n_test": 8, "prompts_per_step": 4, "group_size": 4}
+
+
+def _rows(run_dir: Path) -> list[dict[str, float]]:
+    rows = MetricsLogger.read(run_dir / "metrics.jsonl")
+    for row in rows:
+        row.pop("step_time")
+    return rows
+
+
+def _sync_part(rows: list[dict[str, float]]) -> list[dict[str, float]]:
+    return [{k: v for k, v in r.items() if not k.startswith("async_")} for r in rows]
+
+
+def _lora_config(demo: DemoConfig, model_dir: Path, run_dir: Path) -> RunConfig:
+    """The demo's run on the tiny model saved at ``model_dir``, trained as a LoRA adapter."""
+    from rl_train.tiny import TINY_AGENT
+
+    config = demo.run_config(run_dir)
+    config.model.name = str(model_dir)  # not "tiny": that name always fine-tunes fully
+    config.model.lora_r, config.model.lora_alpha = 4, 8
+    config.agent = {**TINY_AGENT, **config.agent, "lr": 0.01}
+    return config
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from rl_train.tiny import tiny_model, tiny_tokenizer
+
+    path = tmp_path_factory.mktemp("trainer-model")
+    tok = tiny_tokenizer()
+    tiny_model(len(tok), seed=0).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Iterator[str]:
+    """A server process with its own copy of the base model and its own working directory."""
+    import shutil
+
+    home = tmp_path_factory.mktemp("server-home")
+    shutil.copytree(model_dir, home / "model")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "rl_rollout", "--engine", "hf", "--model", "model",
+           "--port", str(port), "--max-model-len", "64"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": str(_threads())}
+    proc = subprocess.Popen(
+        cmd, cwd=home, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        seen: list[str] = []
+        while not seen or f"http://127.0.0.1:{port}" not in seen[-1]:
+            line = proc.stdout.readline()
+            assert line, f"rollout server exited before serving: {''.join(seen)}"
+            seen.append(line)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+DEMO = DemoConfig(steps=4, evaluation_interval=2, **SMALL)
+
+
+@pytest.fixture(scope="module")
+def local_rows(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> list[dict[str, float]]:
+    """The local synchronous LoRA run both server runs must equal."""
+    run_dir = tmp_path_factory.mktemp("local")
+    train(_lora_config(DEMO, model_dir, run_dir), verbose=False)
+    return _rows(run_dir)
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def test_async_staleness_0_on_the_server_is_the_local_run_bit_for_bit(
+    tmp_path: Path, model_dir: Path, server: str, local_rows: list[dict[str, float]]
+) -> None:
+    config = _lora_config(DEMO, model_dir, tmp_path / "async")
+    config.async_ = AsyncConfig(max_staleness=0, engine_url=server)
+    train(config, verbose=False)
+    local, asyn = local_rows, _rows(tmp_path / "async")
+    assert [r["step"] for r in asyn] == [1, 2, 3, 4]
+    assert _sync_part(asyn) == local  # every learn metric, reward and evaluation, exactly
+    assert local[-1]["loss"] != local[0]["loss"]
+
+
+def test_sync_on_the_server_is_the_local_run_bit_for_bit(
+    tmp_path: Path, model_dir: Path, server: str, local_rows: list[dict[str, float]]
+) -> None:
+    """``engine_url``: ``get_action`` samples on the server, the adapter is pushed after each
+    update; the run is the local one (the same merged weights, the same seeds)."""
+    config = _lora_config(DEMO, model_dir, tmp_path / "remote")
+    config.engine_url = server
+    train(config, verbose=False)
+    local, remote = local_rows, _rows(tmp_path / "remote")
+    assert [r["step"] for r in remote] == [1, 2, 3, 4]
+    assert remote == local  # every learn metric, reward and evaluation, exactly
+
+
+def test_a_sync_moves_the_adapter_bytes_plus_a_small_header(
+    tmp_path: Path, model_dir: Path, server: str
+) -> None:
+    import struct
+
+    from rl_algos.server_sync import actor_adapter
+    from rl_rollout.lora_sync import LoraAdapter, adapter_to_bytes
+    from rl_train.builder import build
+
+    config = _lora_config(DemoConfig(**SMALL), model_dir, tmp_path / "r")
+    config.engine_url = server
+    built = build(config, distributed=False)
+    engine = built.agent.engine
+    sent = engine.push(7)
+    tensors, peft_config = actor_adapter(built.agent.policy)
+    tensor_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
+    body = adapter_to_bytes(LoraAdapter("actor", 7, peft_config, tensors))
+    (header,) = struct.unpack("<Q", body[:8])
+    assert sent == len(body) == tensor_bytes + 8 + header  # safetensors: size, header, data
+    assert header < 200 * len(tensors) + 4096  # names, shapes, offsets and the peft config
+    model_bytes = sum(p.numel() * p.element_size() for p in built.model.parameters())
+    assert tensor_bytes < model_bytes / 10  # the adapter, not the model
+    actor = built.agent.actor_parameters()
+    assert tensor_bytes == sum(p.numel() * p.element_size() for p in actor)
+    prompts = built.env.reset()
+    result = built.agent.get_action(prompts)
+    assert result.rollout.input_ids.shape[0] == SMALL["prompts_per_step"] * SMALL["group_size"]
+    assert engine.version == 7
+
+
+def test_a_server_down_stops_the_sync_run_naming_it(tmp_path: Path, model_dir: Path) -> None:
+    from rl_rollout import RolloutServerError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = _lora_config(DemoConfig(steps=2, **SMALL), model_dir, tmp_path / "down")
+    config.engine_url = f"http://127.0.0.1:{port}"
+    with pytest.raises(RolloutServerError, match=rf"cannot reach .*127\.0\.0\.1:{port}"):
+        train(config, verbose=False)
+
+
+@pytest.mark.slow  # a LoRA run of 300 steps with a worker and a server: `nox -s slow`
+def test_lora_on_the_server_learns_the_demo_at_staleness_1(
+    tmp_path: Path, model_dir: Path, server: str
+) -> None:
+    """As the local asynchronous run (test_async's learning test): greedy accuracy 0.9."""
+    config = _lora_config(DemoConfig(steps=300, evaluation_interval=25), model_dir, tmp_path / "r")
+    config.agent["clip_against_sampler"] = True
+    config.async_ = AsyncConfig(max_staleness=1, engine_url=server, timeout_s=300)
+    train(config, verbose=False)
+    rows = MetricsLogger.read(tmp_path / "r" / "metrics.jsonl")
+    curve = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
+    assert max(r["async_staleness_max"] for r in rows) == 1  # stale batches were used
+    assert any(acc >= 0.9 for _, acc in curve), curve
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["engine_url=localhost:8000"], r"engine_url must look like 'http://host:port'"),
+        (["engine_url=http://h:1", "async.max_staleness=0"], r"with async: set async.engine_url"),
+        (["engine_url=http://h:1", "engine=vllm"], r"the server runs the engine"),
+    ],
+)
+def test_engine_url_is_checked_when_the_config_is_read(overrides: list[str], match: str) -> None:
+    from rl_train.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, overrides)
+
+
+@pytest.mark.slow  # two trainer processes (torchrun, gloo), twice: `nox -s slow`
+def test_under_ddp_the_first_process_pushes_and_the_run_is_the_local_one(
+    tmp_path: Path, model_dir: Path, server: str
+) -> None:
+    """``rl-train run`` under torchrun with 2 processes: both sample on the one server, the
+    first pushes the adapter and both wait for it; the metrics equal the local DDP run's."""
+    import yaml
+    from rl_train.tiny import TINY_AGENT
+
+    cfg = tmp_path / "c.yaml"
+    agent = {**TINY_AGENT, "lr": 0.01, "group_size": 4}
+    model = {"name": str(model_dir), "lora_r": 4, "lora_alpha": 8}
+    cfg.write_text(yaml.safe_dump({"algo": "grpo", "model": model, "agent": agent}))
+    common = ["train.steps=4", "train.evaluation_interval=2", "train.checkpoint_steps=4",
+              "data.n_train=64", "data.n_test=8", "data.prompts_per_step=2"]  # fmt: skip
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    for name, extra in (("local", []), ("remote", [f"engine_url={server}"])):
+        with socket.socket() as s:  # torchrun's --master_port 0 hangs: pick a free port
+            s.bind(("127.0.0.1", 0))
+            master = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+               "--master_addr", "127.0.0.1", "--master_port", str(master), "-m", "rl_train",
+               "run", str(cfg), *common, *extra, f"train.run_dir={tmp_path / name}",
+               "--quiet"]  # fmt: skip
+        proc = subprocess.run(
+            cmd, env=env, capture_output=True, text=True, timeout=600, check=False
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    local, remote = _rows(tmp_path / "local"), _rows(tmp_path / "remote")
+    assert [r["step"] for r in remote] == [1, 2, 3, 4]
+    assert remote == local
