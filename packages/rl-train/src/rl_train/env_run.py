@@ -22,7 +22,6 @@ from rl_train.loops import finetune_llm_multiturn
 
 if TYPE_CHECKING:
     from rl_train.builder import Built
-    from rl_train.run import Summary
 
 __all__ = ["env_factory", "fit_episodes", "max_turns", "resolve"]
 
@@ -119,11 +118,14 @@ def env_factory(config: RunConfig, tokenizer: Any, agent: Any) -> Callable[[], A
     )
 
 
-def fit_episodes(built: Built, *, verbose: bool = True, say: Callable[[str], None]) -> Summary:
+def fit_episodes(
+    built: Built, *, verbose: bool = True, say: Callable[[str], None]
+) -> tuple[float, float]:
     """:func:`rl_train.run.fit` for an ``env:`` run: greedy mean return, train, return again.
 
     The evaluation plays ``env.eval_episodes`` fresh tasks (seeds from 10**6, never trained
-    on) greedily; the Summary's ``accuracy_before`` / ``accuracy_after`` hold the mean returns.
+    on) greedily; :func:`rl_train.run.fit` reports the two mean returns as its Summary's
+    ``accuracy_before`` / ``accuracy_after``.
 
     Args:
         built: What :func:`rl_train.run.prepare` built (its ``env`` is unused).
@@ -131,10 +133,8 @@ def fit_episodes(built: Built, *, verbose: bool = True, say: Callable[[str], Non
         say: Where the report lines go (process 0).
 
     Returns:
-        The :class:`~rl_train.run.Summary`.
+        ``(mean return before, mean return after)``.
     """
-    from rl_train.run import Summary
-
     config, agent = built.config, built.agent
     assert config.env is not None
     if config.async_ is not None:
@@ -167,4 +167,4 @@ def fit_episodes(built: Built, *, verbose: bool = True, say: Callable[[str], Non
     after = greedy_return(agent, factory, episodes, seed=10**6)
     if main:
         say(f"greedy mean return after training:  {after:.3f}")
-    return Summary(before, after, str(run_dir.resolve()), main)
+    return before, after

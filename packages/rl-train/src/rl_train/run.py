@@ -108,7 +108,9 @@ def fit(built: Built, *, verbose: bool = True, say: Callable[[str], None] = _sil
     if built.config.env is not None:  # episodes of an OpenEnv / verifiers environment
         from rl_train.env_run import fit_episodes
 
-        return fit_episodes(built, verbose=verbose, say=say)
+        before, after = fit_episodes(built, verbose=verbose, say=say)
+        run = Path(built.config.train.run_dir).resolve()
+        return Summary(before, after, str(run), is_main_process())
     config, agent, env = built.config, built.agent, built.env
     t = config.train
     run_dir = Path(t.run_dir)
