@@ -32,6 +32,9 @@ Sessions:
     conformance      (not default) our estimators and losses against verl, OpenRLHF, TRL, Liger and
                      AgileRL's released code, each in a throwaway venv under ~/.cache/rl-conformance
                      (RL_CONFORMANCE_HOME); writes docs/conformance.md (tools/conformance/run.py)
+    tinker-cookbook  (not default) the unmodified tinker-cookbook math RL recipe (0.5.8, in a venv
+                     of its own) for 2 steps against ``rl-train tinker-server`` on a tiny model
+                     (tools/tinker_cookbook_check.py)
     docs             mkdocs build --strict (the site's examples run in ``integration``)
     docs-browser     the built site opened in the system's Chromium (tools/docs/browser_check.py):
                      rendered math, no console error, no broken link, load times reported;
@@ -342,6 +345,25 @@ def conformance(session: nox.Session) -> None:
     # the peers live in their own venvs outside the workspace; this env only needs ours + torch
     sync(session, "--all-packages")
     session.run("python", "tools/conformance/run.py", *session.posargs)
+
+
+#: The tinker-cookbook release the recipe check installs (0.6.1 needs tml-renderers>=0.4.1, not
+#: on the registry; 0.5.8 pins transformers<=5.5.4, so it gets a venv of its own).
+TINKER_COOKBOOK = "tinker-cookbook[math-rl]==0.5.8"
+
+
+@nox.session(name="tinker-cookbook", default=False)
+def tinker_cookbook(session: nox.Session) -> None:
+    # the server from the workspace (rl-train[tinker]), the recipe from its own venv: HTTP only
+    sync(session, "--package", "rl-train", "--extra", "tinker")
+    work = Path(session.create_tmp()).resolve() / "tinker-cookbook"
+    cookbook = release.make_venv(work / "venv")
+    release.install(cookbook, [TINKER_COOKBOOK])
+    server = Path(session.virtualenv.location) / "bin" / "python"
+    session.run(
+        "python", "tools/tinker_cookbook_check.py", "--server-python", str(server),
+        "--cookbook-python", str(cookbook), "--work", str(work / "run"),
+    )  # fmt: skip
 
 
 @nox.session
