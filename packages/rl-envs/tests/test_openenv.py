@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import socket
+import string
 import sys
 import threading
 import time
@@ -245,3 +246,61 @@ def test_rl_envs_imports_without_the_extras() -> None:
     assert out.returncode == 0, out.stderr
     expected = "rl_envs.openenv_game needs the 'openenv' extra: pip install 'rl-envs[openenv]'"
     assert out.stdout.strip() == expected
+
+
+def _calculator() -> Any:
+    """A real MCP tool environment: FastMCP's server with one tool, OpenEnv's MCPEnvironment;
+    the episode ends on the first call whose result is 5 (reward 1), other calls earn 0."""
+    from fastmcp import FastMCP
+    from openenv.core.env_server.mcp_environment import MCPEnvironment
+
+    mcp = FastMCP("calculator")
+
+    @mcp.tool()
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    class Calculator(MCPEnvironment):  # type: ignore[misc]
+        def reset(self, seed: int | None = None, episode_id: str | None = None, **kw: Any) -> Any:
+            return EchoObservation(prompt="make 5 with add")
+
+        def step(self, action: Any, timeout_s: float | None = None, **kw: Any) -> Any:
+            obs = super().step(action, timeout_s=timeout_s, **kw)
+            done = observation_text(obs) == "5"
+            return obs.model_copy(update={"reward": float(done), "done": done})
+
+        def _step_impl(self, action: Any, timeout_s: float | None = None, **kw: Any) -> Any:
+            raise ValueError("only tool calls")
+
+        @property
+        def state(self) -> State:
+            return State()
+
+    return Calculator(mcp)
+
+
+def json_tok() -> Any:
+    """The char tokenizer with the characters of JSON tool calls."""
+    from rl_testing.tokenizer import DEFAULT_ALPHABET
+
+    t = char_tokenizer(DEFAULT_ALPHABET + string.ascii_uppercase + '<>{}[]"_')
+    t.chat_template = TEMPLATE
+    return t
+
+
+def test_mcp_tool_environments_take_hermes_calls_by_default() -> None:
+    w = wrapper(json_tok(), _calculator(), max_model_len=512, max_output_tokens=96)
+    w.reset(seed=0)
+
+    def act(text: str) -> tuple[Any, ...]:
+        obs, reward, done, _, _ = w.step([*encode(w.tokenizer, text), EOS])
+        return obs["text"].rsplit("<|user|>", 1)[-1], reward, done
+
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    assert act(call) == ("3<eos><|assistant|>", 0.0, False)
+    assert act(call.replace('"b": 2', '"b": 4'))[1:] == (1.0, True)
+    w = wrapper(json_tok(), _calculator())
+    w.reset(seed=0)
+    with pytest.raises(OpenEnvError, match=r"refused 'hi' \(ValueError: no <tool_call>"):
+        w.step([*encode(w.tokenizer, "hi"), EOS])

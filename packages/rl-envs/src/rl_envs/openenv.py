@@ -8,8 +8,9 @@ WebSocket through ``EnvClient``:
 1. ``reset(seed=...)``'s observation, mapped to text by ``observation`` (default:
    :func:`observation_text`), is the first user message;
 2. each action's text is mapped to an ``Action`` by ``action`` (default: the action class's
-   one string field, :func:`text_action`); the observation that comes back is the next user
-   message (tokenised as environment tokens: masked out of the loss);
+   one string field, :func:`text_action`; for MCP tool environments, a Hermes
+   ``<tool_call>`` as ``CallToolAction``, :func:`mcp_action`); the observation that comes
+   back is the next user message (tokenised as environment tokens: masked out of the loss);
 3. the turn's reward is ``reward(observation)`` if given, else the observation's ``reward``,
    else the in-process environment's rubric ``rubric(action, observation)``; a step that ends
    the episode with none of them is an error (the message says how to give one);
@@ -36,6 +37,7 @@ __all__ = [
     "OpenEnvError",
     "OpenEnvTextEnv",
     "OpenEnvWrapper",
+    "mcp_action",
     "observation_text",
     "text_action",
 ]
@@ -67,6 +69,8 @@ def observation_text(observation: Any) -> str:
     The content fields (all but ``done``, ``reward``, ``metadata``, as OpenEnv serialises
     them): a single field as its text; else the first string field among ``prompt``, ``text``,
     ``message``, ``content``, ``observation``, ``feedback``; else the fields as sorted JSON.
+    MCP observations: a tool call's result text (``error: ...`` when it failed), the tool list
+    as JSON ``[{"name", "description"}]``.
 
     Args:
         observation: An OpenEnv ``Observation`` or its serialised dict.
@@ -75,12 +79,62 @@ def observation_text(observation: Any) -> str:
         The user message.
     """
     fields = _fields(observation)
+    if "tool_name" in fields and ("result" in fields or "error" in fields):
+        return _tool_text(fields)
+    if "tools" in fields and len(fields) == 1:  # ListToolsObservation: names and descriptions
+        tools = [
+            {"name": t["name"], "description": t.get("description", "")} for t in fields["tools"]
+        ]
+        return json.dumps(tools)
     if len(fields) == 1:
         return str(next(iter(fields.values())))
     for name in _TEXT_FIELDS:
         if isinstance(fields.get(name), str):
             return str(fields[name])
     return json.dumps(fields, sort_keys=True, default=str)
+
+
+def _tool_text(fields: dict[str, Any]) -> str:
+    """A ``CallToolObservation``'s text: the error, or the result's text content."""
+    error = fields.get("error")
+    if error:
+        return f"error: {error.get('message', error) if isinstance(error, dict) else error}"
+    result = fields.get("result")
+    if isinstance(result, dict) and isinstance(result.get("content"), list):
+        texts = [str(c.get("text", "")) for c in result["content"] if isinstance(c, dict)]
+        return "\n".join(texts)
+    content = getattr(result, "content", None)
+    if isinstance(content, list):
+        return "\n".join(str(getattr(c, "text", c)) for c in content)
+    return "" if result is None else str(result)
+
+
+def mcp_action(text: str) -> Any:
+    """The default ``text -> Action`` mapping of MCP tool environments.
+
+    The model writes one call as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+    (the Hermes / Qwen2.5 convention, :func:`rl_envs.tools.parse_hermes_tool_calls`); the
+    first call becomes OpenEnv's ``CallToolAction``.
+
+    Args:
+        text: The model's answer.
+
+    Returns:
+        ``CallToolAction(tool_name=..., arguments=...)``.
+
+    Raises:
+        ValueError: no call in ``text``, or a call that is not valid JSON.
+    """
+    from rl_envs.tools import parse_hermes_tool_calls
+
+    calls = parse_hermes_tool_calls(text, {})
+    if not calls:
+        raise ValueError(
+            'no <tool_call>{"name": ..., "arguments": {...}}</tool_call> in the answer; an MCP '
+            "environment takes tool calls"
+        )
+    core = _core()
+    return core.CallToolAction(tool_name=calls[0].name, arguments=calls[0].arguments)
 
 
 def text_action(action_cls: Any) -> Callable[[str], Any]:
@@ -163,6 +217,9 @@ class OpenEnvTextEnv:
             action_cls = action_cls or _annotated_action(env)
         self.url = url
         self.name = type(self.env).__name__ if self.env is not None else str(url)
+        core_mcp = (core.CallToolAction, core.Action)
+        if action is None and (action_cls in core_mcp or isinstance(self.env, core.MCPEnvironment)):
+            action = mcp_action
         if action is None:
             if action_cls is None:
                 raise ValueError(
