@@ -83,7 +83,8 @@ def test_state_and_sampler_weights_resume_after_a_restart(tmp_path: Path) -> Non
             == expected_sample
         )
         weights_only = service.create_lora_training_client(base_model=MODEL, rank=4).result()
-        weights_only.load_state(state_path).result()  # fresh AdamW: another next step
+        weights_only.load_state(state_path).result()
+        # bit-exact: only the AdamW state differs (fresh), so equality would mean it was loaded
         assert not torch.equal(step_then_logprobs(weights_only), expected_step)
         wrong_rank = service.create_lora_training_client(base_model=MODEL, rank=2).result()
         with pytest.raises(tinker.RequestFailedError, match="rank 4"):

@@ -35,7 +35,8 @@ def free_port() -> int:
 @contextlib.contextmanager
 def running_server(model_dir: Path, checkpoint_dir: Path) -> Iterator[tuple[str, object]]:
     """Serve ``model_dir`` on a free loopback port; yield ``(base_url, app)``."""
-    torch.set_num_threads(1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny model: thread hand-offs cost more than the arithmetic
     config = ServerConfig(
         model_path=str(model_dir),
         api_key=KEY,
@@ -59,3 +60,4 @@ def running_server(model_dir: Path, checkpoint_dir: Path) -> Iterator[tuple[str,
         server.should_exit = True
         thread.join(30)
         app.state.service.queue.close()
+        torch.set_num_threads(threads)
