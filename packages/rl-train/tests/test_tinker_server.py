@@ -194,3 +194,16 @@ def test_tokenizer_prompt_logprobs_and_refused_sampling_extras(
             types.SamplingParams(max_tokens=2),
             topk_sample_logprobs=2,
         ).result()
+
+
+def test_base_model_sampling_client(service: tinker.ServiceClient) -> None:
+    """A sampling client on the base model (no adapter) samples the base's distribution."""
+    base = service.create_sampling_client(base_model=MODEL).result()
+    result = base.sample(
+        types.ModelInput.from_ints([3, 5, 7]), 1, types.SamplingParams(max_tokens=3, seed=1)
+    ).result()
+    fresh = service.create_lora_training_client(base_model=MODEL, rank=2).result()
+    seq = result.sequences[0]
+    full = [3, 5, 7, *seq.tokens]
+    expected = forward_logprobs(fresh, full)[2:]  # LoRA B starts at 0: the base's forward
+    assert_close(torch.tensor(seq.logprobs), expected, **LOGPROB_TOL, msg="base sampling")
