@@ -150,12 +150,16 @@ MATRIX: dict[str, dict[str, Cell]] = {
         "verl", "args", "`mask=lengths > 0` (verl keeps an empty row at weight 0)", ("opo",)
     ),
     "rl_advantages.pass_at_k": _only("verl", "equal", "`grpo_passk`", ("passk",)),
-    "rl_advantages.gdpo": _only(
-        "verl",
-        "args",
-        "`whiten(gdpo(rewards, G, weights=gdpo_reward_weights)` broadcast over the tokens `, mask)`",
-        ("gdpo",),
-    ),
+    "rl_advantages.gdpo": {
+        **_only(
+            "verl",
+            "args",
+            "`whiten(gdpo(rewards, G, weights=gdpo_reward_weights)` broadcast over the tokens "
+            "`, mask)`",
+            ("gdpo",),
+        ),
+        "trl": _n("read, not run (below)"),
+    },
     "rl_advantages.max_rl": {p: _n("prime-rl's only: read, not run (below)") for p in PEERS},
     "rl_advantages.optimal_token_baseline": _only(
         "verl", "equal", "`optimal_token_baseline`", ("otb", "otb_is")
@@ -574,6 +578,15 @@ READ: dict[str, tuple[str, str]] = {
         "equal: `(reward - group mean) / group mean`, 0 for a group whose mean is <= 0 (prime-rl "
         "computes in float32); read, not run: `MaxRLAlgorithm.score_group` is a method of the "
         "async orchestrator, which imports prime-rl's whole stack",
+    ),
+    "rl_advantages.gdpo": (
+        'TRL 1.16.0 `GRPOConfig(multi_objective_aggregation="normalize_then_sum")` '
+        "(`trl/trainer/grpo_trainer.py`, `_generate_and_score_completions`)",
+        "equal with `eps=1e-4, batch_scale=True` and `reward_weights` as `weights` (a "
+        "transcription of TRL's lines is the float64 reference of `test_multi_reward.py`); "
+        "read, not run: the lines sit inside TRL's generation step. TRL excludes a reward a "
+        "function left `None` from that reward's statistics; ours masks the sample "
+        '(`nonfinite="mask"`)',
     ),
     "rl_losses.dro_loss": (
         "Tinker `dro` (tinker-docs.thinkingmachines.ai/tinker/losses/dro)",

@@ -117,3 +117,59 @@ def test_linear_in_weights_and_blind_to_a_reward_scale(
     tolerance.assert_close(
         ra.gdpo(rescaled, 2, weights=[wa, wb], eps=0.0), got, reduction=2, stages=3, scale=1e3
     )
+
+
+def ref_trl_normalize_then_sum(
+    rewards: list[list[float]], g: int, weights: list[float]
+) -> list[float]:
+    """TRL 1.16.0's ``multi_objective_aggregation="normalize_then_sum"``, transcribed in float64
+    (``_generate_and_score_completions``): per reward and group ``(r - mean) / (std + 1e-4)``
+    (``nanstd``: Bessel-corrected), the weighted sum, then ``(s - mean) / (std + 1e-4)`` over the
+    batch."""
+    n, eps = len(rewards), 1e-4
+
+    def std(vals: list[float]) -> float:
+        mean = math.fsum(vals) / len(vals)
+        return math.sqrt(math.fsum((v - mean) ** 2 for v in vals) / (len(vals) - 1))
+
+    total = [0.0] * n
+    for k, w in enumerate(weights):
+        for start in range(0, n, g):
+            vals = [rewards[i][k] for i in range(start, start + g)]
+            mean = math.fsum(vals) / g
+            for i in range(start, start + g):
+                total[i] += w * (rewards[i][k] - mean) / (std(vals) + eps)
+    mean = math.fsum(total) / n
+    return [(t - mean) / (std(total) + eps) for t in total]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batch_scale_is_trls_normalize_then_sum(seed: int) -> None:
+    """``eps=1e-4, batch_scale=True`` is TRL's GDPO, also with degenerate groups (each group's
+    normalised rewards sum to 0, so the batch mean is 0 and such a group stays at 0)."""
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randint(0, 3, (12, 3), generator=g).to(F64) / 2
+    rewards[4:8, 1] = 0.5  # one degenerate (group, reward)
+    rewards[8:12] = 1.0  # one group degenerate in every reward
+    weights = [1.0, 0.5, 2.0]
+    got = ra.gdpo(rewards, 4, weights=weights, eps=1e-4, batch_scale=True)
+    expected = torch.tensor(ref_trl_normalize_then_sum(rewards.tolist(), 4, weights), dtype=F64)
+    tolerance.assert_close(got, expected, reduction=12, stages=4, scale=10.0)
+    assert float(got[:8].abs().max()) > 0.1  # not all zero: the comparison has content
+
+
+def test_batch_scale_hand_case_and_mask() -> None:
+    """Two groups of two, one reward: the group step gives +-a, a = 1/sqrt(2) (unbiased std of
+    a pair); the batch step divides [a, -a, a, -a] by its unbiased std sqrt(4 a^2 / 3). A masked
+    sample is 0 and leaves the statistics (its group, of one valid sample, gives 0)."""
+    r = torch.tensor([[1.0], [0.0], [3.0], [2.0]], dtype=F64)
+    a = 1 / math.sqrt(2)
+    assert ra.gdpo(r, 2, eps=0.0).tolist() == pytest.approx([a, -a, a, -a])
+    scaled = ra.gdpo(r, 2, eps=0.0, batch_scale=True)
+    assert scaled.tolist() == pytest.approx([math.sqrt(3) / 2, -math.sqrt(3) / 2] * 2)
+    mask = torch.tensor([True, True, True, False])
+    masked = ra.gdpo(r, 2, eps=0.0, mask=mask, batch_scale=True)
+    # valid sums [a, -a, 0]: mean 0, unbiased std a
+    assert masked.tolist() == pytest.approx([1.0, -1.0, 0.0, 0.0])
+    one = torch.tensor([True, False, False, False])
+    assert ra.gdpo(r, 2, mask=one, batch_scale=True).tolist() == [0.0] * 4  # no statistics

@@ -37,6 +37,13 @@ def test_the_config_maps_to_the_agent() -> None:
                        processing_class=tok)  # fmt: skip
     assert dapo.agent.config.loss_aggregation == "token_mean"  # TRL's default loss_type
     assert dapo.agent.config.adv_norm == "mean_std" and dapo.agent.config.beta == 0.0
+    gdpo = GRPOTrainer(tiny_model(len(tok)), [reward_len, reward_len],
+                       GRPOConfig(multi_objective_aggregation="normalize_then_sum",
+                                  reward_weights=[1.0, 0.5]),
+                       _dataset(), processing_class=tok)  # fmt: skip
+    assert gdpo.agent.config.advantage_estimator == "gdpo"  # TRL's GDPO: eps 1e-4, batch std
+    assert gdpo.agent.config.advantage_estimator_kwargs == {"eps": 1e-4, "batch_scale": True}
+    assert gdpo.env.reward_weights == [1.0, 0.5]
 
 
 def test_bad_settings_name_the_field() -> None:
@@ -45,8 +52,8 @@ def test_bad_settings_name_the_field() -> None:
         GRPOConfig(loss_type="sapo_x")
     with pytest.raises(ValueError, match="scale_rewards='batch' is not supported"):
         GRPOConfig(scale_rewards="batch")
-    with pytest.raises(ValueError, match="multi_objective_aggregation='normalize_then_sum' is"):
-        GRPOConfig(multi_objective_aggregation="normalize_then_sum")  # GDPO
+    with pytest.raises(ValueError, match="multi_objective_aggregation='sum' is not one of TRL"):
+        GRPOConfig(multi_objective_aggregation="sum")
     with pytest.raises(ValueError, match=r"\(6\) must be a multiple of num_generations \(4"):
         GRPOConfig(per_device_train_batch_size=6, num_generations=4)
     with pytest.raises(TypeError, match="unexpected keyword argument 'vllm_mode_x'"):

@@ -26,6 +26,7 @@ def gdpo(
     eps: float = 1e-6,
     mask: torch.Tensor | None = None,
     *,
+    batch_scale: bool = False,
     nonfinite: NonFinite = "raise",
 ) -> torch.Tensor:
     r"""Group reward-Decoupled normalisation (GDPO, Liu et al., arXiv 2601.05242).
@@ -38,15 +39,18 @@ def gdpo(
     spread drown the others (distinct reward combinations collapse to the same advantage);
     decoupling keeps each reward's signal. The paper then normalises the sum over the batch:
     compose with :func:`rl_advantages.whiten` (verl whitens the token-broadcast sum, so each
-    sample weighs by its token count). With R = 1 and unit weight this is
-    :func:`group_relative`.
+    sample weighs by its token count), or pass ``batch_scale=True`` for the per-sample
+    standardisation :math:`(\hat A_i - \bar A) / (\operatorname{std}(\hat A) + \epsilon)`
+    over the valid samples (TRL's). With R = 1 and unit weight this is :func:`group_relative`.
 
     Peers (the call that reproduces each; the checked cases are in
     ``docs/conformance.md``):
 
     * verl 0.9.1: equal with ``whiten(gdpo(rewards, G, weights=gdpo_reward_weights)`` broadcast
       over the tokens ``, mask)`` (``gdpo``; verl reads the rewards as float32).
-    * No counterpart: OpenRLHF, TRL, Liger, AgileRL.
+    * TRL 1.16.0: equal with ``eps=1e-4, batch_scale=True`` (``GRPOConfig(
+      multi_objective_aggregation="normalize_then_sum")``, ``reward_weights`` as ``weights``).
+    * No counterpart: OpenRLHF, Liger, AgileRL.
 
     Args:
         rewards: [N, R] rewards per sample, groups contiguous.
@@ -56,6 +60,8 @@ def gdpo(
         unbiased: Bessel-corrected standard deviation (as :func:`group_relative`).
         eps: :math:`\epsilon` added to the standard deviation.
         mask: [N] bool, True for samples that count; None means all.
+        batch_scale: Then standardise the sum over the batch's valid samples (the std as
+            ``unbiased`` says, ``eps`` added to it).
         nonfinite: ``"raise"`` on a NaN/inf reward, or ``"mask"`` to treat the sample as masked
             (for every reward).
 
@@ -85,4 +91,13 @@ def gdpo(
             rewards[:, k], group_size, scale, unbiased, eps, mask, nonfinite=nonfinite
         )
         total = total + w[k] * col
-    return total
+    if not batch_scale:
+        return total
+    valid = torch.ones(n, dtype=torch.bool, device=rewards.device) if mask is None else mask
+    count = int(valid.sum())
+    if count < 2:
+        return torch.zeros_like(total)
+    x = total[valid]
+    std = x.std(unbiased=unbiased)
+    scaled = (total - x.mean()) / (std + eps)
+    return torch.where(valid, scaled, torch.zeros_like(scaled))

@@ -60,6 +60,11 @@ class Rollout:
     turn_ids: torch.Tensor | None = None
     """[N, T] long, shifted by one: the turn of each action token, -1 elsewhere; None for one
     turn."""
+    reward_components: torch.Tensor | None = None
+    """[N, R] float32: each of the environment's R reward functions' score before the weighted
+    sum (NaN where a function returned None); None when it reports only the sum. GDPO reads it."""
+    reward_weights: torch.Tensor | None = None
+    """[R] float32: the weights of the sum that made ``rewards`` from ``reward_components``."""
 
     def __post_init__(self) -> None:
         ids, mask = self.input_ids, self.mask
@@ -94,6 +99,8 @@ class Rollout:
                 f"per-turn [N, K] = [{N}, K]"
             )
 
+        _check_components(self.reward_components, self.reward_weights, N)
+
     @property
     def num_rows(self) -> int:
         """``N``."""
@@ -104,9 +111,22 @@ class Rollout:
         """[N] long: the prompt (group) of each row, ``n // G``."""
         return torch.arange(self.num_rows, device=self.input_ids.device) // self.group_size
 
-    def with_rewards(self, rewards: Any) -> Rollout:
-        """This rollout scored: ``rewards`` [N], [B, G] (flattened prompt-major) or [N, K]."""
-        return replace(self, rewards=_rewards(rewards, self.num_rows, self.input_ids.device))
+    def with_rewards(
+        self, rewards: Any, components: Any = None, weights: Any = None
+    ) -> Rollout:
+        """This rollout scored: ``rewards`` [N], [B, G] (flattened prompt-major) or [N, K].
+
+        ``components`` ([N, R] or [B, G, R], prompt-major) and ``weights`` ([R]): the reward
+        functions' scores before their weighted sum, when the environment reports them.
+        """
+        device = self.input_ids.device
+        r = _rewards(rewards, self.num_rows, device)
+        if components is None:
+            return replace(self, rewards=r)
+        comps = torch.as_tensor(components, dtype=torch.float32, device=device)
+        comps = comps.reshape(self.num_rows, -1) if comps.dim() == 3 else comps
+        w = None if weights is None else torch.as_tensor(weights, dtype=torch.float32)
+        return replace(self, rewards=r, reward_components=comps, reward_weights=w)
 
     def blocks(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor] | None]:
         """AgileRL's per-prompt layout, as views: B x [G, L_b] ids, [G, L_b - 1] masks, log-probs.
@@ -144,7 +164,11 @@ class Rollout:
         samp = self.sampling_logprobs
         samp = None if samp is None else samp.to(mask.device, torch.float32)
         attention = attention_from_mask(ids, mask, pad_token_id)
-        return Batch(ids, attention, mask, r, tids, samp)
+        comps = self.reward_components
+        comps = None if comps is None else comps.to(ids.device, torch.float32)
+        weights = self.reward_weights
+        weights = None if weights is None else weights.to(ids.device, torch.float32)
+        return Batch(ids, attention, mask, r, tids, samp, comps, weights)
 
 
 @dataclass(frozen=True)
@@ -208,6 +232,10 @@ class Batch:
     """[N, T] long turn index of each action token, -1 off actions; None for one turn."""
     sampling_logprobs: torch.Tensor | None
     """[N, T] the sampler's log-probs at action positions (0 elsewhere), or None."""
+    reward_components: torch.Tensor | None = None
+    """[N, R] float32 scores of the R reward functions before their weighted sum, or None."""
+    reward_weights: torch.Tensor | None = None
+    """[R] float32 weights of that sum, or None."""
 
     @property
     def num_rows(self) -> int:
@@ -338,6 +366,25 @@ class MicroBatch:
             turn_mask=pick(estimates.turn_mask),
             token_rewards=pick(estimates.token_rewards),
         )
+
+
+def _check_components(
+    components: torch.Tensor | None, weights: torch.Tensor | None, N: int
+) -> None:
+    """Raise unless ``components`` is [N, R] and ``weights`` [R] (or both are None)."""
+    if components is None:
+        if weights is not None:
+            raise ValueError("`reward_weights` without `reward_components`: pass both or neither")
+        return
+    if components.dim() != 2 or len(components) != N or components.shape[1] == 0:
+        raise ValueError(
+            f"`reward_components` has shape {tuple(components.shape)}; expected [N, R] = "
+            f"[{N}, R] with R >= 1"
+        )
+    R = components.shape[1]
+    if weights is None or tuple(weights.shape) != (R,):
+        shape = None if weights is None else tuple(weights.shape)
+        raise ValueError(f"`reward_weights` has shape {shape}; expected [R] = [{R}]")
 
 
 def stack_rows(name: str, parts: Any, pad: float | bool, dtype: torch.dtype) -> torch.Tensor:

@@ -31,6 +31,7 @@ from rl_advantages import (
 from rl_algos.batch import Batch, Estimates, Scores
 
 __all__ = [
+    "COMPONENT_ESTIMATORS",
     "ESTIMATOR_ALIASES",
     "NOT_FOR_AGENTS",
     "TOKEN_ESTIMATORS",
@@ -50,9 +51,6 @@ TOKEN_ESTIMATORS: frozenset[str] = frozenset({"reinforce_plus_plus_baseline"})
 #: Registered estimators whose inputs an agent's batch does not carry: refused by name when
 #: the agent is built (call them from rl_advantages directly).
 NOT_FOR_AGENTS: Mapping[str, str] = {
-    "gdpo": "GDPO normalises each of R rewards per sample ([N, R]), but a rollout carries one "
-    "reward per sample (reward functions are summed with `reward_weights` in the "
-    "environment); call rl_advantages.gdpo on your [N, R] rewards",
     "optimal_token_baseline": "it needs the sum of squared probabilities over the vocabulary "
     "at every sampled token (`sum_pi_squared` [N, T]), which the agents' scorer does not "
     "compute; call rl_advantages.optimal_token_baseline directly",
@@ -120,8 +118,24 @@ class GroupAdvantage:
         return self.kl_shaping or self.estimator in TOKEN_ESTIMATORS
 
 
+#: Registered estimators that read each reward function's score (``Batch.reward_components``
+#: [N, R] and ``reward_weights`` [R]) instead of their sum.
+COMPONENT_ESTIMATORS: frozenset[str] = frozenset({"gdpo"})
+
+
 def _sequence(cfg: GroupAdvantage, seq: torch.Tensor, batch: Batch, scores: Scores) -> Any:
     fn = get_estimator(cfg.estimator)
+    if cfg.estimator in COMPONENT_ESTIMATORS:
+        if batch.reward_components is None:
+            raise ValueError(
+                f"`advantage_estimator` {cfg.estimator!r} normalises each reward function's "
+                "score on its own, and this batch carries only their sum: score it with an "
+                "environment that reports them (rl_envs.ReasoningGym with several reward "
+                "functions), or pass Rollout.with_rewards(rewards, components=[N, R], "
+                "weights=[R])"
+            )
+        kwargs = {"weights": batch.reward_weights, **cfg.kwargs}
+        return fn(batch.reward_components, cfg.group_size, **kwargs)
     if cfg.estimator in TOKEN_ESTIMATORS:
         ref = scores.ref_logprobs
         kl = None if ref is None else scores.old() - ref

@@ -52,8 +52,21 @@ def collect(agent: Any, env: Any, prompts: Any) -> tuple[Experience, Any]:
     """
     result = agent.get_action(prompts)
     prompts, rewards = env.step(result.completion_ids)
-    rollout = result.rollout.with_rewards(rewards)
+    components, weights = reward_components(env)
+    rollout = result.rollout.with_rewards(rewards, components, weights)
     return Experience(rollout, rewards, int(env.num_epochs)), prompts
+
+
+def reward_components(env: Any) -> tuple[Any, Any]:
+    """``([B, G, R], [R])``: each reward function's scores of the last step and their weights.
+
+    ``(None, None)`` when ``env`` reports only their sum (no ``last_reward_components``).
+    """
+    parts = getattr(env, "last_reward_components", None)
+    if not parts:
+        return None, None
+    weights = list(getattr(env, "reward_weights", [1.0] * len(parts)))
+    return torch.stack([v.float() for v in parts.values()], dim=-1), weights
 
 
 def learn_from(agent: Any, experience: Experience) -> StepOutput:

@@ -52,6 +52,16 @@ LOSS_TYPES: dict[str, tuple[str, dict[str, Any]]] = {
     "dr_grpo": ("dr_grpo", {}),
     "cispo": ("cispo", {}),
 }
+#: TRL ``multi_objective_aggregation`` -> our agent settings: GDPO is
+#: ``rl_advantages.gdpo(eps=1e-4, batch_scale=True)`` with the reward weights of the environment
+#: (TRL's ``normalize_then_sum``, which ignores ``scale_rewards``).
+MULTI_OBJECTIVE: dict[str, dict[str, Any]] = {
+    "sum_then_normalize": {},
+    "normalize_then_sum": {
+        "advantage_estimator": "gdpo",
+        "advantage_estimator_kwargs": {"eps": 1e-4, "batch_scale": True},
+    },
+}
 #: TRL ``scale_rewards`` -> our ``adv_norm``.
 SCALE_REWARDS: dict[Any, str] = {
     "group": "mean_std",
@@ -100,8 +110,9 @@ class GRPOConfig:
     reward_weights: list[float] | None = None
     """One weight per reward function (default 1.0 each)."""
     multi_objective_aggregation: str = "sum_then_normalize"
-    """``sum_then_normalize`` (the weighted sum, then the group advantage); GDPO's
-    ``normalize_then_sum`` is refused (a rollout carries one reward per sample)."""
+    """``sum_then_normalize`` (the weighted sum, then the group advantage) or GDPO's
+    ``normalize_then_sum`` (:data:`MULTI_OBJECTIVE`: each reward function's scores normalised
+    per group, weighted, summed, then standardised over the batch)."""
     max_steps: int = -1
     """Training steps; -1: ``num_train_epochs`` passes over the dataset."""
     num_train_epochs: float = 1.0
@@ -146,12 +157,10 @@ class GRPOConfig:
                 f"GRPOConfig.scale_rewards={self.scale_rewards!r} is not supported here; use "
                 "'group' or 'none' ('batch' scaling has no equivalent yet)"
             )
-        if self.multi_objective_aggregation != "sum_then_normalize":
+        if self.multi_objective_aggregation not in MULTI_OBJECTIVE:
             raise ValueError(
                 f"GRPOConfig.multi_objective_aggregation={self.multi_objective_aggregation!r} "
-                "is not supported here; use 'sum_then_normalize' (GDPO's per-reward "
-                "'normalize_then_sum' needs [N, R] rewards, which a rollout does not carry: "
-                "call rl_advantages.gdpo on them)"
+                f"is not one of TRL's: {sorted(MULTI_OBJECTIVE)}"
             )
         total = self.per_device_train_batch_size * self.gradient_accumulation_steps
         if self.num_generations < 2 or total % self.num_generations:
@@ -277,6 +286,7 @@ class GRPOTrainer:
             "vllm_importance_sampling_correction": a.vllm_importance_sampling_correction,
             "vllm_importance_sampling_cap": a.vllm_importance_sampling_cap,
             **extra,
+            **MULTI_OBJECTIVE[a.multi_objective_aggregation],
             **a.extra_agent_kwargs,
         }
         agent = {k: v for k, v in agent.items() if v is not None}  # None: the row's or ours
