@@ -192,6 +192,7 @@ def test_lora_on_the_server_learns_the_demo_at_staleness_1(
         (["engine_url=localhost:8000"], r"engine_url must look like 'http://host:port'"),
         (["engine_url=http://h:1", "async.max_staleness=0"], r"with async: set async.engine_url"),
         (["engine_url=http://h:1", "engine=vllm"], r"the server runs the engine"),
+        (["engine_url=http://h:1", "deepspeed_config=ds.json"], r"not DeepSpeed"),
     ],
 )
 def test_engine_url_is_checked_when_the_config_is_read(overrides: list[str], match: str) -> None:

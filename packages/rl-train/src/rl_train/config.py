@@ -457,6 +457,8 @@ def _check(config: RunConfig) -> None:
             )
         if config.engine != "hf":
             raise ConfigError("engine_url: the server runs the engine; drop engine: vllm")
+        if config.deepspeed_config is not None:  # a ZeRO-3 actor is partitioned: no one has it
+            raise ConfigError("engine_url runs under DDP, not DeepSpeed: drop deepspeed_config")
     _check_reward_url(config.data)
     spec = ALGORITHM_SPECS.get(config.algo)
     check_env(config.env, spec is None or spec.online)
