@@ -60,6 +60,7 @@ def test_state_and_sampler_weights_resume_after_a_restart(tmp_path: Path) -> Non
         sampler_path = client.save_weights_for_sampler("two-steps").result().path
         expected_sample = sampled(service.create_sampling_client(model_path=sampler_path).result())
         expected_step = step_then_logprobs(client)
+        service.close("success").result()  # stops the SDK's heartbeats before the server goes
     assert state_path.endswith("/weights/two-steps")
     assert sampler_path.endswith("/sampler_weights/two-steps")
     files = sorted(p.name for p in checkpoints.rglob("*") if p.is_file())
@@ -91,3 +92,4 @@ def test_state_and_sampler_weights_resume_after_a_restart(tmp_path: Path) -> Non
             wrong_rank.load_state(state_path).result()
         with pytest.raises(tinker.RequestFailedError, match="no checkpoint at"):
             wrong_rank.load_state(state_path.replace("two-steps", "missing")).result()
+        service.close("success").result()

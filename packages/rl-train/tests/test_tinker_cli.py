@@ -54,6 +54,7 @@ def test_the_command_serves_the_sdk(tmp_path: Path) -> None:
         )
         out = client.forward_backward([datum], "cross_entropy").result()
         assert out.metrics["loss:sum"] > 0
+        service.close("success").result()
     finally:
         server.terminate()
         server.wait(timeout=60)

@@ -41,8 +41,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, obje
 
 
 @pytest.fixture(scope="module")
-def service(server: tuple[str, object, Path]) -> tinker.ServiceClient:
-    return tinker.ServiceClient(base_url=server[0], api_key=KEY)
+def service(server: tuple[str, object, Path]) -> Iterator[tinker.ServiceClient]:
+    client = tinker.ServiceClient(base_url=server[0], api_key=KEY)
+    yield client
+    client.close("success").result()  # stops the SDK's heartbeats before the server goes
 
 
 def sft_datum(tokens: list[int] = TOKENS) -> types.Datum:

@@ -313,6 +313,11 @@ def _session_routes(app: FastAPI, service: Service) -> None:
     async def heartbeat() -> dict[str, str]:
         return {"type": "session_heartbeat"}
 
+    @app.post(f"{V1}/sessions/{{session_id}}/finish")
+    async def finish_session(session_id: str) -> dict[str, str]:
+        service.sessions.discard(session_id)  # ServiceClient.close(): its clients stay served
+        return {"status": "ok"}
+
     @app.post(f"{V1}/get_info")
     async def get_info(request: Request) -> dict[str, Any]:
         client = service.base.client((await body_of(request))["model_id"])
