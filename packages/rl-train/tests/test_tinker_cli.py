@@ -27,6 +27,7 @@ def test_missing_key_is_a_one_line_error(
     assert "needs --api-key or TINKER_API_KEY" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a fresh interpreter imports torch and the model stack: ~20 s on 2 cores
 def test_the_command_serves_the_sdk(tmp_path: Path) -> None:
     model_dir = write_tiny(tmp_path / "model")
     port = free_port()
