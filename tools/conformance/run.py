@@ -35,6 +35,7 @@ sys.path.insert(0, str(HERE))
 
 import inputs  # noqa: E402
 import matrix  # noqa: E402
+import read  # noqa: E402
 from ours import OURS  # noqa: E402
 
 HOME = Path(os.environ.get("RL_CONFORMANCE_HOME", Path.home() / ".cache" / "rl-conformance"))
@@ -174,7 +175,7 @@ def write_report(
         "| function | peer and source read | our call and why it is not run |",
         "|---|---|---|",
     ]
-    for name, (peer, text) in matrix.READ.items():
+    for name, (peer, text) in read.READ.items():
         lines.append(f"| `{name}` | {peer} | {text} |")
     lines += [
         "",
