@@ -23,6 +23,9 @@ from rl_train.demo import DemoConfig
 from rl_train.run import train
 
 SMALL = {"n_train": 80, "n_test": 8, "prompts_per_step": 4, "group_size": 4}
+#: Seconds after which a run that must fail within its own (sub-second) timeouts counts as
+#: hung: a hang guard, far beyond the timeouts configured here, never a speed limit.
+HANG_GUARD_S = 300.0
 
 
 def _rows(run_dir: Path) -> list[dict[str, float]]:
@@ -197,6 +200,7 @@ def test_lora_on_the_server_at_staleness_1_samples_ahead_with_checked_versions(
         (["engine_url=http://h:1", "async.max_staleness=0"], r"with async: set async.engine_url"),
         (["engine_url=http://h:1", "engine=vllm"], r"the server runs the engine"),
         (["engine_url=http://h:1", "deepspeed_config=ds.json"], r"not DeepSpeed"),
+        (["engine_url=http://h:1", "engine_timeout=0"], r"engine_timeout must be > 0"),
     ],
 )
 def test_engine_url_is_checked_when_the_config_is_read(overrides: list[str], match: str) -> None:
@@ -237,3 +241,59 @@ def test_under_ddp_the_first_process_pushes_and_the_run_is_the_local_one(
     local, remote = _rows(tmp_path / "local"), _rows(tmp_path / "remote")
     assert [r["step"] for r in remote] == [1, 2, 3, 4]
     assert remote == local
+
+
+def test_a_server_that_stalls_on_the_adapter_stops_the_run_naming_both(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """A server that answers ``/health`` but never ``/load_adapter`` (a stuck load): each try
+    ends at ``engine_timeout``, then the run stops naming the server and the adapter."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from rl_rollout import RolloutServerError
+
+    release = threading.Event()
+
+    class Stalls(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            """Quiet."""
+
+        def do_GET(self) -> None:
+            body = json.dumps({"status": "ok", "engine": "HFEngine"}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            release.wait(HANG_GUARD_S)  # never answers while the test runs
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Stalls)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    config = _lora_config(DemoConfig(steps=2, **SMALL), model_dir, tmp_path / "stall")
+    config.engine_url, config.engine_timeout = url, 0.5
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            train(config, verbose=False)
+        except BaseException as exc:
+            raised.append(exc)
+
+    caller = threading.Thread(target=run, daemon=True)
+    try:
+        caller.start()
+        caller.join(HANG_GUARD_S)  # a hang guard: a hung run fails the test instead of hanging it
+        assert not caller.is_alive(), f"the run hung for {HANG_GUARD_S:.0f} s"
+        assert raised and isinstance(raised[0], RolloutServerError), raised
+        message = str(raised[0])
+        assert "adapter 'actor' version 0" in message and f"server at {url} failed" in message
+        assert "no reply from" in message and "within 0.5 s" in message
+    finally:
+        release.set()
+        httpd.shutdown()
+        httpd.server_close()

@@ -427,7 +427,7 @@ def build(
     if config.engine_url is not None and config.async_ is None:  # the worker has its own
         from rl_algos.server_sync import use_server  # sample on the server, push after updates
 
-        use_server(agent, config.engine_url, accelerator)
+        use_server(agent, config.engine_url, accelerator, timeout=config.engine_timeout)
     return Built(config, accelerator, lm, tokenizer, env, agent)
 
 

@@ -250,6 +250,9 @@ class RunConfig:
     """``http://host:port`` of a rollout server (``rl-rollout-server``) the synchronous loop
     samples on; after each update the trainer sends it the actor (LoRA: the adapter's tensors
     only, in memory; full fine-tuning: every weight). With ``async:``, ``async.engine_url``."""
+    engine_timeout: float = 600.0
+    """Seconds a call to ``engine_url``'s server may take (a generation; each of the three
+    tries of a weight sync) before the run stops with an error naming the server."""
     deepspeed_config: str | None = None
     """A DeepSpeed JSON config (ZeRO-2/3; needs a launcher: ``torchrun`` or ``accelerate
     launch``). Under a launcher without it the run is DDP."""
@@ -457,6 +460,8 @@ def _check(config: RunConfig) -> None:
             )
         if config.engine != "hf":
             raise ConfigError("engine_url: the server runs the engine; drop engine: vllm")
+        if not config.engine_timeout > 0:
+            raise ConfigError(f"engine_timeout must be > 0 seconds, got {config.engine_timeout}")
         if config.deepspeed_config is not None:  # a ZeRO-3 actor is partitioned: no one has it
             raise ConfigError("engine_url runs under DDP, not DeepSpeed: drop deepspeed_config")
     _check_reward_url(config.data)
