@@ -116,6 +116,7 @@ def test_served_run_learns_exactly_as_the_in_process_run(tmp_path: Path, server:
         ({"openenv": GAME, "max_turns": 0}, "env.max_turns must be >= 1"),
         ({"openenv": GAME, "timeout": 0}, "env.timeout must be > 0"),
         ({"openenv": GAME, "turns": 2}, "unknown key 'env.turns'; did you mean 'env.max_turns'"),
+        ({"openenv": GAME, "async_": 1}, "unknown key 'env.async_'"),
     ],
 )
 def test_bad_env_sections_fail_when_the_config_is_read(
@@ -199,3 +200,10 @@ def test_trainer_ids_are_the_generated_ids_and_the_templates_rendering() -> None
     assert {1, 2} <= set(turns), turns  # single- and multi-turn episodes both checked
     assert rollout.sampling_logprobs is not None
     assert torch.isfinite(rollout.sampling_logprobs[rollout.mask]).all()
+
+
+def test_an_env_run_with_an_async_section_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, {"openenv": GAME})
+    config = load_config(path, ["async.max_staleness=1"])
+    with pytest.raises(ConfigError, match="env: runs are synchronous; remove the async section"):
+        train(config, verbose=False)

@@ -138,7 +138,7 @@ def fit_episodes(
     config, agent = built.config, built.agent
     assert config.env is not None
     if config.async_ is not None:
-        raise ConfigError("env: runs are synchronous for now; remove the async section")
+        raise ConfigError("env: runs are synchronous; remove the async section")
     t = config.train
     run_dir = Path(t.run_dir)
     main = is_main_process()
