@@ -297,3 +297,24 @@ def test_a_server_that_stalls_on_the_adapter_stops_the_run_naming_both(
         release.set()
         httpd.shutdown()
         httpd.server_close()
+
+
+def test_a_server_with_another_base_refuses_the_adapter_naming_both(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """A server whose model has one layer where the trainer's has two: the first push is
+    refused (unknown target module) and the run stops with the server's URL and the adapter."""
+    from rl_rollout import HFEngine, RolloutServer
+    from rl_train.tiny import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    other = tiny_model(len(tok), seed=0)
+    other.model.layers = other.model.layers[:1]  # another base: the second layer is missing
+    config = _lora_config(DemoConfig(steps=2, **SMALL), model_dir, tmp_path / "other")
+    with RolloutServer(HFEngine(other, tok)) as served:
+        config.engine_url = served.url
+        with pytest.raises(ValueError, match="unknown target module") as info:
+            train(config, verbose=False)
+    message = str(info.value)
+    assert f"rollout server at {served.url} refused adapter 'actor' version 0" in message
+    assert "model.layers.1." in message
