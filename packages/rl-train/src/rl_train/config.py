@@ -466,7 +466,7 @@ def _check(config: RunConfig) -> None:
             raise ConfigError("engine_url runs under DDP, not DeepSpeed: drop deepspeed_config")
     _check_reward_url(config.data)
     spec = ALGORITHM_SPECS.get(config.algo)
-    check_env(config.env, spec is None or spec.online)
+    check_env(config.env, spec is None or spec.online, asynchronous=config.async_ is not None)
     try:
         check_report_to(config.train.report_to)
     except ValueError as exc:

@@ -61,14 +61,17 @@ class EnvConfig:
     """Episodes of the greedy evaluation (mean return) before, during and after training."""
 
 
-def check_env(env: EnvConfig | None, algo_online: bool) -> None:
+def check_env(env: EnvConfig | None, algo_online: bool, *, asynchronous: bool = False) -> None:
     """Values of ``env:`` the types do not pin (no import happens here).
 
     Raises:
-        ConfigError: not exactly one source, a malformed name or URL, a bad number.
+        ConfigError: not exactly one source, a malformed name or URL, a bad number, an
+            ``async:`` section (env runs are synchronous).
     """
     if env is None:
         return
+    if asynchronous:
+        raise ConfigError("env: runs are synchronous; remove the async section")
     sources = [k for k in ("openenv", "openenv_url", "verifiers") if getattr(env, k) is not None]
     if len(sources) != 1:
         raise ConfigError(

@@ -136,9 +136,7 @@ def fit_episodes(
         ``(mean return before, mean return after)``.
     """
     config, agent = built.config, built.agent
-    assert config.env is not None
-    if config.async_ is not None:
-        raise ConfigError("env: runs are synchronous; remove the async section")
+    assert config.env is not None  # and no async: section (rl_train.env_config.check_env)
     t = config.train
     run_dir = Path(t.run_dir)
     main = is_main_process()
