@@ -378,12 +378,12 @@ class RemoteEngine:
 
         The body is the tensors' bytes plus a safetensors header (names, shapes, the peft
         config as JSON); see :attr:`last_sync`. A server that is down or silent is tried
-        ``sync_retries`` more times, each within ``weight_sync_timeout``.
+        ``sync_retries`` more times, each within ``weight_sync_timeout``. Both errors name the
+        server's URL and the adapter.
 
         Raises:
             ValueError: the server refused the adapter (unknown target module, wrong rank...).
             RolloutServerError: no try succeeded.
-            Both name the server's URL and the adapter.
         """
         adapter = LoraAdapter(name, int(version), dict(config), dict(tensors))
         body = adapter_to_bytes(adapter)
