@@ -111,9 +111,7 @@ class Rollout:
         """[N] long: the prompt (group) of each row, ``n // G``."""
         return torch.arange(self.num_rows, device=self.input_ids.device) // self.group_size
 
-    def with_rewards(
-        self, rewards: Any, components: Any = None, weights: Any = None
-    ) -> Rollout:
+    def with_rewards(self, rewards: Any, components: Any = None, weights: Any = None) -> Rollout:
         """This rollout scored: ``rewards`` [N], [B, G] (flattened prompt-major) or [N, K].
 
         ``components`` ([N, R] or [B, G, R], prompt-major) and ``weights`` ([R]): the reward
