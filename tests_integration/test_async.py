@@ -22,19 +22,7 @@ from rl_train.async_loop import RolloutWorkerError
 from rl_train.config import AsyncConfig, load_config
 from rl_train.demo import DemoConfig
 from rl_train.run import train
-
-SMALL = {"n_train": 80, "n_test": 8, "prompts_per_step": 4, "group_size": 4}
-
-
-def _rows(run_dir: Path) -> list[dict[str, float]]:
-    rows = MetricsLogger.read(run_dir / "metrics.jsonl")
-    for row in rows:
-        row.pop("step_time")
-    return rows
-
-
-def _sync_part(rows: list[dict[str, float]]) -> list[dict[str, float]]:
-    return [{k: v for k, v in r.items() if not k.startswith("async_")} for r in rows]
+from run_rows import SMALL, metric_rows, sync_part
 
 
 def _worker_pids(parent: int) -> list[int]:
@@ -68,9 +56,9 @@ def test_max_staleness_0_is_the_synchronous_run_bit_for_bit(tmp_path: Path) -> N
     config = demo.run_config(tmp_path / "async")
     config.async_ = AsyncConfig(max_staleness=0)
     train(config, verbose=False)
-    sync, asyn = _rows(tmp_path / "sync"), _rows(tmp_path / "async")
+    sync, asyn = metric_rows(tmp_path / "sync"), metric_rows(tmp_path / "async")
     assert [r["step"] for r in asyn] == list(range(1, 9))
-    assert _sync_part(asyn) == sync  # every learn metric, reward and evaluation, exactly
+    assert sync_part(asyn) == sync  # every learn metric, reward and evaluation, exactly
     assert all(r["async_staleness_max"] == 0 and r["async_dropped"] == 0 for r in asyn)
     assert all(r["async_weight_sync_bytes"] > 0 for r in asyn)  # full fine-tuning: all weights
     ckpt = json.loads((tmp_path / "async/checkpoints/step_00000008/loop.json").read_text())
@@ -165,10 +153,10 @@ def test_sigkill_leaves_no_orphan_and_resume_continues_the_run(tmp_path: Path) -
     resumed = subprocess.run([*command, "train.resume=true", "--quiet"], env=env, capture_output=True,
                              text=True, check=False)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    rows = _rows(cut)
+    rows = metric_rows(cut)
     assert [r["step"] for r in rows] == list(range(1, 31))
     # staleness 0 is the synchronous run: the resumed history is the uninterrupted one
-    assert _sync_part(rows) == _rows(tmp_path / "sync")
+    assert sync_part(rows) == metric_rows(tmp_path / "sync")
 
 
 def _lora_agent(seed: int) -> object:
@@ -256,10 +244,10 @@ def test_multiturn_max_staleness_0_is_the_synchronous_run_bit_for_bit(tmp_path: 
             tensorboard=False, plot=False, async_config=config,
             rollout_factory=functools.partial(rollout_pieces, demo.run_config(tmp_path / "w")),
         )  # fmt: skip
-        rows[name] = _rows(tmp_path / name)
+        rows[name] = metric_rows(tmp_path / name)
     assert [r["step"] for r in rows["async"]] == [1, 2, 3, 4]
     assert "fitness" in rows["sync"][-1]
-    assert _sync_part(rows["async"]) == rows["sync"]  # every learn metric and fitness, exactly
+    assert sync_part(rows["async"]) == rows["sync"]  # every learn metric and fitness, exactly
     assert all(r["async_staleness_max"] == 0 for r in rows["async"])
     assert not _worker_pids(os.getpid())
     with pytest.raises(ValueError, match="`env_factory` must be picklable"):
@@ -303,9 +291,9 @@ def test_a_worker_on_a_rollout_server_is_the_synchronous_run_bit_for_bit(tmp_pat
     finally:
         server.terminate()
         server.wait(timeout=30)
-    sync, asyn = _rows(tmp_path / "sync"), _rows(tmp_path / "async")
+    sync, asyn = metric_rows(tmp_path / "sync"), metric_rows(tmp_path / "async")
     assert [r["step"] for r in asyn] == [1, 2, 3, 4]
-    assert _sync_part(asyn) == sync
+    assert sync_part(asyn) == sync
     # the server is gone: a new run's worker fails at its start, naming the server
     config = demo.run_config(tmp_path / "down")
     config.async_ = AsyncConfig(max_staleness=1, engine_url=f"http://127.0.0.1:{port}")
@@ -342,9 +330,9 @@ def test_under_ddp_each_process_has_a_worker_and_staleness_0_is_the_sync_run(
     for name, extra in (("sync", []), ("async", ["async.max_staleness=0"])):
         proc = _torchrun(str(cfg), *common, *extra, f"train.run_dir={tmp_path / name}")
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    sync, asyn = _rows(tmp_path / "sync"), _rows(tmp_path / "async")
+    sync, asyn = metric_rows(tmp_path / "sync"), metric_rows(tmp_path / "async")
     assert [r["step"] for r in asyn] == [1, 2, 3, 4, 5, 6]  # written once, by process 0
-    assert _sync_part(asyn) == sync
+    assert sync_part(asyn) == sync
     assert all(r["async_staleness_max"] == 0 for r in asyn)
     ranks = sorted(p.name for p in (tmp_path / "async/checkpoints/step_00000006").iterdir())
     assert ranks == sorted(p.name for p in (tmp_path / "sync/checkpoints/step_00000006").iterdir())

@@ -17,26 +17,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rl_train import MetricsLogger
+from rl_testing.serving import raised_by
 from rl_train.config import AsyncConfig, RunConfig
 from rl_train.demo import DemoConfig
 from rl_train.run import train
+from run_rows import SMALL, metric_rows, sync_part
 
-SMALL = {"n_train": 80, "n_test": 8, "prompts_per_step": 4, "group_size": 4}
 #: Seconds after which a run that must fail within its own (sub-second) timeouts counts as
 #: hung: a hang guard, far beyond the timeouts configured here, never a speed limit.
 HANG_GUARD_S = 300.0
-
-
-def _rows(run_dir: Path) -> list[dict[str, float]]:
-    rows = MetricsLogger.read(run_dir / "metrics.jsonl")
-    for row in rows:
-        row.pop("step_time")
-    return rows
-
-
-def _sync_part(rows: list[dict[str, float]]) -> list[dict[str, float]]:
-    return [{k: v for k, v in r.items() if not k.startswith("async_")} for r in rows]
 
 
 def _lora_config(demo: DemoConfig, model_dir: Path, run_dir: Path) -> RunConfig:
@@ -98,7 +87,7 @@ def local_rows(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> lis
     """The local synchronous LoRA run both server runs must equal."""
     run_dir = tmp_path_factory.mktemp("local")
     train(_lora_config(DEMO, model_dir, run_dir), verbose=False)
-    return _rows(run_dir)
+    return metric_rows(run_dir)
 
 
 def _threads() -> int:
@@ -113,9 +102,9 @@ def test_async_staleness_0_on_the_server_is_the_local_run_bit_for_bit(
     config = _lora_config(DEMO, model_dir, tmp_path / "async")
     config.async_ = AsyncConfig(max_staleness=0, engine_url=server)
     train(config, verbose=False)
-    local, asyn = local_rows, _rows(tmp_path / "async")
+    local, asyn = local_rows, metric_rows(tmp_path / "async")
     assert [r["step"] for r in asyn] == [1, 2, 3, 4]
-    assert _sync_part(asyn) == local  # every learn metric, reward and evaluation, exactly
+    assert sync_part(asyn) == local  # every learn metric, reward and evaluation, exactly
     assert local[-1]["loss"] != local[0]["loss"]
 
 
@@ -127,7 +116,7 @@ def test_sync_on_the_server_is_the_local_run_bit_for_bit(
     config = _lora_config(DEMO, model_dir, tmp_path / "remote")
     config.engine_url = server
     train(config, verbose=False)
-    local, remote = local_rows, _rows(tmp_path / "remote")
+    local, remote = local_rows, metric_rows(tmp_path / "remote")
     assert [r["step"] for r in remote] == [1, 2, 3, 4]
     assert remote == local  # every learn metric, reward and evaluation, exactly
 
@@ -187,7 +176,7 @@ def test_lora_on_the_server_at_staleness_1_samples_ahead_with_checked_versions(
     config.agent["clip_against_sampler"] = True
     config.async_ = AsyncConfig(max_staleness=1, engine_url=server, timeout_s=300)
     train(config, verbose=False)
-    rows = _rows(tmp_path / "r")
+    rows = metric_rows(tmp_path / "r")
     assert [r["step"] for r in rows] == list(range(1, 21))
     assert {r["async_staleness_max"] for r in rows} <= {0.0, 1.0}
     assert any(r["async_staleness_max"] == 1 for r in rows)  # stale batches were used
@@ -238,7 +227,7 @@ def test_under_ddp_the_first_process_pushes_and_the_run_is_the_local_one(
             cmd, env=env, capture_output=True, text=True, timeout=600, check=False
         )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    local, remote = _rows(tmp_path / "local"), _rows(tmp_path / "remote")
+    local, remote = metric_rows(tmp_path / "local"), metric_rows(tmp_path / "remote")
     assert [r["step"] for r in remote] == [1, 2, 3, 4]
     assert remote == local
 
@@ -276,21 +265,10 @@ def test_a_server_that_stalls_on_the_adapter_stops_the_run_naming_both(
     url = f"http://127.0.0.1:{httpd.server_address[1]}"
     config = _lora_config(DemoConfig(steps=2, **SMALL), model_dir, tmp_path / "stall")
     config.engine_url, config.engine_timeout = url, 0.5
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            train(config, verbose=False)
-        except BaseException as exc:
-            raised.append(exc)
-
-    caller = threading.Thread(target=run, daemon=True)
     try:
-        caller.start()
-        caller.join(HANG_GUARD_S)  # a hang guard: a hung run fails the test instead of hanging it
-        assert not caller.is_alive(), f"the run hung for {HANG_GUARD_S:.0f} s"
-        assert raised and isinstance(raised[0], RolloutServerError), raised
-        message = str(raised[0])
+        error = raised_by(lambda: train(config, verbose=False), HANG_GUARD_S)
+        assert isinstance(error, RolloutServerError), error
+        message = str(error)
         assert "adapter 'actor' version 0" in message and f"server at {url} failed" in message
         assert "no reply from" in message and "within 0.5 s" in message
     finally:

@@ -4,11 +4,8 @@ token-in/token-out, and every bad input a clear error (rl_envs.openenv, rl_envs.
 from __future__ import annotations
 
 import random
-import socket
 import string
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +17,7 @@ from openenv.core.env_server.types import State
 from rl_envs import SyncMultiTurnVecEnv
 from rl_envs.openenv import OpenEnvError, OpenEnvTextEnv, OpenEnvWrapper, observation_text
 from rl_envs.openenv_game import EchoAction, EchoDigitEnvironment, EchoObservation
+from rl_testing.serving import free_port, serving
 from rl_testing.tokenizer import char_tokenizer
 
 EOS = 2
@@ -42,21 +40,9 @@ def encode(t: Any, text: str) -> list[int]:
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     """The game behind OpenEnv's own create_app, served by uvicorn on a loopback port."""
-    import uvicorn
-
     app = create_app(EchoDigitEnvironment, EchoAction, EchoObservation, max_concurrent_envs=16)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    while not srv.started and thread.is_alive():  # hang guard: the thread dies on a failed bind
-        time.sleep(0.02)
-    assert srv.started
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with serving(app) as url:
+        yield url
 
 
 def wrapper(t: Any, environment: Any = None, **kw: Any) -> OpenEnvWrapper:
@@ -199,9 +185,7 @@ def test_an_action_the_mapping_refuses_is_a_clear_error() -> None:
 
 
 def test_a_down_server_fails_within_the_timeout_naming_its_url() -> None:
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    url = f"http://127.0.0.1:{free_port()}"  # nobody listens there
     w = wrapper(tok(), url=url, action_cls=EchoAction, timeout=2)
     with pytest.raises(OpenEnvError, match=f"server at {url} is unreachable within 2s"):
         w.reset(seed=0)

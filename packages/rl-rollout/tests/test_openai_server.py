@@ -14,8 +14,7 @@ import http.client
 import json
 import socket
 import string
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,6 +33,7 @@ from rl_rollout import (
     trace_rows,
 )
 from rl_rollout.openai_tools import hermes_tool_calls
+from rl_testing.serving import raised_by
 from rl_testing.tokenizer import DEFAULT_ALPHABET, char_tokenizer
 from rollout_testlib import EOS, tiny
 
@@ -434,24 +434,6 @@ def test_malformed_bodies_are_400_naming_the_field(served: tuple[HFEngine, Rollo
         assert answer["error"]["type"] == "invalid_request_error"
 
 
-def raised_by(call: Callable[[], object]) -> BaseException:
-    """What ``call`` raises, run in a thread joined with a hang guard (a hang fails the test)."""
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            call()
-        except BaseException as exc:
-            raised.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(HANG_GUARD_S)
-    assert not thread.is_alive(), f"the call hung for {HANG_GUARD_S:.0f} s"
-    assert raised, "the call returned instead of failing"
-    return raised[0]
-
-
 def test_a_down_server_fails_within_the_timeout_naming_the_url() -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
@@ -459,10 +441,12 @@ def test_a_down_server_fails_within_the_timeout_naming_the_url() -> None:
     url = f"http://127.0.0.1:{port}"
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=3.0)
     messages = [{"role": "user", "content": "x"}]
-    error = raised_by(lambda: client.chat.completions.create(model=MODEL, messages=messages))
+    error = raised_by(
+        lambda: client.chat.completions.create(model=MODEL, messages=messages), HANG_GUARD_S
+    )
     assert isinstance(error, openai.APIConnectionError), repr(error)
     assert str(error.request.url).startswith(url)
-    error = raised_by(lambda: RemoteEngine(url, connect_timeout=3.0).pop_trace("any"))
+    error = raised_by(lambda: RemoteEngine(url, connect_timeout=3.0).pop_trace("any"), HANG_GUARD_S)
     assert isinstance(error, RolloutServerError), repr(error)
     assert f"cannot reach the rollout server at {url}" in str(error)
 
@@ -475,7 +459,7 @@ def test_a_silent_server_times_out_naming_the_url() -> None:
     url = f"http://127.0.0.1:{listener.getsockname()[1]}"
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=1.0)
     try:
-        error = raised_by(lambda: client.completions.create(model=MODEL, prompt="x"))
+        error = raised_by(lambda: client.completions.create(model=MODEL, prompt="x"), HANG_GUARD_S)
         assert isinstance(error, openai.APITimeoutError), repr(error)
         assert str(error.request.url) == f"{url}/v1/completions"
     finally:

@@ -1,4 +1,5 @@
-"""Makes ``tinker_testlib.py`` (a tiny model on disk and a live tinker-server) importable.
+"""Makes the test helper modules importable: ``tinker_testlib.py`` (a tiny model on disk and a
+live tinker-server) and ``env_testlib.py`` (an ``env:`` run config).
 
 The workspace runs pytest with ``--import-mode=importlib``, which does not put test folders on
 ``sys.path`` (the same arrangement as the rl-rollout and rl-adapters tests).

@@ -8,18 +8,17 @@ from __future__ import annotations
 import itertools
 import json
 import random
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from env_testlib import write
 from rl_envs.openenv import OpenEnvWrapper
 from rl_envs.openenv_game import EchoAction, EchoDigitEnvironment, EchoObservation
 from rl_envs.tools import TINY_TOOL_CHAT_TEMPLATE
+from rl_testing.serving import serving
 from rl_train.config import ConfigError, load_config
 from rl_train.run import train
 from rl_train.sources import MultiTurnSource
@@ -27,47 +26,14 @@ from rl_train.sources import MultiTurnSource
 GAME = "rl_envs.openenv_game:EchoDigitEnvironment"
 
 
-def write(tmp_path: Path, env: dict[str, Any], **train_keys: Any) -> Path:
-    config = {
-        "algo": "grpo",
-        "model": {"name": "tiny"},
-        "env": env,
-        "data": {"prompts_per_step": 4},
-        "agent": {"group_size": 8},
-        "train": {
-            "steps": 10,
-            "evaluation_interval": 1000,
-            "checkpoint_steps": None,
-            "run_dir": str(tmp_path / "run"),
-            "report_to": "none",
-            **train_keys,
-        },
-    }
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    path = tmp_path / "run.json"  # JSON is YAML
-    path.write_text(json.dumps(config))
-    return path
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     """The game behind OpenEnv's create_app, served by uvicorn on a loopback port."""
-    import uvicorn
     from openenv.core.env_server.http_server import create_app
 
     app = create_app(EchoDigitEnvironment, EchoAction, EchoObservation, max_concurrent_envs=40)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    while not srv.started and thread.is_alive():  # hang guard: the thread dies on a failed bind
-        time.sleep(0.02)
-    assert srv.started
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with serving(app) as url:
+        yield url
 
 
 def test_grpo_learns_the_openenv_game_through_rl_train_run(tmp_path: Path) -> None:

@@ -4,34 +4,14 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from env_testlib import write
 from rl_train.config import ConfigError, load_config
 from rl_train.run import train
-
-
-def write(tmp_path: Path, env: dict[str, Any], steps: int = 10) -> Path:
-    config = {
-        "algo": "grpo",
-        "model": {"name": "tiny"},
-        "env": env,
-        "data": {"prompts_per_step": 4},
-        "agent": {"group_size": 8},
-        "train": {
-            "steps": steps,
-            "evaluation_interval": 1000,
-            "checkpoint_steps": None,
-            "run_dir": str(tmp_path / "run"),
-            "report_to": "none",
-        },
-    }
-    path = tmp_path / "run.json"  # JSON is YAML
-    path.write_text(json.dumps(config))
-    return path
 
 
 def test_grpo_learns_the_verifiers_taskset_through_rl_train_run(tmp_path: Path) -> None:
@@ -45,7 +25,7 @@ def test_grpo_learns_the_verifiers_taskset_through_rl_train_run(tmp_path: Path) 
 
 
 def test_a_taskset_that_does_not_resolve_is_a_config_error(tmp_path: Path) -> None:
-    config = load_config(write(tmp_path, {"verifiers": "rl_envs.verifiers_taskset:Nope"}, 1))
+    config = load_config(write(tmp_path, {"verifiers": "rl_envs.verifiers_taskset:Nope"}, steps=1))
     with pytest.raises(ConfigError, match=r"env\.verifiers 'rl_envs\.verifiers_taskset:Nope'"):
         train(config, verbose=False)
 
@@ -63,7 +43,7 @@ def test_a_missing_extra_is_a_one_line_config_error(
     for name in [m for m in sys.modules if m.partition(".")[0] == extra]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, extra, None)
-    config = load_config(write(tmp_path, env, 1))
+    config = load_config(write(tmp_path, env, steps=1))
     with pytest.raises(ConfigError) as info:
         train(config, verbose=False)
     assert str(info.value).endswith(f"needs the '{extra}' extra: pip install 'rl-envs[{extra}]'")

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-import uvicorn
 from rl_testing.models import save_tiny, tiny_causal_lm
+from rl_testing.serving import free_port, serving
 from rl_train.tinker.app import ServerConfig, create_app
 
 KEY = "tml-test-key"
@@ -22,14 +20,6 @@ def write_tiny(directory: Path) -> Path:
     model, tokenizer = tiny_causal_lm(seed=0)
     save_tiny(model, tokenizer, directory)
     return directory
-
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @contextlib.contextmanager
@@ -45,19 +35,9 @@ def running_server(model_dir: Path, checkpoint_dir: Path) -> Iterator[tuple[str,
         port=free_port(),
     )
     app = create_app(config)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=config.host, port=config.port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError("the tinker server did not start")
-        thread.join(0.01)
     try:
-        yield f"http://{config.host}:{config.port}", app
+        with serving(app, port=config.port, log_level="warning") as url:
+            yield url, app
     finally:
-        server.should_exit = True
-        thread.join(30)
         app.state.service.queue.close()
         torch.set_num_threads(threads)
