@@ -12,7 +12,7 @@ from importlib.metadata import version as _version
 
 from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, auto_chunk_rows
 from rl_kernels.liger import LigerPolicyLossOutput, liger_policy_loss
-from rl_kernels.logprobs import fused_logprobs
+from rl_kernels.logprobs import fused_logprobs, sum_pi_squared
 from rl_kernels.policy import FUSED_OBJECTIVES, FusedPolicyLossOutput, fused_policy_loss
 
 __version__: str = _version("rl-kernels")
@@ -27,4 +27,5 @@ __all__ = [
     "fused_logprobs",
     "fused_policy_loss",
     "liger_policy_loss",
+    "sum_pi_squared",
 ]

@@ -1,4 +1,7 @@
-"""``fused_logprobs``: lm_head -> per-token log-prob (and entropy) without full logits."""
+"""lm_head -> per-token log-prob, entropy and sum of squared probabilities, no full logits.
+
+``fused_logprobs`` computes them chunk by chunk; ``sum_pi_squared`` is the last from logits.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from rl_kernels._checks import check_finite_rows, check_projection, check_target
 from rl_kernels._core import chunk_logits, chunk_ops, compute_dtype
 from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, auto_chunk_rows
 
-__all__ = ["fused_logprobs"]
+__all__ = ["fused_logprobs", "sum_pi_squared"]
 
 
 class _FusedLogProbs(torch.autograd.Function):
@@ -29,7 +32,8 @@ class _FusedLogProbs(torch.autograd.Function):
         compile_body: bool,
         keep_probs: bool,
         check_finite: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        with_spi: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         softmax_, _ = chunk_ops(compile_body)
         cd = compute_dtype(hidden.dtype, upcast)
         w = weight.to(cd)
@@ -38,6 +42,7 @@ class _FusedLogProbs(torch.autograd.Function):
         logp = hidden.new_empty(m, dtype=cd)
         lse = hidden.new_empty(m, dtype=cd)
         ent = hidden.new_empty(m if with_entropy else 0, dtype=cd)
+        spi = hidden.new_empty(m if with_spi else 0, dtype=cd)
         if check_finite:
             check_finite_rows(hidden)  # once, not per chunk
         # probabilities the caller allows to keep: the backward reads them instead of
@@ -53,19 +58,21 @@ class _FusedLogProbs(torch.autograd.Function):
             logp[s:e], lse[s:e] = lp, ls
             if en is not None:
                 ent[s:e] = en
+            if with_spi:  # probs may be unnormalised (e^{z - max z}): divide by the squared sum
+                spi[s:e] = torch.linalg.vecdot(probs, probs) / probs.sum(dim=1).square()
             if keep:
                 ctx.probs.append(probs)
             del z, probs  # free this tile before the next chunk allocates its own
         ctx.save_for_backward(hidden, weight, bias, targets, lse, ent)
         ctx.temperature, ctx.chunk, ctx.with_entropy, ctx.cd = temperature, chunk, with_entropy, cd
         ctx.compile_body = compile_body
-        ctx.mark_non_differentiable(lse)
-        return logp, ent
+        ctx.mark_non_differentiable(lse, spi)
+        return logp, ent, spi
 
     @staticmethod
     @once_differentiable
     def backward(
-        ctx: Any, g_logp: torch.Tensor, g_ent: torch.Tensor | None
+        ctx: Any, g_logp: torch.Tensor, g_ent: torch.Tensor | None, _g_spi: Any = None
     ) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, bias, targets, lse, ent = ctx.saved_tensors
         _, logits_grad_ = chunk_ops(ctx.compile_body)
@@ -110,7 +117,7 @@ class _FusedLogProbs(torch.autograd.Function):
             grad_h.to(hidden.dtype) if grad_h is not None else None,
             grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(bias.dtype) if grad_b is not None else None,
-            None, None, None, None, None, None, None, None,
+            None, None, None, None, None, None, None, None, None,
         )  # fmt: skip
 
 
@@ -182,7 +189,8 @@ def fused_logprobs(
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     compile: bool = False,
     check_finite: bool = True,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    with_sum_pi_squared: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
     r"""Per-token log-probs (and entropies) straight from hidden states and the lm_head weight.
 
     .. math:: z = (h W^\top + b) / \tau, \qquad \log p_y = z_y - \log\sum_v e^{z_v}, \qquad
@@ -214,9 +222,13 @@ def fused_logprobs(
             10-45 s compiling and new shapes recompile).
         check_finite: Raise on a non-finite row of ``hidden`` (one pass over it); False for a
             caller that has checked them already.
+        with_sum_pi_squared: Also return :math:`\sum_v p_v^2` of each row (no gradient; see
+            :func:`sum_pi_squared`), from the same tiles as the log-probs (no extra GEMM).
 
     Returns:
-        ``logprobs`` [M], or ``(logprobs [M], entropies [M])`` with ``with_entropy``.
+        ``logprobs`` [M], or ``(logprobs [M], entropies [M])`` with ``with_entropy``; with
+        ``with_sum_pi_squared`` its ``sum_pi_squared`` [M] is appended to either
+        (``(logprobs, sum_pi_squared)`` or ``(logprobs, entropies, sum_pi_squared)``).
     """
     check_projection(hidden, weight, bias, temperature)
     if hidden.ndim != 2:
@@ -240,8 +252,43 @@ def fused_logprobs(
         t is not None and t.requires_grad for t in (hidden, weight, bias)
     )
     keep = grads and m * weight.shape[0] * cd.itemsize <= memory_budget // 8
-    logp, ent = _FusedLogProbs.apply(
+    logp, ent, spi = _FusedLogProbs.apply(
         hidden, weight, bias, targets, float(temperature), int(chunk), with_entropy, upcast,
-        compile, keep, check_finite,
+        compile, keep, check_finite, with_sum_pi_squared,
     )  # fmt: skip
-    return (logp, ent) if with_entropy else logp
+    out: tuple[torch.Tensor, ...] = (logp, ent) if with_entropy else (logp,)
+    if with_sum_pi_squared:
+        out = (*out, spi)
+    return out if len(out) > 1 else logp
+
+
+def sum_pi_squared(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    r""":math:`\sum_v \pi(v)^2` of the softmax over the last dimension of ``logits`` (no grad).
+
+    .. math:: \sum_v \pi(v)^2 = \exp\big(\mathrm{lse}(2z) - 2\,\mathrm{lse}(z)\big), \qquad
+              z = \text{logits} / \tau
+
+    the collision probability of the distribution: :math:`1/V` for uniform logits, 1 for a
+    one-hot one. With the sampled token's probability :math:`\pi_y` it gives the squared norm
+    of the score with respect to the logits, :math:`\|e_y - \pi\|^2 = 1 - 2\pi_y + \sum_v
+    \pi(v)^2`, which verl's optimal token baseline (``rl_advantages.optimal_token_baseline``,
+    verl#4678) accumulates along each path. This is the plain path, for a caller that holds
+    the logits; :func:`fused_logprobs` (``with_sum_pi_squared=True``) computes the same from
+    the hidden states chunk by chunk, without the ``[M, V]`` logits.
+
+    Args:
+        logits: [..., V] logits (any float dtype; reduced in fp32 at least).
+        temperature: :math:`\tau` > 0 dividing the logits (the sampler's).
+
+    Returns:
+        [...] in fp32 (fp64 for fp64 logits).
+    """
+    if logits.ndim < 1 or logits.shape[-1] < 1:
+        raise ValueError(f"`logits` must have shape [..., V] with V >= 1, got {shape_str(logits)}")
+    if not temperature > 0:
+        raise ValueError(f"`temperature` must be > 0, got {temperature}")
+    with torch.no_grad():
+        z = logits.to(compute_dtype(logits.dtype, True))
+        if temperature != 1.0:
+            z = z / temperature
+        return torch.exp(torch.logsumexp(2 * z, dim=-1) - 2 * torch.logsumexp(z, dim=-1))
