@@ -56,17 +56,14 @@ def test_grpo_advantage_estimator_max_rl() -> None:
 
 @pytest.mark.parametrize(
     ("keyword", "name", "reason"),
-    [
-        ("loss_type", "stable_reinforce", "formula is not published"),
-        ("advantage_estimator", "optimal_token_baseline", "sum_pi_squared"),
-    ],
+    [("loss_type", "stable_reinforce", "formula is not published")],
 )
 def test_names_an_agent_cannot_run_are_refused_at_build(
     keyword: str, name: str, reason: str
 ) -> None:
-    """Tinker's ``stable_reinforce`` (no published formula) and the optimal token baseline
-    (needs the vocabulary's squared probabilities) are refused when the agent is built, naming
-    the option and the reason, not at the first learn()."""
+    """Tinker's ``stable_reinforce`` (no published formula) is refused when the agent is built,
+    naming the option and the reason, not at the first learn(). (The optimal token baseline,
+    once refused here, trains: test_token_baseline_agent.py.)"""
     with pytest.raises(ValueError, match=f"`{keyword}` '{name}'") as info:
         tl.make_agent("GRPO", **{keyword: name})
     assert reason in str(info.value)

@@ -75,10 +75,10 @@ def test_fused_equals_plain_and_keeps_the_logprob_gradient() -> None:
     assert plain.dtype == F32 and not plain.requires_grad
     assert_close(spi.log(), plain.log(), "fused vs plain", **token_tol(hidden, weight, b, 1.3))
     (gh,) = torch.autograd.grad(logp.sum(), [hidden])
-    # bit-exact: the same kernels' backward, with or without the extra output
     ref = rk.fused_logprobs(hidden, weight, targets, b, 1.3, 5)
     assert isinstance(ref, torch.Tensor)
     (rh,) = torch.autograd.grad(ref.sum(), [hidden])
+    # bit-exact: the same kernels' backward, with or without the extra output
     assert torch.equal(gh, rh)
 
 

@@ -1,7 +1,8 @@
 """``rl-train run`` with ``agent.loss_type`` set to rl-losses' DPPO, DRO and Tinker's names, and
-``agent.advantage_estimator=max_rl`` or ``gdpo``: the YAML front door reaches them through the
-registries (no rl-train code names them); the names an agent cannot run are refused before
-training."""
+``agent.advantage_estimator=max_rl``, ``optimal_token_baseline`` (the agent scores the
+vocabulary's squared probabilities it reads) or ``gdpo``: the YAML front door reaches them
+through the registries (no rl-train code names them); the names an agent cannot run are
+refused before training."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ GRPO_TINY = Path(__file__).resolve().parents[3] / "examples" / "grpo_tiny.yaml"
     "override",
     ["agent.loss_type=dppo_tv", "agent.loss_type=dppo_kl", "agent.loss_type=dro",
      "agent.loss_type=importance_sampling", "agent.loss_type=cross_entropy",
-     "agent.advantage_estimator=max_rl"],
+     "agent.advantage_estimator=max_rl",
+     "agent.advantage_estimator=optimal_token_baseline"],
 )  # fmt: skip
 def test_yaml_names_run(override: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["run", str(GRPO_TINY), override, "train.steps=2",
@@ -29,8 +31,7 @@ def test_yaml_names_run(override: str, tmp_path: Path, capsys: pytest.CaptureFix
 
 @pytest.mark.parametrize(
     ("override", "reason"),
-    [("agent.loss_type=stable_reinforce", "formula is not published"),
-     ("agent.advantage_estimator=optimal_token_baseline", "sum_pi_squared")],
+    [("agent.loss_type=stable_reinforce", "formula is not published")],
 )  # fmt: skip
 def test_yaml_names_refused(
     override: str, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

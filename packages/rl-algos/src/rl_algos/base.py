@@ -84,6 +84,9 @@ class AgentParts:
     needs_old_logprobs: bool = True
     """Whether ``estimate`` reads ``Scores.old_logprobs`` (e.g. a KL in the reward). False
     lets an on-policy ``learn()`` skip the old-log-prob forward (:meth:`LLMAlgorithm.learn`)."""
+    needs_sum_pi_squared: bool = False
+    """Whether ``estimate`` reads ``Scores.sum_pi_squared`` (the optimal token baseline): the
+    scoring phase then computes it in the actor's forward."""
 
 
 def _jsonable(value: Any) -> bool:
@@ -376,6 +379,7 @@ class LLMAlgorithm:
             with_reference=self.config.beta > 0,
             with_old=parts.needs_old_logprobs or not self.on_policy(batch),
             old_from_sampler=self.config.clip_against_sampler,
+            with_sum_pi_squared=parts.needs_sum_pi_squared,
         )
         with torch.no_grad():
             estimates = parts.estimate(batch, scores)  # 4. advantages

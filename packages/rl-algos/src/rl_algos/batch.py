@@ -251,6 +251,10 @@ class Scores:
     then uses its own log-probs, detached (ratio 1), and the scoring forward is skipped."""
     ref_logprobs: torch.Tensor | None
     """[N, T] under the frozen reference, or None (no KL term, or no reference)."""
+    sum_pi_squared: torch.Tensor | None = None
+    """[N, T] ``sum_v pi(v)^2`` of the actor's distribution at each action position
+    (shifted by one, 0 off the mask), from the forward that scores the old log-probs; None
+    unless the estimator reads it (``AgentParts.needs_sum_pi_squared``)."""
 
     def old(self) -> torch.Tensor:
         """:attr:`old_logprobs`, which must have been scored."""

@@ -60,16 +60,27 @@ class SamplerCorrection:
         """[N, T] truncated weights of ``old`` over ``sampling`` (both [N, T], ``mask`` [N, T])."""
         return rollout_correction(old, sampling, mask, cap=self.cap).weights
 
+    def batch_weights(self, batch: Batch, scores: Scores) -> torch.Tensor | None:
+        """[N, T] the batch's weights from the scored ``old_logprobs``, or None.
+
+        None where :meth:`weigh_batch` weighs nothing. Also read by an estimator that takes
+        them (the optimal token baseline).
+        """
+        sampling = batch.sampling_logprobs
+        if not self.applies(batch) or sampling is None or scores.old_logprobs is None:
+            return None
+        weights: torch.Tensor = self.weights(scores.old_logprobs, sampling, batch.mask)
+        return weights
+
     def weigh_batch(self, batch: Batch, scores: Scores, estimates: Estimates) -> Estimates:
         """``estimates`` with the batch's weights from the scored ``old_logprobs`` [N, T].
 
         Unchanged when the correction does not apply or phase 3 scored no old log-probs (an
         on-policy update: :meth:`weigh_micro_batch` weighs each micro-batch instead).
         """
-        sampling = batch.sampling_logprobs
-        if not self.applies(batch) or sampling is None or scores.old_logprobs is None:
+        weights = self.batch_weights(batch, scores)
+        if weights is None:
             return estimates
-        weights = self.weights(scores.old_logprobs, sampling, batch.mask)
         return dataclasses.replace(estimates, is_weights=weights)
 
     def weigh_micro_batch(self, mb: MicroBatch, logprobs: torch.Tensor) -> MicroBatch:

@@ -7,7 +7,9 @@ Three estimation shapes cover the agents:
   DAPO's row filter). Its calling convention: ``fn(rewards [N], group_size, **kwargs) -> [N]
   or [N, T]`` (a tensor, or a result with ``.advantages``); the estimators in
   :data:`TOKEN_ESTIMATORS` are called ``fn(rewards [N], mask [N, T], group_size, kl=, beta=,
-  **kwargs)`` instead. A user estimator registered with
+  **kwargs)`` instead, and those in :data:`SUM_PI_SQUARED_ESTIMATORS` (verl's optimal token
+  baseline) ``fn(token_rewards [N, T], mask [N, T], old_logprobs [N, T], sum_pi_squared
+  [N, T], group_size, is_weights=, **kwargs)``. A user estimator registered with
   ``@rl_advantages.register_estimator("name")`` is used by ``GRPO(advantage_estimator="name")``.
 * :func:`rebn_advantages` (REINFORCE): discounted turn returns, then ``get_estimator("rebn")``.
 * :func:`gae_advantages` (PPO): ``get_estimator("gae")`` over turns with the critic's values.
@@ -24,6 +26,7 @@ from rl_advantages import (
     broadcast_to_tokens,
     discounted_returns,
     get_estimator,
+    kl_in_reward,
     pool_to_turns,
     whiten,
 )
@@ -34,6 +37,7 @@ __all__ = [
     "COMPONENT_ESTIMATORS",
     "ESTIMATOR_ALIASES",
     "NOT_FOR_AGENTS",
+    "SUM_PI_SQUARED_ESTIMATORS",
     "TOKEN_ESTIMATORS",
     "GroupAdvantage",
     "gae_advantages",
@@ -48,13 +52,14 @@ __all__ = [
 ESTIMATOR_ALIASES: Mapping[str, str] = {"reinforce_pp_baseline": "reinforce_plus_plus_baseline"}
 #: Registered estimators that need token-level inputs (the mask and the per-token KL).
 TOKEN_ESTIMATORS: frozenset[str] = frozenset({"reinforce_plus_plus_baseline"})
+#: Registered estimators that read the behaviour policy's token statistics: per-token rewards
+#: (each row's reward at its last action token), the old log-probs, ``sum_v pi(v)^2`` at every
+#: action token (``Scores.sum_pi_squared``, scored in the same forward as the old log-probs)
+#: and the rollout correction's weights when the agent applies one.
+SUM_PI_SQUARED_ESTIMATORS: frozenset[str] = frozenset({"optimal_token_baseline"})
 #: Registered estimators whose inputs an agent's batch does not carry: refused by name when
-#: the agent is built (call them from rl_advantages directly).
-NOT_FOR_AGENTS: Mapping[str, str] = {
-    "optimal_token_baseline": "it needs the sum of squared probabilities over the vocabulary "
-    "at every sampled token (`sum_pi_squared` [N, T]), which the agents' scorer does not "
-    "compute; call rl_advantages.optimal_token_baseline directly",
-}
+#: the agent is built (call them from rl_advantages directly). None today.
+NOT_FOR_AGENTS: Mapping[str, str] = {}
 
 
 def resolve_estimator_name(advantage_estimator: str, adv_norm: str = "mean_std") -> str:
@@ -113,6 +118,11 @@ class GroupAdvantage:
     """The threshold of ``filter_zero``."""
 
     @property
+    def needs_sum_pi_squared(self) -> bool:
+        """Whether the estimator reads ``Scores.sum_pi_squared`` (and the old log-probs)."""
+        return self.estimator in SUM_PI_SQUARED_ESTIMATORS
+
+    @property
     def kl_in_reward(self) -> bool:
         """Whether the KL penalty is already in the advantages (no KL loss term then)."""
         return self.kl_shaping or self.estimator in TOKEN_ESTIMATORS
@@ -123,7 +133,40 @@ class GroupAdvantage:
 COMPONENT_ESTIMATORS: frozenset[str] = frozenset({"gdpo"})
 
 
-def _sequence(cfg: GroupAdvantage, seq: torch.Tensor, batch: Batch, scores: Scores) -> Any:
+def _token_baseline(
+    cfg: GroupAdvantage,
+    seq: torch.Tensor,
+    batch: Batch,
+    scores: Scores,
+    is_weights: torch.Tensor | None,
+) -> Any:
+    if scores.sum_pi_squared is None:
+        raise ValueError(
+            f"`advantage_estimator` {cfg.estimator!r} reads `Scores.sum_pi_squared` [N, T], which "
+            "was not scored: declare AgentParts(needs_sum_pi_squared=True) for this estimate"
+        )
+    fn = get_estimator(cfg.estimator)
+    rewards = kl_in_reward(seq, batch.mask)  # each row's reward at its last action token
+    return fn(
+        rewards,
+        batch.mask,
+        scores.old(),
+        scores.sum_pi_squared,
+        cfg.group_size,
+        is_weights=is_weights,
+        **cfg.kwargs,
+    )
+
+
+def _sequence(
+    cfg: GroupAdvantage,
+    seq: torch.Tensor,
+    batch: Batch,
+    scores: Scores,
+    is_weights: torch.Tensor | None = None,
+) -> Any:
+    if cfg.estimator in SUM_PI_SQUARED_ESTIMATORS:
+        return _token_baseline(cfg, seq, batch, scores, is_weights)
     fn = get_estimator(cfg.estimator)
     if cfg.estimator in COMPONENT_ESTIMATORS:
         if batch.reward_components is None:
@@ -160,15 +203,21 @@ def _as_tokens(value: Any, like: torch.Tensor, name: str) -> torch.Tensor:
     return adv
 
 
-def group_advantages(cfg: GroupAdvantage, batch: Batch, scores: Scores) -> Estimates:
-    """[N, T] advantages of the GRPO family (see the module docstring), and the kept rows."""
+def group_advantages(
+    cfg: GroupAdvantage, batch: Batch, scores: Scores, is_weights: torch.Tensor | None = None
+) -> Estimates:
+    """[N, T] advantages of the GRPO family (see the module docstring), and the kept rows.
+
+    ``is_weights`` [N, T]: the rollout correction's weights, for the estimators of
+    :data:`SUM_PI_SQUARED_ESTIMATORS` (the others ignore them; the loss applies them).
+    """
     r, mask, ref = batch.rewards, batch.mask, scores.ref_logprobs
     seq = r.sum(-1) if r.dim() == 2 else r
     if (
         cfg.granularity == "turn"
         and r.dim() == 2
         and batch.turn_ids is not None
-        and cfg.estimator not in TOKEN_ESTIMATORS
+        and cfg.estimator not in TOKEN_ESTIMATORS | SUM_PI_SQUARED_ESTIMATORS
     ):
         turn_mask = pool_to_turns(mask.float(), batch.turn_ids, num_turns=r.shape[1]).mask
         fallback = _as_tokens(_sequence(cfg, seq, batch, scores), seq, cfg.estimator)
@@ -177,7 +226,7 @@ def group_advantages(cfg: GroupAdvantage, batch: Batch, scores: Scores) -> Estim
         )
         adv = broadcast_to_tokens(per_turn, batch.turn_ids)
     else:
-        adv = _as_tokens(_sequence(cfg, seq, batch, scores), mask, cfg.estimator)
+        adv = _as_tokens(_sequence(cfg, seq, batch, scores, is_weights), mask, cfg.estimator)
     adv = torch.where(mask, adv, torch.zeros_like(adv))
     if cfg.kl_shaping and ref is not None:
         adv = adv - cfg.beta * (scores.old() - ref)

@@ -12,6 +12,7 @@ from rl_kernels import FUSED_OBJECTIVES
 from rl_losses import Aggregation, get_policy_loss
 
 from rl_algos.base import AgentParts, Batch, LLMAlgorithm
+from rl_algos.batch import Estimates, Scores
 from rl_algos.config import AgentConfig
 from rl_algos.estimators import GroupAdvantage, group_advantages, resolve_estimator_name
 from rl_algos.objectives import PolicyObjective, clip_options, resolve_loss_name
@@ -238,10 +239,19 @@ class GRPO(LLMAlgorithm):
         """Group-relative advantages (registered estimator) and the registered objective."""
         self._check(batch)
         settings = self.advantage_settings()
+        correction = self.correction
+        token_baseline = settings.needs_sum_pi_squared
+
+        def estimate(b: Batch, scores: Scores) -> Estimates:
+            # the optimal token baseline weighs each path by the correction's rho^2 (verl)
+            weights = correction.batch_weights(b, scores) if token_baseline else None
+            return group_advantages(settings, b, scores, is_weights=weights)
+
         return AgentParts(
-            estimate=lambda b, scores: group_advantages(settings, b, scores),
+            estimate=estimate,
             objective=self.objective(kl_in_reward=settings.kl_in_reward),
-            needs_old_logprobs=settings.kl_in_reward,
+            needs_old_logprobs=settings.kl_in_reward or token_baseline,
+            needs_sum_pi_squared=token_baseline,
         )
 
 

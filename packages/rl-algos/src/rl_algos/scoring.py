@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from rl_kernels import fused_logprobs
+from rl_kernels import fused_logprobs, sum_pi_squared
 
 from rl_algos.batch import Batch, Scores
 from rl_algos.distributed import gathered
@@ -109,16 +109,44 @@ class Scorer:
         self, hidden: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         """[N, T] log-probs from [N, T, H] ``hidden`` (see :meth:`logprobs`)."""
+        return self._score(hidden, input_ids, mask, False)[0]
+
+    def logprobs_and_sum_pi_squared(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        mask: torch.Tensor,
+        role: str = "actor",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""``(logprobs [N, T], sum_pi_squared [N, T])`` from one forward (no gradient to the
+        second): :meth:`logprobs` and :math:`\sum_v \pi_t(v)^2` of the same distribution at
+        the ``mask`` positions (0 elsewhere; NaN where :meth:`logprobs` gives NaN).
+
+        The fused head computes both from the same tiles
+        (``rl_kernels.fused_logprobs(..., with_sum_pi_squared=True)``); the module path of a
+        trainable ZeRO-3 head takes :func:`rl_kernels.sum_pi_squared` of each chunk's logits.
+        """  # noqa: D205
+        hidden = self.hidden_states(input_ids, attention_mask, role)
+        logp, spi = self._score(hidden, input_ids, mask, True)
+        assert spi is not None
+        return logp, spi
+
+    def _score(
+        self, hidden: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor, with_spi: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[N, T] log-probs (and, ``with_spi``, [N, T] sums of squared probabilities)."""
         targets = input_ids[:, 1:]
         out = torch.zeros(mask.shape, dtype=torch.float32, device=hidden.device)
+        spi_out = torch.zeros_like(out) if with_spi else None
         if not bool(mask.any()) and self.zero_stage != 3:
-            return out + 0.0 * hidden.sum()  # keeps the graph connected
+            return out + 0.0 * hidden.sum(), spi_out  # keeps the graph connected
         rows = hidden[mask]
         finite = bool(torch.isfinite(rows).all())
         if not finite:
             rows = rows.nan_to_num(0.0, 0.0, 0.0)
+        spi = rows.new_zeros(0)
         if self.trainable_partitioned_head():
-            picked = self._by_module(rows, targets[mask])
+            picked, spi = self._by_module(rows, targets[mask], with_spi)
         else:
             weight, bias = self.head()  # a collective under ZeRO-3: also for empty rows
             picked = rows.new_zeros(0)
@@ -131,28 +159,37 @@ class Scorer:
                     temperature=self.temperature,
                     chunk_rows=self.chunk_rows,
                     check_finite=False,  # checked above (non-finite rows became zeros)
+                    with_sum_pi_squared=with_spi,
                 )
-                assert isinstance(fused, torch.Tensor)
-                picked = fused
+                picked, spi = fused if isinstance(fused, tuple) else (fused, spi)
+        if spi_out is not None:
+            spi_out = spi_out.masked_scatter(mask, spi.detach().float())
+            if not finite:
+                spi_out = spi_out.masked_fill(mask, math.nan)
         if not finite:
-            return out.masked_fill(mask, math.nan) + 0.0 * picked.sum()
+            return out.masked_fill(mask, math.nan) + 0.0 * picked.sum(), spi_out
         out = out.masked_scatter(mask, picked.float())
-        return out + 0.0 * hidden.sum() if rows.shape[0] == 0 else out
+        return (out + 0.0 * hidden.sum() if rows.shape[0] == 0 else out), spi_out
 
-    def _by_module(self, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """[M] log-probs through the output-embedding module, chunked (ZeRO-3, trainable head).
+    def _by_module(
+        self, rows: torch.Tensor, targets: torch.Tensor, with_spi: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[M] log-probs (and [M] sums of squared probabilities, ``with_spi``; else empty)
+        through the output-embedding module, chunked (ZeRO-3, trainable head).
 
         ZeRO-3 gathers a partitioned, trainable ``lm_head`` only inside the module's own forward
         hooks, which also route its gradient back to the partitions; the fused kernel, which
         reads the weight directly, cannot. Each chunk materialises ``[chunk, V]`` logits.
-        """
+        """  # noqa: D205
         head = self.policy.causal_lm.get_output_embeddings()
         chunk = self.chunk_rows or 1024
-        parts = []
+        parts, spis = [], []
         for s in range(0, max(1, rows.shape[0]), chunk):  # also empty: the gather is collective
             logits = head(rows[s : s + chunk]).float() / self.temperature
             parts.append(logits.log_softmax(-1).gather(-1, targets[s : s + chunk, None])[:, 0])
-        return torch.cat(parts)
+            if with_spi:
+                spis.append(sum_pi_squared(logits))
+        return torch.cat(parts), torch.cat(spis) if spis else rows.new_zeros(0)
 
 
 def score_batch(
@@ -161,6 +198,7 @@ def score_batch(
     with_reference: bool,
     with_old: bool = True,
     old_from_sampler: bool = False,
+    with_sum_pi_squared: bool = False,
 ) -> Scores:
     """The batch's :class:`Scores` (no grad).
 
@@ -168,7 +206,10 @@ def score_batch(
     :attr:`Scores.old_logprobs`), and the reference's when ``with_reference``. The rows run in
     the forwards of :meth:`Scorer.row_groups` (all at once without a token budget). With
     ``old_from_sampler`` and sampling log-probs in the batch, those are the old log-probs
-    (the behaviour policy's; no forward).
+    (the behaviour policy's; no forward). With ``with_sum_pi_squared`` the actor's forward
+    also gives :attr:`Scores.sum_pi_squared` for every row (it then runs even when the old
+    log-probs come from the sampler: the sampler's full distribution is not returned, so the
+    actor's, equal to it up to the engines' numerics, stands in).
     """
     groups = scorer.row_groups(batch.attention_mask)
 
@@ -179,10 +220,24 @@ def score_batch(
             out[rows] = scorer.logprobs(ids, attn, mask, role)
         return out
 
+    def score_with_spi() -> tuple[torch.Tensor, torch.Tensor]:
+        out = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
+        spi = torch.zeros_like(out)
+        for rows in groups:
+            ids, attn, mask = batch.input_ids[rows], batch.attention_mask[rows], batch.mask[rows]
+            out[rows], spi[rows] = scorer.logprobs_and_sum_pi_squared(ids, attn, mask)
+        return out, spi
+
     sampler = batch.sampling_logprobs if old_from_sampler else None
     with torch.no_grad():
-        old = sampler if sampler is not None else score("actor") if with_old else None
+        actor, spi = score_with_spi() if with_sum_pi_squared else (None, None)
+        if sampler is not None:
+            old = sampler
+        elif with_old:
+            old = actor if actor is not None else score("actor")
+        else:
+            old = None
         ref = None
         if with_reference and "reference" in scorer.policy.roles:
             ref = score("reference")
-    return Scores(old, ref)
+    return Scores(old, ref, spi)
