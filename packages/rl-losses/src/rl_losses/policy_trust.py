@@ -48,8 +48,9 @@ def dppo_loss(
 ) -> PolicyLossOutput:
     r"""Divergence PPO, binary approximation (Qi et al., arXiv 2602.04879).
 
-    From "Rethinking the Trust Region in LLM Reinforcement Learning". With
-    :math:`\pi_t = e^{\log\pi_t}`, :math:`\mu_t = e^{\log\pi_{old,t}}` and
+    From "Rethinking the Trust Region in LLM Reinforcement Learning": the DPPO objective with
+    its mask is eq. 12 of arXiv 2602.04879v3, the binary TV and binary KL divergences eqs. 13
+    and 14. With :math:`\pi_t = e^{\log\pi_t}`, :math:`\mu_t = e^{\log\pi_{old,t}}` and
     :math:`r_t = \pi_t / \mu_t`:
 
     .. math:: l_t = -M_t\, \operatorname{sg}\big(\min(r_t, C)\big)\, A_t \log\pi_t
