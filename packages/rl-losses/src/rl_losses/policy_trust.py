@@ -147,8 +147,10 @@ def dro_loss(
     .. math:: l_t = -A_t \log\pi_t + \frac{\beta}{2}\big(\log\pi_t - \log\pi_{old,t}\big)^2
 
     A policy gradient with a quadratic log-ratio penalty instead of a clip: the gradient is
-    :math:`-(A_t - \beta \log r_t)\nabla\log\pi_t`, the plain policy gradient at ratio 1. The
-    paper regularises towards a reference policy with :math:`\tau`; pass its log-probs as
+    :math:`-(A_t - \beta \log r_t)\nabla\log\pi_t`, the plain policy gradient at ratio 1. In
+    the paper (arXiv 2405.19107v1) this is the policy gradient of the DRO loss (eq. 4), eq. 8,
+    divided by :math:`\tau` as DRO-V does (Algorithm 1), with :math:`\beta = \tau` and
+    :math:`A = r - V`. The paper regularises towards a reference policy; pass its log-probs as
     ``old_logprobs`` for that form (verl's ``dro`` uses the behaviour policy). Clip fractions
     are 0.
 
