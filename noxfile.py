@@ -1,7 +1,7 @@
 """Task runner for the rl-* workspace (nox with the uv backend).
 
 Plain ``nox`` runs the default sessions: lint, typecheck, tools, every ``test-<package>``,
-isolation, compat-light, integration (which also executes every Python example of the docs
+isolation, compat-light, gpu, integration (which also executes every Python example of the docs
 site), slow, docs and docs-browser. ``nox -s affected -- origin/main...HEAD`` runs only those a
 change needs.
 Environments are synced from the committed ``uv.lock`` (``--locked``): a stale lock fails
@@ -26,6 +26,11 @@ Sessions:
     capabilities     (not default) unit, integration and slow tests under each CPU kernel width
                      (``ATEN_CPU_CAPABILITY`` avx512 / avx2 + ``MKL_ENABLE_INSTRUCTIONS=AVX2`` /
                      default): what another x86-64 machine computes (docs/testing.md)
+    gpu              the CUDA cases of the tests (``pytest -m cuda``, rl_testing.devices) and
+                     tools/bench/bench_gpu.py, with nox's own interpreter and the workspace from
+                     source (tools/gpu/run.py; nothing installed, so it runs offline on a GPU
+                     machine); without CUDA the cases skip with their reason and the benchmark
+                     runs a CPU smoke (docs/benchmarks.md, "GPU")
     bench            tools/bench/ benchmarks (medians and ratios; see tools/bench/README.md)
     bench-peers      one GRPO step of ours against TRL and AgileRL (each in a throwaway venv
                      outside the workspace) and bare generate, side by side (not default)
@@ -323,6 +328,14 @@ def capabilities(session: nox.Session, capability: str) -> None:
     session.run(
         "pytest", *dirs, "tools/rl-testing/tests", "tests_integration", *session.posargs, env=env
     )
+
+
+@nox.session(venv_backend="none")
+def gpu(session: nox.Session) -> None:
+    # the interpreter that runs nox, nothing installed: on a GPU machine without network its own
+    # torch stack, the workspace from source (tools/gpu/run.py); without CUDA the CUDA cases skip
+    # with their reason and the benchmark runs its CPU smoke
+    session.run(sys.executable, "tools/gpu/run.py", *session.posargs, external=True)
 
 
 @nox.session(default=False)

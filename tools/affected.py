@@ -62,14 +62,16 @@ PATH_RULES: list[tuple[str, list[str]]] = [
     ("tools/tests/*", ["tools"]),
     (".github/workflows/release.yml", ["tools", "slow"]),  # slow: the release dry run
     (".github/*", ["tools"]),
+    ("tools/gpu/*", ["gpu"]),
+    ("tools/bench/bench_gpu.py", ["gpu"]),  # nox -s gpu runs its CPU smoke
     ("tools/bench/*", []),  # not in any default session: lint only
     ("CONTRIBUTING.md", []),
     (".gitignore", []),
 ]
 #: Order in which ``nox -s affected`` runs the sessions: the quick ones first.
 SESSION_ORDER = [
-    "lint", "typecheck", "tools", "docs", "test-*", "isolation", "compat-light", "docs-browser",
-    "integration", "slow",
+    "lint", "typecheck", "tools", "docs", "test-*", "isolation", "compat-light", "gpu",
+    "docs-browser", "integration", "slow",
 ]  # fmt: skip
 
 
@@ -211,10 +213,12 @@ def plan(paths: Iterable[str], root: Path = ROOT) -> Plan:
     selected = sorted(graph) if everything else sorted(set(dependents(changed, graph)) | alone)
     sessions |= {"lint", "typecheck"} | {f"test-{name}" for name in selected}
     if everything:
-        sessions |= {"tools", "isolation", "compat-light", "integration", "slow", "docs"}
+        sessions |= {"tools", "isolation", "compat-light", "integration", "slow", "docs", "gpu"}
         sessions.add("docs-browser")
     if set(selected) & set(HEAVY):
         sessions |= {"integration", "slow"}
+    if changed:  # a package's source: its CUDA cases and the GPU benchmark (CPU smoke here)
+        sessions.add("gpu")
     light = [p for p in selected if p in LIGHT]
     if light:
         sessions |= {"isolation", "compat-light"}  # the light packages at their floors too

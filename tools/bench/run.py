@@ -14,7 +14,7 @@ sys.path.insert(0, str(HERE))
 from harness import Row, machine  # noqa: E402
 
 #: Benchmarks with their own command line and nox session (not ``run(quick)`` modules).
-STANDALONE = {"bench_peers"}
+STANDALONE = {"bench_peers", "bench_gpu"}  # bench_gpu: `nox -s gpu` (tools/gpu/run.py)
 
 
 def table(rows: list[Row]) -> str:

@@ -98,7 +98,7 @@ def test_the_plan_of_an_rl_losses_change(repo: Path) -> None:
     assert got["heavy"] is True  # rl-algos and rl-train depend on rl-losses
     assert got["sessions"] == [
         "lint", "typecheck", "docs", "test-rl-algos", "test-rl-kernels", "test-rl-losses",
-        "test-rl-train", "isolation", "compat-light", "integration", "slow",
+        "test-rl-train", "isolation", "compat-light", "gpu", "integration", "slow",
     ]  # fmt: skip
     assert "isolation -- rl-kernels rl-losses" in got["checks"]
     assert "compat-light" in got["checks"]  # the light packages at their floors
@@ -128,7 +128,7 @@ def test_a_change_to_uv_lock_selects_everything(repo: Path) -> None:
     got = json.loads(run(repo, rng, "--format", "json").stdout)
     assert got["everything"] is True
     assert {
-        "tools", "isolation", "compat-light", "integration", "slow", "docs", "docs-browser",
+        "tools", "isolation", "compat-light", "gpu", "integration", "slow", "docs", "docs-browser",
     } <= set(got["sessions"])  # fmt: skip
     assert "isolation" in got["checks"]  # all three light packages: no arguments
 

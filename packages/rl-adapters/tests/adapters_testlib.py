@@ -157,7 +157,8 @@ def perturb(params: Iterable[torch.Tensor], seed: int, scale: float = 0.05) -> N
     """Adds seeded noise in place (makes LoRA adapters non-trivial: B = 0 at init)."""
     gen = torch.Generator().manual_seed(seed)
     for p in params:
-        p.add_(scale * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+        noise = torch.randn(p.shape, generator=gen, dtype=p.dtype)  # drawn on CPU: any device
+        p.add_(scale * noise.to(p.device))
 
 
 def grad_flags(module: torch.nn.Module, *extra: torch.nn.Module | None) -> dict[str, bool]:

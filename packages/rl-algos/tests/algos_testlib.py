@@ -99,7 +99,10 @@ def perturb_adapter(
     hit = 0
     for name, p in sorted(policy.named_parameters(), key=lambda kv: kv[0]):
         if is_lora_of(name, adapter) and ".lora_B." in name:
-            p.add_(scale * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
+            noise = torch.randn(
+                p.shape, generator=gen, dtype=torch.float64
+            )  # drawn on CPU: any device
+            p.add_(scale * noise.to(device=p.device, dtype=p.dtype))
             hit += 1
     assert hit > 0, f"no lora_B weights found for adapter {adapter!r}"
 

@@ -1,7 +1,7 @@
 """dtype / device follow the inputs (spec: "Pure functions; dtype/device follow inputs").
 
 float32 inputs give float32 outputs close to the float64 result; on CUDA (when available) every
-output lives on the input's device.
+output lives on the input's device (``pytest -m cuda``, ``nox -s gpu``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import losses_testlib as lib
 import pytest
 import rl_losses as rl
 import torch
+from rl_testing.devices import needs_cuda
 
 F64 = torch.float64
 
@@ -90,7 +91,8 @@ def test_float32_in_float32_out(name: str) -> None:
         lib.close(g, e, name)  # float32 against float64: rl_testing.tolerance in float32
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
+@needs_cuda
 @pytest.mark.parametrize("name", sorted(CALLS))
 def test_cuda_outputs_on_input_device(name: str) -> None:
     got = CALLS[name](_inputs(F64, "cuda"))
