@@ -2,12 +2,12 @@
 "optimal_token_baseline")``.
 
 Phase 3 scores ``sum_v pi(v)^2`` at every action token in the forward of the old log-probs
-(``Scores.sum_pi_squared``), for every row however the forwards are cut (packed or padded, by
-rows or by a token budget); phase 4 calls ``rl_advantages.optimal_token_baseline`` with each
-row's reward on its last action token, the old log-probs, those sums, ``G`` and the rollout
-correction's weights. The references recompute everything from the full logits of a float64
-copy of the policy (no rl-kernels code), so the agent's advantages (float32, fused head) agree
-with them to float32 rounding.
+(``Scores.sum_pi_squared``), for every row however the forwards are cut (packed or padded,
+split by a token budget; the update in micro-batches of rows); phase 4 calls
+``rl_advantages.optimal_token_baseline`` with each row's reward on its last action token, the
+old log-probs, those sums, ``G`` and the rollout correction's weights. The references
+recompute everything from the full logits of a float64 copy of the policy (no rl-kernels
+code), so the agent's advantages (float32, fused head) agree with them to float32 rounding.
 """
 
 from __future__ import annotations
