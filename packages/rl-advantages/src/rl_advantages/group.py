@@ -324,6 +324,11 @@ def max_rl(
     .. math:: \hat A_i = \frac{r_i - \bar r_{g(i)}}{\bar r_{g(i)}}, \qquad
               \bar r_{g} = \operatorname{mean}(r_{\text{group}})
 
+    Per sample, :math:`N` times the weight of the control-variate estimator
+    :math:`\sum_i (r_i / K - 1 / N) S_i` (eq. 11 of the paper's source, ``paper.tex`` in the
+    authors' Zanette-Labs/MaxRL repository; :math:`K` successes of :math:`N` rollouts, the
+    group mean :math:`K / N`) and of its Algorithm 1, both dropped where :math:`K = 0`.
+
     The group-centred reward divided by the group mean instead of the standard deviation. For
     rewards in :math:`\{0, 1\}` the group mean estimates the pass rate :math:`p(x)`, so a
     prompt weighs :math:`1/p(x)`: the policy gradient is unbiased for a truncation of the
