@@ -3,16 +3,18 @@
 On each device (``rl_testing.devices``: CPU here, CUDA under ``pytest -m cuda`` / ``nox -s
 gpu``) and dtype (``dtypes_for``: float32 on CPU; float32, bfloat16, float16 on CUDA), a LoRA
 policy's logits and adapter gradients through the lean forwards (LoRA, RMSNorm, SwiGLU, rotary)
-equal peft's and transformers' own forward to the dtype's rounding, and the reference role
-gives the base model's logits.
+equal peft's and transformers' own forward to the dtype's rounding, the reference role gives
+the base model's logits, and a checkpoint restores the device's random generator.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import adapters_testlib as tl
 import pytest
 import torch
-from rl_adapters import PolicyModel
+from rl_adapters import PolicyModel, load_checkpoint, save_checkpoint
 from rl_testing.devices import DEVICES, dtypes_for
 from rl_testing.tolerance import assert_close
 
@@ -67,3 +69,16 @@ def test_reference_role_is_the_base_model_on_device(device: str, dtype: torch.dt
     # bit-exact: any difference at all shows the actor's delta reached the logits
     assert not torch.equal(actor, reference), "the actor's delta must change the logits"
     assert_close(reference, base, reduction=REDUCTION, stages=STAGES, msg="reference logits")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_checkpoint_restores_the_devices_random_state(device: str, tmp_path: Path) -> None:
+    policy, _ = _policy(device, torch.float32)
+    gen_device = torch.device(device)
+    save_checkpoint(policy, tmp_path / "ckpt")
+    after_save = torch.rand(5, device=gen_device)  # the device's default generator
+    torch.manual_seed(123)  # reseeds CPU and CUDA generators alike
+    load_checkpoint(policy, tmp_path / "ckpt")
+    after_load = torch.rand(5, device=gen_device)
+    # bit-exact: the restored generator's next draw on the same device is the saved one's
+    assert torch.equal(after_load, after_save)
