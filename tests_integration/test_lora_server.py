@@ -296,3 +296,50 @@ def test_a_server_with_another_base_refuses_the_adapter_naming_both(
     message = str(info.value)
     assert f"rollout server at {served.url} refused adapter 'actor' version 0" in message
     assert "model.layers.1." in message
+
+
+def test_a_clone_samples_on_the_server_with_its_own_adapter(
+    tmp_path: Path, model_dir: Path
+) -> None:
+    """Evolution clones agents: a clone keeps the server and sends its own adapter under its
+    own name before it samples, so neither agent samples with the other's adapter."""
+    import torch
+    from rl_algos.server_sync import ServerEngine
+    from rl_rollout import HFEngine, RolloutServer
+    from rl_train.builder import build
+    from rl_train.experience import collect, learn_from
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    server_model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with RolloutServer(HFEngine(server_model, AutoTokenizer.from_pretrained(model_dir))) as served:
+        config = _lora_config(DemoConfig(**SMALL), model_dir, tmp_path / "r")
+        config.engine_url = served.url
+        built = build(config, distributed=False)
+        agent, env = built.agent, built.env
+        twin = agent.clone(index=1)
+        assert isinstance(twin.engine, ServerEngine) and twin.engine.remote is agent.engine.remote
+        prompts = env.reset()
+        for _ in range(2):  # the agent learns, the clone does not: their adapters differ
+            experience, prompts = collect(agent, env, prompts)
+            learn_from(agent, experience)
+        on_server, rngs = {}, {}
+        for who in (twin, agent, twin):
+            rngs[id(who)] = (who._rng.getstate(), who._torch_rng.get_state())
+            on_server[who.engine.adapter_name] = who.get_action(prompts).rollout
+            assert (served.engine.adapter, served.engine.weight_version) == (
+                who.engine.adapter_name,
+                who.engine.version,
+            )
+        assert set(on_server) == {"actor", "actor-1"}
+        for who in (agent, twin):  # the same rows as generating with its own weights here
+            who.engine = who.make_engine(who.policy)
+            who.config.merge_lora_for_generation = True  # as the server: W + s B A
+            who._rng.setstate(rngs[id(who)][0])  # the seeds of its last sample on the server
+            who._torch_rng.set_state(rngs[id(who)][1])
+            local = who.get_action(prompts).rollout
+            mine = on_server["actor" if who is agent else "actor-1"]
+            assert torch.equal(local.input_ids, mine.input_ids)
+            assert torch.equal(local.sampling_logprobs, mine.sampling_logprobs)
+        assert not torch.equal(
+            on_server["actor"].sampling_logprobs, on_server["actor-1"].sampling_logprobs
+        )

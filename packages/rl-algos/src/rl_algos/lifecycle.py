@@ -25,6 +25,7 @@ from rl_algos.distributed import (
     is_main_process,
     world_size,
 )
+from rl_algos.server_sync import ServerEngine
 
 __all__ = [
     "agent_state",
@@ -183,7 +184,10 @@ def clone_agent(agent: Any, index: int | None) -> Any:
     memo = shared_base_memo(agent)
     twin.policy = copy.deepcopy(agent.policy, memo)
     twin.extra_modules = {k: copy.deepcopy(m, memo) for k, m in agent.extra_modules.items()}
-    twin.engine = agent.make_engine(twin.policy)
+    if isinstance(agent.engine, ServerEngine):  # on a rollout server: its own adapter there
+        twin.engine = agent.engine.twin(twin.policy)
+    else:
+        twin.engine = agent.make_engine(twin.policy)
     twin._rng = random.Random()
     twin._rng.setstate(agent._rng.getstate())
     twin._torch_rng = torch.Generator().manual_seed(0)

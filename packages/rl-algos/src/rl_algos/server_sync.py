@@ -9,6 +9,10 @@ fine-tuned one moves every weight (``Engine.update_weights``). Each LoRA push ca
 and every result the server returns carries the version it was sampled with: a result of any
 other version stops the run instead of training on it. Under DDP the first process pushes and
 every process waits for it before generating.
+
+A clone of the agent (evolutionary HPO, ``agent.clone()``) samples on the same server through
+:meth:`ServerEngine.twin`: the server serves one adapter at a time, so each engine sends its
+own adapter, under its own name, whenever the server last loaded another engine's.
 """
 
 from __future__ import annotations
@@ -53,6 +57,16 @@ def actor_adapter(policy: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]
     return tensors, policy.peft.peft_config[ADAPTER_NAME].to_dict()
 
 
+class _Served:
+    """What the server holds, shared by the engines of one agent and its clones."""
+
+    def __init__(self) -> None:
+        self.by: ServerEngine | None = None
+        """The engine whose actor the server loaded last (None: none yet)."""
+        self.engines = 1
+        """Engines made on this server so far (names the next twin's adapter)."""
+
+
 class ServerEngine:
     """An agent's engine on a rollout server, synced with :meth:`push` (see the module doc).
 
@@ -60,12 +74,23 @@ class ServerEngine:
         remote: The server's client (:class:`rl_rollout.RemoteEngine`).
         policy: The agent's :class:`rl_adapters.PolicyModel` (its actor is what is sent).
         accelerator: Under DDP, the run's accelerator: the main process pushes, all wait.
+        adapter_name: The name the actor adapter is served under.
+        served: What the server holds, shared with the engines of clones (:meth:`twin`).
     """
 
-    def __init__(self, remote: Any, policy: Any, accelerator: Any = None) -> None:
+    def __init__(
+        self,
+        remote: Any,
+        policy: Any,
+        accelerator: Any = None,
+        adapter_name: str = ADAPTER_NAME,
+        served: _Served | None = None,
+    ) -> None:
         self.remote = remote
         self.policy = policy
         self.accelerator = accelerator
+        self.adapter_name = adapter_name
+        self.served = served if served is not None else _Served()
         self.lora = policy.peft is not None
         self.version = -1
         """The version last pushed (-1: none yet; the first ``generate`` pushes version 0)."""
@@ -85,7 +110,7 @@ class ServerEngine:
         start = time.perf_counter()
         if main and self.lora:
             tensors, config = actor_adapter(self.policy)
-            self.remote.load_adapter(ADAPTER_NAME, tensors, config, version)
+            self.remote.load_adapter(self.adapter_name, tensors, config, version)
             self.sync_bytes = int(self.remote.last_sync["bytes"])
         elif main:
             named = list(self.policy.causal_lm.named_parameters())
@@ -95,7 +120,21 @@ class ServerEngine:
             self.accelerator.wait_for_everyone()  # nobody samples before the push landed
         self.sync_seconds = time.perf_counter() - start
         self.version = version
+        self.served.by = self
         return self.sync_bytes if main else 0
+
+    def twin(self, policy: Any) -> ServerEngine:
+        """The engine of a clone whose actor is ``policy``: the same server and client.
+
+        Its adapter has a name of its own (``actor-1``, ``actor-2``, ...) and is sent before
+        the clone's first sample, and again whenever another engine's was loaded since; the
+        version goes on from this engine's.
+        """
+        name = f"{ADAPTER_NAME}-{self.served.engines}"
+        self.served.engines += 1
+        other = ServerEngine(self.remote, policy, self.accelerator, name, self.served)
+        other.version = max(self.version, 0)
+        return other
 
     def apply_update(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
         """Load trainer tensors (names in ``policy.causal_lm``) locally, then :meth:`push` them."""
@@ -111,11 +150,13 @@ class ServerEngine:
         """Sample on the server; a result of another adapter version raises ``RuntimeError``."""
         if self.version < 0:
             self.push(0)  # the weights as they are now (a resumed run's, too)
+        elif self.served.by is not self:  # a clone's actor is on the server: send this one
+            self.push(self.version)
         result = self.remote.generate(prompts, params)
         if self.lora and result.weight_version != self.version:
             raise RuntimeError(
                 f"the rollout server at {self.base_url} sampled with adapter "
-                f"{ADAPTER_NAME!r} version {result.weight_version}, but this trainer pushed "
+                f"{self.adapter_name!r} version {result.weight_version}, but this trainer pushed "
                 f"version {self.version}: another run or client loads adapters into the same "
                 "server; give each run its own server"
             )

@@ -2,7 +2,8 @@
 
 The tokenizer is a character-level vocabulary built here, the model a random-weight Qwen2 of
 about 80k parameters. ``model.name: tiny`` configs, ``rl-train demo`` and the tests use them;
-:data:`TINY_AGENT` holds the agent settings that make this model learn.
+:data:`TINY_AGENT` holds the agent settings that make this model learn (full fine-tuning), and
+:data:`TINY_LORA_NORM_WEIGHT` with :data:`TINY_LORA_AGENT` those of a LoRA adapter on it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-__all__ = ["ALPHABET", "TINY_AGENT", "demo_reward", "tiny_model", "tiny_tokenizer"]
+__all__ = [
+    "ALPHABET",
+    "TINY_AGENT",
+    "TINY_LORA_AGENT",
+    "TINY_LORA_NORM_WEIGHT",
+    "demo_reward",
+    "tiny_model",
+    "tiny_tokenizer",
+]
 
 #: The characters of :func:`tiny_tokenizer` (after the four special tokens).
 ALPHABET = string.digits + string.ascii_lowercase + " +-*/=?.,:()!'\n"
@@ -30,6 +39,21 @@ TINY_AGENT: dict[str, Any] = {
     "max_output_tokens": 2,
     "max_model_len": 64,
 }
+
+#: The final norm's weight of the LoRA demo's base (``tiny_model(..., norm_weight=)``).
+#:
+#: The random model's logits are ``E (w * h / rms(h))``: tied embedding rows ``E_v`` of norm
+#: about ``0.02 sqrt(H)``, a normed hidden state of norm ``sqrt(H)`` times ``w``, so no logit
+#: exceeds about ``0.02 H w`` (1.3 at ``H = 64``, ``w = 1``): whatever the hidden state, no
+#: token gets more than about 7% probability. Full fine-tuning moves ``E`` and ``w``; a LoRA
+#: adapter on the linear layers cannot, so its policy stays near uniform and GRPO sees almost no
+#: reward. With ``w = 5`` the head can be confident, as a trained model's is, and the adapter
+#: learns the demo task.
+TINY_LORA_NORM_WEIGHT = 5.0
+
+#: Agent settings of a LoRA adapter on the tiny model (rank 16, alpha 32, all linear layers:
+#: ``ModelConfig``'s defaults) over the base ``tiny_model(..., norm_weight=TINY_LORA_NORM_WEIGHT)``.
+TINY_LORA_AGENT: dict[str, Any] = {**TINY_AGENT, "lr": 2e-3}
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
@@ -54,12 +78,15 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def tiny_model(vocab_size: int, seed: int = 0) -> Qwen2ForCausalLM:
+def tiny_model(vocab_size: int, seed: int = 0, norm_weight: float = 1.0) -> Qwen2ForCausalLM:
     """A random-weight Qwen2 (hidden 64, 2 layers, ~80k parameters), seeded, float32.
 
     Args:
         vocab_size: Rows of the embedding (``len(tiny_tokenizer())``).
         seed: Seed of the initialisation (the global RNG is left untouched).
+        norm_weight: Every entry of the final RMSNorm's weight (1: the initialisation's;
+            :data:`TINY_LORA_NORM_WEIGHT` for LoRA training, which cannot move it). The other
+            weights do not depend on it.
 
     Returns:
         The model in eval mode, with pad 0 / bos 1 / eos 2.
@@ -80,6 +107,9 @@ def tiny_model(vocab_size: int, seed: int = 0) -> Qwen2ForCausalLM:
     with torch.random.fork_rng(devices=[]):  # restores the CPU generator: seed only that one
         torch.default_generator.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
+    if norm_weight != 1.0:
+        with torch.no_grad():
+            model.model.norm.weight.fill_(norm_weight)
     model.generation_config.eos_token_id = 2
     model.generation_config.pad_token_id = 0
     model.eval()
