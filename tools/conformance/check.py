@@ -30,7 +30,7 @@ EXEMPT = {
     },
     "rl_kernels": {
         "DEFAULT_MEMORY_BUDGET", "FUSED_OBJECTIVES", "FusedPolicyLossOutput",
-        "LigerPolicyLossOutput", "auto_chunk_rows", "fused_logprobs",
+        "LigerPolicyLossOutput", "auto_chunk_rows", "fused_logprobs", "sum_pi_squared",
     },
 }  # fmt: skip
 
