@@ -41,11 +41,12 @@ def _lora_config(demo: DemoConfig, model_dir: Path, run_dir: Path) -> RunConfig:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rl_train.tiny import tiny_model, tiny_tokenizer
+    """The LoRA demo's base: the tiny model with the final norm's weight LoRA needs."""
+    from rl_train.tiny import TINY_LORA_NORM_WEIGHT, tiny_model, tiny_tokenizer
 
     path = tmp_path_factory.mktemp("trainer-model")
     tok = tiny_tokenizer()
-    tiny_model(len(tok), seed=0).save_pretrained(path)
+    tiny_model(len(tok), seed=0, norm_weight=TINY_LORA_NORM_WEIGHT).save_pretrained(path)
     tok.save_pretrained(path)
     return path
 
@@ -163,23 +164,31 @@ def test_a_server_down_stops_the_sync_run_naming_it(tmp_path: Path, model_dir: P
         train(config, verbose=False)
 
 
-@pytest.mark.slow  # a LoRA run of 20 steps with a worker and the server: `nox -s slow`
-def test_lora_on_the_server_at_staleness_1_samples_ahead_with_checked_versions(
+@pytest.mark.slow  # 300 LoRA GRPO steps with a worker and the server: `nox -s slow`
+def test_lora_on_the_server_at_staleness_1_learns_the_demo(
     tmp_path: Path, model_dir: Path, server: str
 ) -> None:
-    """At ``max_staleness: 1`` the worker samples a batch ahead with the previous adapter; each
-    push carries the policy version, and every sample the server returns is checked against it
-    (a mismatch would stop the run). The LoRA runs of the tiny model do not learn the demo
-    task in 300 steps locally either (rl-train CHANGELOG), so this checks the mechanics only."""
-    config = _lora_config(DemoConfig(steps=20, evaluation_interval=10, **SMALL), model_dir,
-                          tmp_path / "r")  # fmt: skip
-    config.agent["clip_against_sampler"] = True
+    """Issue 45's learning acceptance: the LoRA demo setting (``rl_train.tiny.TINY_LORA_AGENT``
+    on the base with ``TINY_LORA_NORM_WEIGHT``; rank 16, alpha 32, all linear layers) at
+    ``max_staleness: 1`` on the server reaches greedy accuracy 0.9, as the local asynchronous
+    run does. The worker samples a batch ahead with the previous adapter; each push carries the
+    policy version, checked against every sample the server returns.
+
+    Measured (seeds 0-2, docs/tutorials/async.md): 0.9 first at steps 250, 175 and 275, on the
+    server and locally alike (the same learn metrics and evaluations, row by row).
+    """
+    from rl_train.tiny import TINY_LORA_AGENT
+
+    run_dir = tmp_path / "r"
+    config = DemoConfig(steps=300).run_config(run_dir)
+    config.model.name = str(model_dir)  # rank 16, alpha 32, all-linear: ModelConfig's defaults
+    config.agent = {**TINY_LORA_AGENT, **config.agent, "clip_against_sampler": True}
     config.async_ = AsyncConfig(max_staleness=1, engine_url=server, timeout_s=300)
     train(config, verbose=False)
-    rows = metric_rows(tmp_path / "r")
-    assert [r["step"] for r in rows] == list(range(1, 21))
-    assert {r["async_staleness_max"] for r in rows} <= {0.0, 1.0}
-    assert any(r["async_staleness_max"] == 1 for r in rows)  # stale batches were used
+    rows = metric_rows(run_dir)
+    curve = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
+    assert max(r["async_staleness_max"] for r in rows) == 1  # stale batches were used
+    assert any(accuracy >= 0.9 for _, accuracy in curve), curve
 
 
 @pytest.mark.parametrize(
@@ -338,8 +347,10 @@ def test_a_clone_samples_on_the_server_with_its_own_adapter(
             who._torch_rng.set_state(rngs[id(who)][1])
             local = who.get_action(prompts).rollout
             mine = on_server["actor" if who is agent else "actor-1"]
+            # bit-exact: the server merges W + s B A in peft's order, the same seeds sample
             assert torch.equal(local.input_ids, mine.input_ids)
-            assert torch.equal(local.sampling_logprobs, mine.sampling_logprobs)
+            assert torch.equal(local.sampling_logprobs, mine.sampling_logprobs)  # bit-exact
+        # bit-exact: any difference at all shows the two adapters were not the same
         assert not torch.equal(
             on_server["actor"].sampling_logprobs, on_server["actor-1"].sampling_logprobs
         )
