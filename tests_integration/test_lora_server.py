@@ -164,7 +164,11 @@ def test_a_server_down_stops_the_sync_run_naming_it(tmp_path: Path, model_dir: P
         train(config, verbose=False)
 
 
-@pytest.mark.slow  # 300 LoRA GRPO steps with a worker and the server: `nox -s slow`
+#: 1.5x the median measured steps to greedy accuracy 0.9 (250; the docstring below).
+LORA_BUDGET = 375
+
+
+@pytest.mark.slow  # up to 3 x 375 LoRA GRPO steps with a worker and the server: `nox -s slow`
 def test_lora_on_the_server_at_staleness_1_learns_the_demo(
     tmp_path: Path, model_dir: Path, server: str
 ) -> None:
@@ -174,21 +178,28 @@ def test_lora_on_the_server_at_staleness_1_learns_the_demo(
     run does. The worker samples a batch ahead with the previous adapter; each push carries the
     policy version, checked against every sample the server returns.
 
-    Measured (seeds 0-2, docs/tutorials/async.md): 0.9 first at steps 250, 175 and 275, on the
-    server and locally alike (the same learn metrics and evaluations, row by row).
+    The learning table's rule (tests_integration/learning_table.py): one of seeds 0, 1, 2, tried
+    in turn, reaches 0.9 within 1.5x the median of the measured steps. Measured on an AVX2 CPU
+    (docs/tutorials/async.md): 250, 175 and 275 steps, on the server and locally alike (the
+    same learn metrics and evaluations, row by row); median 250, budget 375. Another CPU's
+    kernels (``ATEN_CPU_CAPABILITY=default``) change the trajectories, not what is learned.
     """
     from rl_train.tiny import TINY_LORA_AGENT
 
-    run_dir = tmp_path / "r"
-    config = DemoConfig(steps=300).run_config(run_dir)
-    config.model.name = str(model_dir)  # rank 16, alpha 32, all-linear: ModelConfig's defaults
-    config.agent = {**TINY_LORA_AGENT, **config.agent, "clip_against_sampler": True}
-    config.async_ = AsyncConfig(max_staleness=1, engine_url=server, timeout_s=300)
-    train(config, verbose=False)
-    rows = metric_rows(run_dir)
-    curve = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
-    assert max(r["async_staleness_max"] for r in rows) == 1  # stale batches were used
-    assert any(accuracy >= 0.9 for _, accuracy in curve), curve
+    curves = {}
+    for seed in (0, 1, 2):
+        run_dir = tmp_path / f"seed{seed}"
+        config = DemoConfig(steps=LORA_BUDGET, seed=seed).run_config(run_dir)
+        config.model.name = str(model_dir)  # rank 16, alpha 32, all-linear: ModelConfig's defaults
+        config.agent = {**TINY_LORA_AGENT, **config.agent, "clip_against_sampler": True}
+        config.async_ = AsyncConfig(max_staleness=1, engine_url=server, timeout_s=300)
+        train(config, verbose=False)
+        rows = metric_rows(run_dir)
+        assert max(r["async_staleness_max"] for r in rows) == 1  # stale batches were used
+        curves[seed] = [(r["step"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
+        if any(accuracy >= 0.9 for _, accuracy in curves[seed]):
+            return
+    pytest.fail(f"no seed reached greedy accuracy 0.9 within {LORA_BUDGET} steps: {curves}")
 
 
 @pytest.mark.parametrize(
