@@ -8,7 +8,9 @@ states and weight, as a bf16 model's last layer gives them), forward + backward 
 policy loss (``clip_low`` 0.2, ``clip_high`` 0.28, token mean) on the log-probs of ``M`` targets:
 
 * ``naive``: full ``[M, V]`` bf16 logits, float32 ``log_softmax``, gather, ``rl_losses``;
-* ``fused``: ``rl_kernels.fused_policy_loss`` (float32 inside, chunked, no full logits);
+* ``fused``: ``rl_kernels.fused_policy_loss`` (float32 softmax and loss, chunked, no full
+  logits; on CUDA the GEMMs take the bf16 operands with float32 results), and ``fused-16MiB``
+  the same with ``memory_budget`` 16 MiB (smaller tiles);
 * ``liger``: Liger's ``LigerFusedLinearGRPOLoss`` (``loss_type="dapo"``, ``beta=0``), eager,
   when ``liger_kernel`` imports.
 
@@ -20,8 +22,9 @@ measured on CPU).
 Part 2, one GRPO step of a random Qwen2 of Qwen2.5-0.5B's shape (24 layers, ``H`` 896,
 intermediate 4864, 14 heads, 2 KV heads, ``V`` 151936; bf16) with LoRA r16 on the seven
 projections: ``learn()`` on 16 ragged rows of up to 512 tokens, padded and packed, and
-``get_action`` (4 prompts x 4 samples, 128 new tokens). Reported: seconds, real tokens per
-second, and MFU against the bf16 matmul peak measured in the same run (``torch.mm`` of 8192^3,
+``get_action`` (4 prompts x 4 samples, 128 new tokens); ``learn()`` packed again with gradient
+checkpointing (its MFU counts the useful FLOPs only, not the recomputation). Reported: seconds,
+real tokens per second, and MFU against the bf16 matmul peak measured in the same run (``torch.mm`` of 8192^3,
 best of 5), with the FLOPs of ``learn()`` counted as ``6 P t + 6 H V c``: a reference forward,
 a policy forward and its input-gradient backward (2 each) over the ``P`` decoder weights for
 ``t`` real tokens, and the same three passes of the head for the ``c`` completion tokens; the
@@ -53,6 +56,8 @@ SMOKE_MODEL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers":
                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000}  # fmt: skip
 SEQ = 512
 CLIP = {"clip_low": 0.2, "clip_high": 0.28}
+#: ``memory_budget`` of the ``fused-16MiB`` variant: smaller tiles, for the memory it saves.
+LOW_BUDGET = 16 * 2**20
 
 
 def sync(device: torch.device) -> None:
@@ -117,11 +122,15 @@ def _head_variants(
         logp = torch.log_softmax(logits.float(), -1).gather(-1, targets[..., None])[..., 0]
         rl.clipped_surrogate(logp, old, adv, mask, aggregation="token_mean", **CLIP).loss.backward()
 
-    def fused() -> None:
+    def fused(budget: int = rk.DEFAULT_MEMORY_BUDGET) -> None:
         rk.fused_policy_loss(hl, wl, targets, mask, adv, old, aggregation="token_mean",
-                             **CLIP).loss.backward()  # fmt: skip
+                             memory_budget=budget, **CLIP).loss.backward()  # fmt: skip
 
-    variants: dict[str, Callable[[], None]] = {"naive": naive, "fused": fused}
+    variants: dict[str, Callable[[], None]] = {
+        "naive": naive,
+        "fused": fused,
+        "fused-16MiB": lambda: fused(LOW_BUDGET),
+    }
     if liger is not None:
 
         def liger_step() -> None:
@@ -185,26 +194,37 @@ def step_part(device: torch.device, dtype: torch.dtype, shape: dict[str, int], s
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     cfg = Qwen2Config(**shape, max_position_embeddings=4096, tie_word_embeddings=True)
-    torch.manual_seed(0)
-    state = Qwen2ForCausalLM(cfg).to(dtype).state_dict()
+
+    def build() -> Qwen2ForCausalLM:
+        """The same random weights each call, initialised on the device (fast at 0.5B)."""
+        torch.manual_seed(0)
+        with torch.device(device):
+            return Qwen2ForCausalLM(cfg).to(dtype)
+
     rows_n, length, new_tokens = (16, 64, 8) if smoke else (16, SEQ, 128)
     ids, masks, rewards = _batch(rows_n, length, cfg.vocab_size)
     real_tokens = int((ids != 0).sum())
     completion_tokens = int(masks.sum())
-    decoder = sum(p.numel() for n, p in Qwen2ForCausalLM(cfg).named_parameters()
-                  if ".layers." in n and p.dim() == 2)  # fmt: skip
+    with torch.device("meta"):
+        decoder = sum(p.numel() for n, p in Qwen2ForCausalLM(cfg).named_parameters()
+                      if ".layers." in n and p.dim() == 2)  # fmt: skip
     head = cfg.hidden_size * cfg.vocab_size
     flops = 6 * decoder * real_tokens + 6 * head * completion_tokens
     out: list[dict[str, Any]] = []
-    for label, packing in (("padded", False), ("packed", True)):
-        model = Qwen2ForCausalLM(cfg).to(dtype)
-        model.load_state_dict(state)
+    variants = (
+        ("padded", False, False),
+        ("packed", True, False),
+        ("packed+checkpointing", True, True),
+    )
+    for label, packing, checkpointing in variants:
+        model = build()
         lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=[
             "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])  # fmt: skip
         agent = GRPO(actor_network=model, pad_token_id=0, pad_token="<pad>", group_size=4,
                      batch_size=rows_n, lora_config=lora, beta=0.04, update_epochs=1, seed=0,
                      device=str(device), use_sequence_packing=packing,
-                     max_output_tokens=new_tokens, min_output_tokens=new_tokens)  # fmt: skip
+                     gradient_checkpointing=checkpointing, max_output_tokens=new_tokens,
+                     min_output_tokens=new_tokens)  # fmt: skip
         batch = (ids, masks, rewards)
         learn = timed(lambda a=agent, b=batch: a.learn(tuple(x.clone() for x in b)), device, 2)
         learn_peak = peak_mib(lambda a=agent, b=batch: a.learn(tuple(x.clone() for x in b)), device)
@@ -212,7 +232,7 @@ def step_part(device: torch.device, dtype: torch.dtype, shape: dict[str, int], s
         out.append({"part": "step", "case": "learn", "variant": label, "median_s": s,
                     "tokens_per_s": real_tokens / s, "mfu": flops / s / peak,
                     "peak_MiB": learn_peak, "real_tokens": real_tokens})  # fmt: skip
-        if packing:
+        if label == "packed":
             prompts = [{"input_ids": ids[i : i + 1, : length // 4],
                         "attention_mask": torch.ones(1, length // 4, dtype=torch.long)}
                        for i in range(0, rows_n, 4)]  # fmt: skip
@@ -252,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     if "step" in parts:
         rows += step_part(device, dtype, SMOKE_MODEL if args.smoke else MODEL, args.smoke, peak)
+    from rl_kernels import _core
+
+    machine["addmm_into_fp32"] = _core._ADDMM_INTO_FP32[0]  # the weight gradient's product
     for r in rows:
         print(json.dumps(r), flush=True)
     if args.out:

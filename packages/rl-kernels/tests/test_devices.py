@@ -120,3 +120,76 @@ def test_sum_pi_squared_matches_float64(device: str, dtype: torch.dtype) -> None
     ref = torch.softmax(z, -1).square().sum(-1)
     lib.assert_close(spi.cpu(), ref, f"sum_pi_squared {device} {dtype}", dtype=torch.float32,
                      **lib.token_tol(x["hidden"].to(F64), x["weight"].to(F64)))  # fmt: skip
+
+
+def _half_cases() -> list[object]:
+    out = []
+    for dev in DEVICES:
+        for dtype in (torch.bfloat16, torch.float16):
+            out.append(pytest.param(dev.values[0], dtype, marks=dev.marks, id=f"{dev.id}-{dtype}"))
+    return out
+
+
+@pytest.mark.parametrize(("device", "dtype"), _half_cases())
+@pytest.mark.parametrize("path", ["keep", "recompute", "entropy"])
+def test_half_gemms_match_float64(device: str, dtype: torch.dtype, path: str) -> None:
+    """GEMMs on the half-precision operands with fp32 results (the CUDA default; on CPU the same
+    products from upcast operands), with a bias and a temperature, against float64."""
+    g = lib.gen("half-gemms")
+    hidden, weight, bias = lib.make_lm_head(g, (N * T,), H, V, bias=True, dtype=F64)
+    targets = lib.make_targets(g, (N * T,), V)
+    x = [t.detach().to(dtype) for t in (hidden, weight, bias)]  # the rounded values both use
+    leaves = [t.to(device).requires_grad_(True) for t in x]
+    budget = {"keep": rk.DEFAULT_MEMORY_BUDGET, "recompute": 1, "entropy": 1}[path]
+    out = rk.fused_logprobs(leaves[0], leaves[1], targets.to(device), leaves[2], temperature=0.7,
+                            chunk_rows=8, with_entropy=path == "entropy", memory_budget=budget,
+                            half_gemms=True)  # fmt: skip
+    logp, ent = (out, None) if isinstance(out, torch.Tensor) else out
+    loss = logp.sum() + (ent.sum() * 0.3 if ent is not None else 0.0)
+    got = lib.grads(loss, leaves)
+
+    ref_leaves = [t.to(F64).requires_grad_(True) for t in x]
+    z = (ref_leaves[0] @ ref_leaves[1].T + ref_leaves[2]) / 0.7
+    lsm = torch.log_softmax(z, -1)
+    ref_logp = lsm.gather(-1, targets[:, None])[:, 0]
+    ref_loss = ref_logp.sum()
+    if ent is not None:
+        ref_ent = -(lsm.exp() * lsm).sum(-1)
+        ref_loss = ref_loss + ref_ent.sum() * 0.3
+        lib.assert_close(ent.cpu(), ref_ent, f"entropy {device} {dtype}", dtype=torch.float32,
+                         **lib.token_tol(*ref_leaves, 0.7))  # fmt: skip
+    expected = lib.grads(ref_loss, ref_leaves)
+    tol = lib.lm_tol(ref_leaves[0], ref_leaves[1])
+    lib.assert_close(logp.cpu(), ref_logp, f"logprobs {device} {dtype}", dtype=torch.float32,
+                     **lib.token_tol(*ref_leaves, 0.7))  # fmt: skip
+    for a, b, name in zip(got, expected, ("hidden", "weight", "bias"), strict=True):
+        assert a is not None and b is not None and a.dtype == dtype
+        lib.assert_close(a.cpu(), b, f"grad {name} {device} {dtype} {path}", **tol,
+                         dtype=lib.tolerance.lower_precision(dtype, torch.float32))  # fmt: skip
+
+
+@pytest.mark.parametrize(("device", "dtype"), _half_cases())
+def test_half_gemms_policy_loss_matches_plain(device: str, dtype: torch.dtype) -> None:
+    """fused_policy_loss with half-precision GEMMs against its fp32-copy path, a trainable head."""
+    x = _inputs(device, dtype)
+    results = []
+    for half in (True, False):
+        h, w = _leaves(x, device, dtype)
+        out = rk.fused_policy_loss(
+            h, w, x["targets"].to(device), x["mask"].to(device), x["advantages"].to(device),
+            x["old"].to(device), clip_low=0.2, clip_high=0.28, chunk_rows=5, half_gemms=half,
+        )  # fmt: skip
+        results.append((out.loss.detach(), *lib.grads(out.loss, [h, w])))
+    h64, w64 = _leaves(x, "cpu", F64)
+    tol = lib.lm_tol(h64, w64)
+    lib.assert_close(results[0][0].cpu(), results[1][0].cpu().double(), "loss",
+                     dtype=torch.float32, **tol)  # fmt: skip
+    for a, b, name in zip(results[0][1:], results[1][1:], ("hidden", "weight"), strict=True):
+        lib.assert_close(a.cpu(), b.cpu().double(), f"grad {name} {device} {dtype}", **tol,
+                         dtype=lib.tolerance.lower_precision(dtype, torch.float32))  # fmt: skip
+
+
+def test_half_gemms_refuses_float32() -> None:
+    h, w = torch.randn(4, H), torch.randn(V, H)
+    with pytest.raises(ValueError, match="half_gemms=True"):
+        rk.fused_logprobs(h, w, torch.zeros(4, dtype=torch.long), half_gemms=True)

@@ -20,14 +20,92 @@ def compute_dtype(dtype: torch.dtype, upcast: bool) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def chunk_logits(
-    h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, temperature: float
-) -> torch.Tensor:
-    """``(h @ w.T + b) / temperature`` for one chunk: [c, H] x [V, H] -> [c, V]."""
-    z = torch.addmm(b, h, w.T) if b is not None else torch.mm(h, w.T)
-    if temperature != 1.0:
-        z.div_(temperature)
-    return z
+HALF = (torch.float16, torch.bfloat16)
+
+
+def half_gemms_default(hidden: torch.Tensor, weight: torch.Tensor, upcast: bool) -> bool:
+    """The default of the kernels' ``half_gemms``: on CUDA, for fp16/bf16 inputs with ``upcast``."""
+    return upcast and hidden.is_cuda and hidden.dtype in HALF and weight.dtype == hidden.dtype
+
+
+class HeadGemms:
+    r"""The head's three products for a chunk of rows, with results in the compute dtype ``cd``.
+
+    .. math:: z = (h W^\top + b) / \tau \;[c, V], \qquad \partial h = g W \;[c, H], \qquad
+              \partial W \mathrel{+}= g^\top h \;[V, H]
+
+    where ``g`` [c, V] is the gradient w.r.t. the raw logits. Without ``half`` every operand is
+    in ``cd`` (for half-precision inputs with ``upcast`` the weight is cast to fp32 once: an
+    extra ``V x H`` buffer, and fp32 GEMMs). With ``half`` (fp16/bf16 ``h`` and ``W``,
+    ``upcast``) the operands keep their dtype and each product accumulates and returns in fp32:
+    ``torch.mm(..., out_dtype=torch.float32)`` on CUDA, elsewhere the same products with the
+    operands upcast per call (a product of two half-precision numbers is exact in fp32, so both
+    give the fp32 GEMM's logits up to summation order). The logits gradient ``g`` is rounded to
+    the input dtype for the two backward products, as an unfused half-precision model's
+    backward rounds it; the softmax and the loss stay in fp32.
+    """
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, cd: torch.dtype, half: bool
+    ) -> None:
+        if half and (weight.dtype not in HALF or cd != torch.float32):
+            raise ValueError(
+                f"`half_gemms=True` needs a float16/bfloat16 weight and `upcast=True`, got "
+                f"weight {weight.dtype} computing in {cd}"
+            )
+        self.cd, self.half = cd, half
+        self.w = weight if half else weight.to(cd)
+        self.b = bias.to(cd) if bias is not None else None
+
+    def rows(self, h: torch.Tensor) -> torch.Tensor:
+        """A chunk of hidden states in the GEMMs' operand dtype."""
+        return h.to(self.w.dtype)
+
+    def _mm(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``a @ b`` in fp32 from half-precision operands."""
+        if a.is_cuda:
+            return torch.mm(a, b, out_dtype=self.cd)
+        return torch.mm(a.to(self.cd), b.to(self.cd))
+
+    def logits(self, h: torch.Tensor, temperature: float) -> torch.Tensor:
+        """``(h @ W.T + b) / temperature``: [c, H] -> [c, V] in ``cd``."""
+        if self.half:
+            z = self._mm(h, self.w.T)
+            if self.b is not None:
+                z.add_(self.b)
+        else:
+            z = torch.addmm(self.b, h, self.w.T) if self.b is not None else torch.mm(h, self.w.T)
+        if temperature != 1.0:
+            z.div_(temperature)
+        return z
+
+    def input_grad(self, g: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``g @ W``: [c, V] -> [c, H] in ``cd`` (written to ``out`` when given)."""
+        if not self.half:
+            return torch.mm(g, self.w, out=out) if out is not None else torch.mm(g, self.w)
+        res = self._mm(g.to(self.w.dtype), self.w)
+        if out is None:
+            return res
+        return out.copy_(res)
+
+    def add_weight_grad(self, grad_w: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> None:
+        """``grad_w += g.T @ h`` ([V, H], in ``cd``), in place."""
+        if not self.half:
+            grad_w.addmm_(g.T, h)
+            return
+        g = g.to(self.w.dtype)
+        if grad_w.is_cuda and _ADDMM_INTO_FP32[0]:
+            try:  # accumulate into the fp32 buffer in place: no [V, H] temporary
+                torch.addmm(grad_w, g.T, h, out_dtype=self.cd, out=grad_w)
+                return
+            except (RuntimeError, TypeError):
+                _ADDMM_INTO_FP32[0] = False
+        grad_w.addmm_(g.T.to(self.cd), h.to(self.cd))  # fp32 GEMM, still no [V, H] temporary
+
+
+#: Whether ``torch.addmm(fp32, half, half, out_dtype=float32, out=fp32)`` works here: set to
+#: False at the first failure, after which the weight gradient's product runs in fp32.
+_ADDMM_INTO_FP32 = [True]
 
 
 def softmax_(

@@ -11,7 +11,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from rl_kernels._checks import check_finite_rows, check_projection, check_targets, shape_str
-from rl_kernels._core import chunk_logits, chunk_ops, compute_dtype
+from rl_kernels._core import HeadGemms, chunk_ops, compute_dtype, half_gemms_default
 from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, auto_chunk_rows
 
 __all__ = ["fused_logprobs", "sum_pi_squared"]
@@ -33,11 +33,11 @@ class _FusedLogProbs(torch.autograd.Function):
         keep_probs: bool,
         check_finite: bool,
         with_spi: bool,
+        half: bool,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         softmax_, _ = chunk_ops(compile_body)
         cd = compute_dtype(hidden.dtype, upcast)
-        w = weight.to(cd)
-        b = bias.to(cd) if bias is not None else None
+        gemms = HeadGemms(weight, bias, cd, half)
         m = hidden.shape[0]
         logp = hidden.new_empty(m, dtype=cd)
         lse = hidden.new_empty(m, dtype=cd)
@@ -51,8 +51,7 @@ class _FusedLogProbs(torch.autograd.Function):
         ctx.probs = [] if keep else None
         for s in range(0, m, chunk):
             e = min(s + chunk, m)
-            h = hidden[s:e].to(cd)
-            z = chunk_logits(h, w, b, temperature)
+            z = gemms.logits(gemms.rows(hidden[s:e]), temperature)
             # else the probabilities are dropped here (the backward recomputes them): no division
             lp, ls, en, probs = softmax_(z, targets[s:e], with_entropy, normalize=keep)
             logp[s:e], lse[s:e] = lp, ls
@@ -65,7 +64,7 @@ class _FusedLogProbs(torch.autograd.Function):
             del z, probs  # free this tile before the next chunk allocates its own
         ctx.save_for_backward(hidden, weight, bias, targets, lse, ent)
         ctx.temperature, ctx.chunk, ctx.with_entropy, ctx.cd = temperature, chunk, with_entropy, cd
-        ctx.compile_body = compile_body
+        ctx.compile_body, ctx.half = compile_body, half
         ctx.mark_non_differentiable(lse, spi)
         return logp, ent, spi
 
@@ -78,27 +77,28 @@ class _FusedLogProbs(torch.autograd.Function):
         _, logits_grad_ = chunk_ops(ctx.compile_body)
         cd, chunk, temperature = ctx.cd, ctx.chunk, ctx.temperature
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        w = weight.to(cd)
-        b = bias.to(cd) if bias is not None else None
+        gemms = HeadGemms(weight, bias, cd, ctx.half)
         grad_h = torch.empty_like(hidden, dtype=cd) if need_h else None
-        grad_w = torch.zeros_like(w) if need_w else None
-        grad_b = torch.zeros_like(b) if (need_b and b is not None) else None
+        grad_w = torch.zeros_like(weight, dtype=cd) if need_w else None
+        grad_b = torch.zeros_like(bias, dtype=cd) if (need_b and bias is not None) else None
         use_ent = ctx.with_entropy and g_ent is not None and g_ent.numel() > 0
         g_logp = g_logp.to(cd)
         g_raw = g_logp if temperature == 1.0 else g_logp / temperature  # w.r.t. the raw logits
         for k, s in enumerate(range(0, hidden.shape[0], chunk)):
             e = min(s + chunk, hidden.shape[0])
-            h = hidden[s:e].to(cd)
+            h = gemms.rows(hidden[s:e])
             if ctx.probs is not None:  # kept by the forward: no recomputation
                 p = ctx.probs[k]
-                _accumulate_probs(p, h, w, targets[s:e], g_raw[s:e], grad_h, grad_w, grad_b, s)
+                _accumulate_probs(p, h, gemms, targets[s:e], g_raw[s:e], grad_h, grad_w, grad_b, s)
                 continue
-            logits = chunk_logits(h, w, b, temperature)
+            logits = gemms.logits(h, temperature)
             ls = lse[s:e]
             logits.sub_(ls[:, None])  # log-probabilities
             if not use_ent:
                 p = logits.exp_()
-                _accumulate_probs(p, h, w, targets[s:e], g_raw[s:e], grad_h, grad_w, grad_b, s)
+                _accumulate_probs(
+                    p, h, gemms, targets[s:e], g_raw[s:e], grad_h, grad_w, grad_b, s, own=True
+                )
                 del p, logits  # free this tile before the next chunk allocates its own
                 continue
             p = torch.exp(logits)
@@ -111,26 +111,27 @@ class _FusedLogProbs(torch.autograd.Function):
                 g_ent[s:e].to(cd) if g_ent is not None else None,
                 temperature,
             )
-            _accumulate(grad_z, h, w, grad_h, grad_w, grad_b, s, e)
+            _accumulate(grad_z, h, gemms, grad_h, grad_w, grad_b, s, e)
             del p, grad_z, logits  # free this tile before the next chunk allocates its own
         return (
             grad_h.to(hidden.dtype) if grad_h is not None else None,
             grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(bias.dtype) if grad_b is not None else None,
-            None, None, None, None, None, None, None, None, None,
+            None, None, None, None, None, None, None, None, None, None,
         )  # fmt: skip
 
 
 def _accumulate_probs(
     p: torch.Tensor,
     h: torch.Tensor,
-    w: torch.Tensor,
+    gemms: HeadGemms,
     targets: torch.Tensor,
     g: torch.Tensor,
     grad_h: torch.Tensor | None,
     grad_w: torch.Tensor | None,
     grad_b: torch.Tensor | None,
     s: int,
+    own: bool = False,
 ) -> None:
     r"""Add one chunk's (rows ``s:``) share to the input gradients from its probabilities.
 
@@ -141,8 +142,17 @@ def _accumulate_probs(
               \partial W = \textstyle\sum_i g_i e_{y_i} h_i^\top - p^\top (g h), \quad
               \partial b = \textstyle\sum_i g_i e_{y_i} - p^\top g
 
-    without forming that ``[c, V]`` gradient: the GEMMs read ``p`` as it is.
+    without forming that ``[c, V]`` gradient: the GEMMs read ``p`` as it is. With half-precision
+    GEMMs the gradient is formed in place of ``p`` first (rounding ``p`` alone would lose
+    :math:`W_y - p W` to cancellation where :math:`p_y \approx 1`), in place of ``p`` when the
+    caller ``own``s it (else ``p``, kept by the forward, stays as it is).
     """
+    if gemms.half:
+        grad_z = p.mul_(g.neg()[:, None]) if own else p * g.neg()[:, None]
+        grad_z[torch.arange(p.shape[0], device=p.device), targets] += g
+        _accumulate(grad_z, h, gemms, grad_h, grad_w, grad_b, s, s + p.shape[0])
+        return
+    w = gemms.w
     if grad_h is not None:
         out = grad_h[s : s + p.shape[0]]
         torch.mm(p, w, out=out)
@@ -160,7 +170,7 @@ def _accumulate_probs(
 def _accumulate(
     grad_z: torch.Tensor,
     h: torch.Tensor,
-    w: torch.Tensor,
+    gemms: HeadGemms,
     grad_h: torch.Tensor | None,
     grad_w: torch.Tensor | None,
     grad_b: torch.Tensor | None,
@@ -169,9 +179,9 @@ def _accumulate(
 ) -> None:
     """Add one chunk's (rows ``s:e``) share to the input gradients, from its logits gradient."""
     if grad_h is not None:
-        torch.mm(grad_z, w, out=grad_h[s:e])
+        gemms.input_grad(grad_z, out=grad_h[s:e])
     if grad_w is not None:
-        grad_w.addmm_(grad_z.T, h)
+        gemms.add_weight_grad(grad_w, grad_z, h)
     if grad_b is not None:
         grad_b.add_(grad_z.sum(dim=0))
 
@@ -190,6 +200,7 @@ def fused_logprobs(
     compile: bool = False,
     check_finite: bool = True,
     with_sum_pi_squared: bool = False,
+    half_gemms: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     r"""Per-token log-probs (and entropies) straight from hidden states and the lm_head weight.
 
@@ -203,9 +214,11 @@ def fused_logprobs(
     :math:`\partial H / \partial z = -p (\log p + H)`). The cost is one extra GEMM (the logits
     are recomputed) against the naive path; :func:`rl_kernels.fused_policy_loss` avoids it.
 
-    Logits and reductions run in fp32 for half-precision inputs (``upcast=True``, the default;
-    this casts ``weight`` to fp32 once, an extra ``V x H`` buffer); ``upcast=False`` keeps the
-    input dtype throughout. Gradients come back in each input's dtype.
+    Logits and reductions run in fp32 for half-precision inputs (``upcast=True``, the default);
+    ``upcast=False`` keeps the input dtype throughout. Gradients come back in each input's
+    dtype. How the fp32 logits are made from half-precision inputs is ``half_gemms``'s choice
+    (:class:`rl_kernels._core.HeadGemms`): half-precision GEMMs that accumulate in fp32 (the
+    default on CUDA), or an fp32 copy of ``weight`` (an extra ``V x H`` buffer) and fp32 GEMMs.
 
     Args:
         hidden: [M, H] last hidden states (M = N*T flattened tokens).
@@ -224,6 +237,8 @@ def fused_logprobs(
             caller that has checked them already.
         with_sum_pi_squared: Also return :math:`\sum_v p_v^2` of each row (no gradient; see
             :func:`sum_pi_squared`), from the same tiles as the log-probs (no extra GEMM).
+        half_gemms: For fp16/bf16 inputs with ``upcast``: GEMMs on the half-precision operands
+            with fp32 results (True), or on fp32 copies (False). None: True on CUDA.
 
     Returns:
         ``logprobs`` [M], or ``(logprobs [M], entropies [M])`` with ``with_entropy``; with
@@ -252,9 +267,10 @@ def fused_logprobs(
         t is not None and t.requires_grad for t in (hidden, weight, bias)
     )
     keep = grads and m * weight.shape[0] * cd.itemsize <= memory_budget // 8
+    half = half_gemms_default(hidden, weight, upcast) if half_gemms is None else half_gemms
     logp, ent, spi = _FusedLogProbs.apply(
         hidden, weight, bias, targets, float(temperature), int(chunk), with_entropy, upcast,
-        compile, keep, check_finite, with_sum_pi_squared,
+        compile, keep, check_finite, with_sum_pi_squared, bool(half),
     )  # fmt: skip
     out: tuple[torch.Tensor, ...] = (logp, ent) if with_entropy else (logp,)
     if with_sum_pi_squared:

@@ -32,7 +32,7 @@ from rl_losses.registry import UNPUBLISHED
 from torch.autograd.function import once_differentiable
 
 from rl_kernels._checks import check_finite_rows, check_projection, check_targets, shape_str
-from rl_kernels._core import chunk_logits, chunk_ops, compute_dtype
+from rl_kernels._core import HeadGemms, chunk_ops, compute_dtype, half_gemms_default
 from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, auto_chunk_rows
 
 __all__ = ["FUSED_OBJECTIVES", "FusedPolicyLossOutput", "fused_policy_loss"]
@@ -122,6 +122,7 @@ class _Plan:
     temperature: float
     chunk: int
     upcast: bool
+    half_gemms: bool
     compile_body: bool
     shape: tuple[int, int]
     results: dict[str, torch.Tensor]
@@ -138,13 +139,12 @@ class _FusedPolicyLoss(torch.autograd.Function):
     ) -> torch.Tensor:
         softmax_, logits_grad_ = chunk_ops(plan.compile_body)
         cd = compute_dtype(hidden.dtype, plan.upcast)
-        w = weight.to(cd)
-        b = bias.to(cd) if bias is not None else None
+        gemms = HeadGemms(weight, bias, cd, plan.half_gemms)
         flat = hidden.reshape(-1, hidden.shape[-1])
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_flat = torch.zeros_like(flat, dtype=cd) if need_h else None
-        grad_w = torch.zeros_like(w) if need_w else None
-        grad_b = torch.zeros_like(b) if (need_b and b is not None) else None
+        grad_w = torch.zeros_like(weight, dtype=cd) if need_w else None
+        grad_b = torch.zeros_like(bias, dtype=cd) if (need_b and bias is not None) else None
         n, t = plan.shape
         logp_out = torch.zeros(n * t, dtype=cd, device=hidden.device)
         ent_out = torch.zeros(n * t, dtype=cd, device=hidden.device) if plan.need_entropy else None
@@ -154,9 +154,9 @@ class _FusedPolicyLoss(torch.autograd.Function):
         for s in range(0, total, plan.chunk):
             e = min(s + plan.chunk, total)
             rows = plan.index[s:e]
-            h = flat[rows].to(cd)
+            h = gemms.rows(flat[rows])
             check_finite_rows(h)
-            z = chunk_logits(h, w, b, plan.temperature)
+            z = gemms.logits(h, plan.temperature)
             tg = plan.targets[s:e]
             logp, _lse, ent, p = softmax_(z, tg, plan.need_entropy)
             g_logp, g_ent, part = _chunk_terms(plan, s, e, logp, ent)
@@ -172,9 +172,9 @@ class _FusedPolicyLoss(torch.autograd.Function):
                 p, z if ent is not None else None, tg, g_logp, ent, g_ent, plan.temperature
             )
             if grad_flat is not None:
-                grad_flat[rows] = grad_z @ w
+                grad_flat[rows] = gemms.input_grad(grad_z)
             if grad_w is not None:
-                grad_w.addmm_(grad_z.T, h)
+                gemms.add_weight_grad(grad_w, grad_z, h)
             if grad_b is not None:
                 grad_b.add_(grad_z.sum(dim=0))
             del z, p, grad_z  # free this tile before the next chunk allocates its own
@@ -263,8 +263,9 @@ def _chunk_terms(
         "entropy_value": ent.detach().sum() if ent is not None else lp.new_zeros(()),
         "policy_count": count,
     }
-    if bool(pmask.any()):
-        part["ratio_max"] = out.ratio_max
+    # the objective's ratio_max is 0 where the chunk has no policy token; ratios are positive,
+    # so taking it always leaves the batch maximum as it is (and needs no host sync)
+    part["ratio_max"] = out.ratio_max
     return g_logp.detach(), g_ent, part
 
 
@@ -331,6 +332,7 @@ def fused_policy_loss(
     return_entropy: bool = False,
     upcast: bool = True,
     compile: bool = False,
+    half_gemms: bool | None = None,
     **objective_kwargs: Any,
 ) -> FusedPolicyLossOutput:
     r"""The whole token-level policy loss from hidden states, without materialising logits.
@@ -399,6 +401,9 @@ def fused_policy_loss(
         upcast: Compute logits and reductions in fp32 for half-precision inputs.
         compile: ``torch.compile`` the per-chunk softmax and gradient (opt-in, meant for
             CUDA; see ``fused_logprobs``).
+        half_gemms: For fp16/bf16 inputs with ``upcast``: GEMMs on the half-precision operands
+            with fp32 results (True), or on fp32 copies (False); see ``fused_logprobs``.
+            None: True on CUDA.
         **objective_kwargs: Passed to the objective (``clip_low``, ``clip_high``,
             ``dual_clip``, ``delta``, ``ratio_bounds``, ``clamp``, ``eps_low``, ``eps_high``,
             ``form``, ``tau_pos``, ``tau_neg``).
@@ -497,6 +502,9 @@ def fused_policy_loss(
         temperature=float(temperature),
         chunk=int(chunk),
         upcast=upcast,
+        half_gemms=bool(
+            half_gemms_default(hidden, weight, upcast) if half_gemms is None else half_gemms
+        ),
         compile_body=compile,
         shape=(n, t),
         results={},
