@@ -72,3 +72,10 @@ def test_a_failing_block_fails_the_page(tmp_path: Path) -> None:
     page.write_text("<!-- docs: gpu-only: x -->\n```python\nraise ValueError('boom')\n```\n")
     with pytest.raises(ValueError, match="boom"):
         gpu_examples.run_page(page)
+
+
+def test_rewrite_cuts_steps_and_moves_the_device() -> None:
+    code = 'run(max_steps=300, evaluation_interval=25)\nA(device="cuda")\nB(device_map="cuda")\n'
+    out = gpu_examples.rewrite(code, 2, "cpu")
+    assert out == 'run(max_steps=2, evaluation_interval=2)\nA(device="cpu")\nB(device_map="cpu")\n'
+    assert gpu_examples.rewrite(code, None, None) == code
