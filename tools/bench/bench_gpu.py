@@ -10,7 +10,8 @@ policy loss (``clip_low`` 0.2, ``clip_high`` 0.28, token mean) on the log-probs 
 * ``naive``: full ``[M, V]`` bf16 logits, float32 ``log_softmax``, gather, ``rl_losses``;
 * ``fused``: ``rl_kernels.fused_policy_loss`` (float32 softmax and loss, chunked, no full
   logits; on CUDA the GEMMs take the bf16 operands with float32 results), and ``fused-16MiB``
-  the same with ``memory_budget`` 16 MiB (smaller tiles);
+  the same with ``memory_budget`` 16 MiB (smaller tiles), and ``fused-tiles`` with the logits
+  split over the vocabulary too (``vocab_chunk`` 2,048, 8 MiB tiles);
 * ``liger``: Liger's ``LigerFusedLinearGRPOLoss`` (``loss_type="dapo"``, ``beta=0``), eager,
   when ``liger_kernel`` imports.
 
@@ -58,6 +59,8 @@ SEQ = 512
 CLIP = {"clip_low": 0.2, "clip_high": 0.28}
 #: ``memory_budget`` of the ``fused-16MiB`` variant: smaller tiles, for the memory it saves.
 LOW_BUDGET = 16 * 2**20
+#: ``fused-tiles``: tiles of 2,048 vocabulary columns (``vocab_chunk``) within 8 MiB each.
+TILE_COLUMNS, TILE_BUDGET = 2048, 8 * 2**20
 
 
 def sync(device: torch.device) -> None:
@@ -122,14 +125,16 @@ def _head_variants(
         logp = torch.log_softmax(logits.float(), -1).gather(-1, targets[..., None])[..., 0]
         rl.clipped_surrogate(logp, old, adv, mask, aggregation="token_mean", **CLIP).loss.backward()
 
-    def fused(budget: int = rk.DEFAULT_MEMORY_BUDGET) -> None:
+    def fused(budget: int = rk.DEFAULT_MEMORY_BUDGET, columns: int | None = None) -> None:
         rk.fused_policy_loss(hl, wl, targets, mask, adv, old, aggregation="token_mean",
-                             memory_budget=budget, **CLIP).loss.backward()  # fmt: skip
+                             memory_budget=budget, vocab_chunk=columns,
+                             **CLIP).loss.backward()  # fmt: skip
 
     variants: dict[str, Callable[[], None]] = {
         "naive": naive,
         "fused": fused,
         "fused-16MiB": lambda: fused(LOW_BUDGET),
+        "fused-tiles": lambda: fused(TILE_BUDGET, TILE_COLUMNS),
     }
     if liger is not None:
 

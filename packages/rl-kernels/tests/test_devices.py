@@ -131,7 +131,7 @@ def _half_cases() -> list[object]:
 
 
 @pytest.mark.parametrize(("device", "dtype"), _half_cases())
-@pytest.mark.parametrize("path", ["keep", "recompute", "entropy"])
+@pytest.mark.parametrize("path", ["keep", "recompute", "entropy", "tiles"])
 def test_half_gemms_match_float64(device: str, dtype: torch.dtype, path: str) -> None:
     """GEMMs on the half-precision operands with fp32 results (the CUDA default; on CPU the same
     products from upcast operands), with a bias and a temperature, against float64."""
@@ -140,10 +140,11 @@ def test_half_gemms_match_float64(device: str, dtype: torch.dtype, path: str) ->
     targets = lib.make_targets(g, (N * T,), V)
     x = [t.detach().to(dtype) for t in (hidden, weight, bias)]  # the rounded values both use
     leaves = [t.to(device).requires_grad_(True) for t in x]
-    budget = {"keep": rk.DEFAULT_MEMORY_BUDGET, "recompute": 1, "entropy": 1}[path]
+    budget = rk.DEFAULT_MEMORY_BUDGET if path == "keep" else 1
     out = rk.fused_logprobs(leaves[0], leaves[1], targets.to(device), leaves[2], temperature=0.7,
-                            chunk_rows=8, with_entropy=path == "entropy", memory_budget=budget,
-                            half_gemms=True)  # fmt: skip
+                            chunk_rows=8, with_entropy=path in ("entropy", "tiles"),
+                            memory_budget=budget, half_gemms=True,
+                            vocab_chunk=32 if path == "tiles" else None)  # fmt: skip
     logp, ent = (out, None) if isinstance(out, torch.Tensor) else out
     loss = logp.sum() + (ent.sum() * 0.3 if ent is not None else 0.0)
     got = lib.grads(loss, leaves)

@@ -62,3 +62,15 @@ def check_finite_rows(h: torch.Tensor) -> None:
             "`hidden` holds non-finite values at valid rows; check the forward pass (fp16 "
             "overflow?) or mask those tokens out"
         )
+
+
+def check_vocab_chunk(vocab_chunk: int | None, vocab: int) -> int:
+    """``vocab_chunk`` as a tile width (0: whole rows, for None or a width >= V)."""
+    if vocab_chunk is None:
+        return 0
+    if isinstance(vocab_chunk, bool) or not isinstance(vocab_chunk, int) or vocab_chunk < 1:
+        raise ValueError(
+            f"`vocab_chunk` must be a positive number of vocabulary columns or None, got "
+            f"{vocab_chunk!r}"
+        )
+    return 0 if vocab_chunk >= vocab else vocab_chunk

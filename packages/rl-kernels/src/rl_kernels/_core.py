@@ -67,23 +67,30 @@ class HeadGemms:
             return torch.mm(a, b, out_dtype=self.cd)
         return torch.mm(a.to(self.cd), b.to(self.cd))
 
-    def logits(self, h: torch.Tensor, temperature: float) -> torch.Tensor:
-        """``(h @ W.T + b) / temperature``: [c, H] -> [c, V] in ``cd``."""
+    def logits(
+        self, h: torch.Tensor, temperature: float, cols: slice | None = None
+    ) -> torch.Tensor:
+        """``(h @ W.T + b) / temperature``: [c, H] -> [c, V] in ``cd`` (the ``cols`` of V)."""
+        w = self.w if cols is None else self.w[cols]
+        b = self.b if (cols is None or self.b is None) else self.b[cols]
         if self.half:
-            z = self._mm(h, self.w.T)
-            if self.b is not None:
-                z.add_(self.b)
+            z = self._mm(h, w.T)
+            if b is not None:
+                z.add_(b)
         else:
-            z = torch.addmm(self.b, h, self.w.T) if self.b is not None else torch.mm(h, self.w.T)
+            z = torch.addmm(b, h, w.T) if b is not None else torch.mm(h, w.T)
         if temperature != 1.0:
             z.div_(temperature)
         return z
 
-    def input_grad(self, g: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """``g @ W``: [c, V] -> [c, H] in ``cd`` (written to ``out`` when given)."""
+    def input_grad(
+        self, g: torch.Tensor, out: torch.Tensor | None = None, cols: slice | None = None
+    ) -> torch.Tensor:
+        """``g @ W``: [c, V] (or the ``cols`` of V) -> [c, H] in ``cd`` (to ``out`` if given)."""
+        w = self.w if cols is None else self.w[cols]
         if not self.half:
-            return torch.mm(g, self.w, out=out) if out is not None else torch.mm(g, self.w)
-        res = self._mm(g.to(self.w.dtype), self.w)
+            return torch.mm(g, w, out=out) if out is not None else torch.mm(g, w)
+        res = self._mm(g.to(w.dtype), w)
         if out is None:
             return res
         return out.copy_(res)

@@ -10,8 +10,15 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from rl_kernels._checks import check_finite_rows, check_projection, check_targets, shape_str
+from rl_kernels._checks import (
+    check_finite_rows,
+    check_projection,
+    check_targets,
+    check_vocab_chunk,
+    shape_str,
+)
 from rl_kernels._core import HeadGemms, chunk_ops, compute_dtype, half_gemms_default
+from rl_kernels._vocab_tiles import tiled_grads, tiled_stats
 from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, auto_chunk_rows
 
 __all__ = ["fused_logprobs", "sum_pi_squared"]
@@ -34,6 +41,7 @@ class _FusedLogProbs(torch.autograd.Function):
         check_finite: bool,
         with_spi: bool,
         half: bool,
+        vt: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         softmax_, _ = chunk_ops(compile_body)
         cd = compute_dtype(hidden.dtype, upcast)
@@ -47,10 +55,21 @@ class _FusedLogProbs(torch.autograd.Function):
             check_finite_rows(hidden)  # once, not per chunk
         # probabilities the caller allows to keep: the backward reads them instead of
         # recomputing the logits (one GEMM and two passes over each tile fewer)
-        keep = keep_probs and not with_entropy
+        keep = keep_probs and not with_entropy and not vt
         ctx.probs = [] if keep else None
         for s in range(0, m, chunk):
             e = min(s + chunk, m)
+            if vt:  # tiles of vt vocabulary columns (rl_kernels._vocab_tiles)
+                h = gemms.rows(hidden[s:e])
+                lp, ls, en, sp = tiled_stats(
+                    h, gemms, targets[s:e], temperature, vt, with_entropy, with_spi
+                )
+                logp[s:e], lse[s:e] = lp, ls
+                if en is not None:
+                    ent[s:e] = en
+                if sp is not None:
+                    spi[s:e] = sp
+                continue
             z = gemms.logits(gemms.rows(hidden[s:e]), temperature)
             # else the probabilities are dropped here (the backward recomputes them): no division
             lp, ls, en, probs = softmax_(z, targets[s:e], with_entropy, normalize=keep)
@@ -64,7 +83,7 @@ class _FusedLogProbs(torch.autograd.Function):
             del z, probs  # free this tile before the next chunk allocates its own
         ctx.save_for_backward(hidden, weight, bias, targets, lse, ent)
         ctx.temperature, ctx.chunk, ctx.with_entropy, ctx.cd = temperature, chunk, with_entropy, cd
-        ctx.compile_body, ctx.half = compile_body, half
+        ctx.compile_body, ctx.half, ctx.vt = compile_body, half, vt
         ctx.mark_non_differentiable(lse, spi)
         return logp, ent, spi
 
@@ -87,6 +106,17 @@ class _FusedLogProbs(torch.autograd.Function):
         for k, s in enumerate(range(0, hidden.shape[0], chunk)):
             e = min(s + chunk, hidden.shape[0])
             h = gemms.rows(hidden[s:e])
+            if ctx.vt:
+                gh = torch.zeros_like(h, dtype=cd) if grad_h is not None else None
+                tiled_grads(
+                    h, gemms, targets[s:e], lse[s:e], g_logp[s:e],
+                    ent[s:e] if use_ent else None,
+                    g_ent[s:e].to(cd) if (use_ent and g_ent is not None) else None,
+                    temperature, ctx.vt, gh, grad_w, grad_b,
+                )  # fmt: skip
+                if grad_h is not None and gh is not None:
+                    grad_h[s:e] = gh
+                continue
             if ctx.probs is not None:  # kept by the forward: no recomputation
                 p = ctx.probs[k]
                 _accumulate_probs(p, h, gemms, targets[s:e], g_raw[s:e], grad_h, grad_w, grad_b, s)
@@ -117,7 +147,7 @@ class _FusedLogProbs(torch.autograd.Function):
             grad_h.to(hidden.dtype) if grad_h is not None else None,
             grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(bias.dtype) if grad_b is not None else None,
-            None, None, None, None, None, None, None, None, None, None,
+            None, None, None, None, None, None, None, None, None, None, None,
         )  # fmt: skip
 
 
@@ -201,6 +231,7 @@ def fused_logprobs(
     check_finite: bool = True,
     with_sum_pi_squared: bool = False,
     half_gemms: bool | None = None,
+    vocab_chunk: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
     r"""Per-token log-probs (and entropies) straight from hidden states and the lm_head weight.
 
@@ -239,6 +270,10 @@ def fused_logprobs(
             :func:`sum_pi_squared`), from the same tiles as the log-probs (no extra GEMM).
         half_gemms: For fp16/bf16 inputs with ``upcast``: GEMMs on the half-precision operands
             with fp32 results (True), or on fp32 copies (False). None: True on CUDA.
+        vocab_chunk: Also split each chunk's logits over the vocabulary, in tiles of this many
+            columns (an online log-sum-exp, ``rl_kernels._vocab_tiles``): the tiles are
+            ``[chunk_rows, vocab_chunk]`` and ``chunk_rows`` is sized for them. None: whole
+            rows of the vocabulary. Costs one more pass over the logits with ``with_entropy``.
 
     Returns:
         ``logprobs`` [M], or ``(logprobs [M], entropies [M])`` with ``with_entropy``; with
@@ -255,8 +290,9 @@ def fused_logprobs(
         )
     targets = check_targets(targets, weight.shape[0], None)
     m = hidden.shape[0]
+    vt = check_vocab_chunk(vocab_chunk, weight.shape[0])
     chunk = (
-        auto_chunk_rows(weight.shape[0], memory_budget, total_rows=m, cpu=hidden.is_cpu)
+        auto_chunk_rows(vt or weight.shape[0], memory_budget, total_rows=m, cpu=hidden.is_cpu)
         if chunk_rows is None
         else chunk_rows
     )
@@ -270,7 +306,7 @@ def fused_logprobs(
     half = half_gemms_default(hidden, weight, upcast) if half_gemms is None else half_gemms
     logp, ent, spi = _FusedLogProbs.apply(
         hidden, weight, bias, targets, float(temperature), int(chunk), with_entropy, upcast,
-        compile, keep, check_finite, with_sum_pi_squared, bool(half),
+        compile, keep, check_finite, with_sum_pi_squared, bool(half), vt,
     )  # fmt: skip
     out: tuple[torch.Tensor, ...] = (logp, ent) if with_entropy else (logp,)
     if with_sum_pi_squared:

@@ -31,8 +31,15 @@ from rl_losses import (
 from rl_losses.registry import UNPUBLISHED
 from torch.autograd.function import once_differentiable
 
-from rl_kernels._checks import check_finite_rows, check_projection, check_targets, shape_str
+from rl_kernels._checks import (
+    check_finite_rows,
+    check_projection,
+    check_targets,
+    check_vocab_chunk,
+    shape_str,
+)
 from rl_kernels._core import HeadGemms, chunk_ops, compute_dtype, half_gemms_default
+from rl_kernels._vocab_tiles import tiled_grads, tiled_stats
 from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, auto_chunk_rows
 
 __all__ = ["FUSED_OBJECTIVES", "FusedPolicyLossOutput", "fused_policy_loss"]
@@ -123,6 +130,7 @@ class _Plan:
     chunk: int
     upcast: bool
     half_gemms: bool
+    vt: int
     compile_body: bool
     shape: tuple[int, int]
     results: dict[str, torch.Tensor]
@@ -142,7 +150,9 @@ class _FusedPolicyLoss(torch.autograd.Function):
         gemms = HeadGemms(weight, bias, cd, plan.half_gemms)
         flat = hidden.reshape(-1, hidden.shape[-1])
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_flat = torch.zeros_like(flat, dtype=cd) if need_h else None
+        # in the input dtype: each row is written once, by its chunk, so rounding on the write
+        # is the one rounding the fp32 buffer would get at the end (without its [M, H] fp32)
+        grad_flat = torch.zeros_like(flat) if need_h else None
         grad_w = torch.zeros_like(weight, dtype=cd) if need_w else None
         grad_b = torch.zeros_like(bias, dtype=cd) if (need_b and bias is not None) else None
         n, t = plan.shape
@@ -156,9 +166,14 @@ class _FusedPolicyLoss(torch.autograd.Function):
             rows = plan.index[s:e]
             h = gemms.rows(flat[rows])
             check_finite_rows(h)
-            z = gemms.logits(h, plan.temperature)
             tg = plan.targets[s:e]
-            logp, _lse, ent, p = softmax_(z, tg, plan.need_entropy)
+            if plan.vt:  # tiles of vt vocabulary columns (rl_kernels._vocab_tiles)
+                logp, lse, ent, _ = tiled_stats(
+                    h, gemms, tg, plan.temperature, plan.vt, plan.need_entropy, False
+                )
+            else:
+                z = gemms.logits(h, plan.temperature)
+                logp, _lse, ent, p = softmax_(z, tg, plan.need_entropy)
             g_logp, g_ent, part = _chunk_terms(plan, s, e, logp, ent)
             for key, value in part.items():
                 if key == "ratio_max":
@@ -168,11 +183,20 @@ class _FusedPolicyLoss(torch.autograd.Function):
             logp_out[rows] = logp
             if ent_out is not None and ent is not None:
                 ent_out[rows] = ent
+            if plan.vt:
+                gh = torch.zeros_like(h, dtype=cd) if grad_flat is not None else None
+                tiled_grads(
+                    h, gemms, tg, lse, g_logp, ent, g_ent, plan.temperature, plan.vt,
+                    gh, grad_w, grad_b,
+                )  # fmt: skip
+                if grad_flat is not None and gh is not None:
+                    grad_flat[rows] = gh.to(grad_flat.dtype)
+                continue
             grad_z = logits_grad_(
                 p, z if ent is not None else None, tg, g_logp, ent, g_ent, plan.temperature
             )
             if grad_flat is not None:
-                grad_flat[rows] = gemms.input_grad(grad_z)
+                grad_flat[rows] = gemms.input_grad(grad_z).to(grad_flat.dtype)
             if grad_w is not None:
                 gemms.add_weight_grad(grad_w, grad_z, h)
             if grad_b is not None:
@@ -180,7 +204,7 @@ class _FusedPolicyLoss(torch.autograd.Function):
             del z, p, grad_z  # free this tile before the next chunk allocates its own
         _publish(plan, sums, ratio_max, logp_out, ent_out)
         ctx.save_for_backward(
-            grad_flat.view_as(hidden).to(hidden.dtype) if grad_flat is not None else None,
+            grad_flat.view_as(hidden) if grad_flat is not None else None,
             grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(bias.dtype) if (grad_b is not None and bias is not None) else None,
         )
@@ -333,6 +357,7 @@ def fused_policy_loss(
     upcast: bool = True,
     compile: bool = False,
     half_gemms: bool | None = None,
+    vocab_chunk: int | None = None,
     **objective_kwargs: Any,
 ) -> FusedPolicyLossOutput:
     r"""The whole token-level policy loss from hidden states, without materialising logits.
@@ -404,6 +429,8 @@ def fused_policy_loss(
         half_gemms: For fp16/bf16 inputs with ``upcast``: GEMMs on the half-precision operands
             with fp32 results (True), or on fp32 copies (False); see ``fused_logprobs``.
             None: True on CUDA.
+        vocab_chunk: Also split each chunk's logits over the vocabulary, in tiles of this many
+            columns (see ``fused_logprobs``). None: whole rows of the vocabulary.
         **objective_kwargs: Passed to the objective (``clip_low``, ``clip_high``,
             ``dual_clip``, ``delta``, ``ratio_bounds``, ``clamp``, ``eps_low``, ``eps_high``,
             ``form``, ``tau_pos``, ``tau_neg``).
@@ -466,9 +493,10 @@ def fused_policy_loss(
     if w is not None:
         policy_agg = policy_agg * torch.where(policy_mask, w.detach().to(cd), 0.0)
     index = m.reshape(-1).nonzero().squeeze(1)
+    vt = check_vocab_chunk(vocab_chunk, weight.shape[0])
     chunk = (
         auto_chunk_rows(
-            weight.shape[0], memory_budget, total_rows=int(index.numel()), cpu=hidden.is_cpu
+            vt or weight.shape[0], memory_budget, total_rows=int(index.numel()), cpu=hidden.is_cpu
         )
         if chunk_rows is None
         else chunk_rows
@@ -505,6 +533,7 @@ def fused_policy_loss(
         half_gemms=bool(
             half_gemms_default(hidden, weight, upcast) if half_gemms is None else half_gemms
         ),
+        vt=vt,
         compile_body=compile,
         shape=(n, t),
         results={},

@@ -1,0 +1,124 @@
+r"""Row chunks whose logits are also split over the vocabulary: ``[c, Vt]`` tiles.
+
+With ``vocab_chunk`` set, the kernels never hold a ``[c, V]`` tile: :func:`tiled_stats` walks
+the vocabulary in tiles of ``Vt`` columns with a running maximum (the online log-sum-exp),
+
+.. math:: m' = \max(m, \max_v z_v), \qquad s' = s\,e^{m - m'} + \textstyle\sum_v e^{z_v - m'},
+          \qquad \mathrm{lse} = m + \log s,
+
+and :func:`tiled_grads` walks it again to add each tile's share of the input gradients from
+:math:`\partial \log p_y / \partial z = e_y - p` and
+:math:`\partial H / \partial z = -p (\log p + H)`. The entropy takes one more pass over the
+tiles once the log-sum-exp is known (:math:`H = -\sum_v p_v (z_v - \mathrm{lse})`, free of the
+cancellation of :math:`\mathrm{lse} - \sum_v p_v z_v`). Shapes: ``c`` rows, ``H`` hidden,
+``Vt`` columns per tile.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rl_kernels._core import HeadGemms
+
+
+def _tiles(vocab: int, vt: int) -> range:
+    return range(0, vocab, vt)
+
+
+def _local_targets(
+    targets: torch.Tensor, v0: int, v1: int
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Rows whose target lies in columns ``[v0, v1)``, and those targets' tile columns."""
+    rows = ((targets >= v0) & (targets < v1)).nonzero().squeeze(1)
+    return rows, targets.index_select(0, rows) - v0
+
+
+def tiled_stats(
+    h: torch.Tensor,
+    gemms: HeadGemms,
+    targets: torch.Tensor,
+    temperature: float,
+    vt: int,
+    with_entropy: bool,
+    with_spi: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    r"""``(logp, lse, entropy or None, sum_pi_squared or None)`` [c] of one row chunk.
+
+    ``h`` [c, H] in the GEMMs' operand dtype; ``targets`` [c].
+    :math:`\sum_v p_v^2 = \sum_v e^{2(z_v - m)} / s^2` accumulates online like ``s``.
+    """
+    c, vocab = h.shape[0], gemms.w.shape[0]
+    m = torch.full((c,), float("-inf"), dtype=gemms.cd, device=h.device)
+    s = torch.zeros(c, dtype=gemms.cd, device=h.device)
+    q = torch.zeros(c, dtype=gemms.cd, device=h.device) if with_spi else None
+    z_y = torch.zeros(c, dtype=gemms.cd, device=h.device)
+    for v0 in _tiles(vocab, vt):
+        v1 = min(v0 + vt, vocab)
+        z = gemms.logits(h, temperature, cols=slice(v0, v1))  # [c, Vt]
+        rows, local = _local_targets(targets, v0, v1)
+        z_y.index_copy_(0, rows, z[rows, local])
+        top = torch.maximum(m, z.amax(dim=1))
+        rescale = torch.exp(m - top)  # 0 at the first tile (m = -inf)
+        e = z.sub_(top[:, None]).exp_()
+        s.mul_(rescale).add_(e.sum(dim=1))
+        if q is not None:
+            q.mul_(rescale.square()).add_(torch.linalg.vecdot(e, e))
+        m = top
+        del z, e
+    lse = m + torch.log(s)
+    spi = q / s.square() if q is not None else None
+    entropy = None
+    if with_entropy:
+        entropy = torch.zeros(c, dtype=gemms.cd, device=h.device)
+        for v0 in _tiles(vocab, vt):
+            v1 = min(v0 + vt, vocab)
+            logp_all = gemms.logits(h, temperature, cols=slice(v0, v1)).sub_(lse[:, None])
+            entropy.sub_(torch.linalg.vecdot(torch.exp(logp_all), logp_all))
+            del logp_all
+    return z_y - lse, lse, entropy, spi
+
+
+def tiled_grads(
+    h: torch.Tensor,
+    gemms: HeadGemms,
+    targets: torch.Tensor,
+    lse: torch.Tensor,
+    g_logp: torch.Tensor,
+    entropy: torch.Tensor | None,
+    g_entropy: torch.Tensor | None,
+    temperature: float,
+    vt: int,
+    grad_h: torch.Tensor | None,
+    grad_w: torch.Tensor | None,
+    grad_b: torch.Tensor | None,
+) -> None:
+    r"""Add one row chunk's share to the input gradients, tile by tile.
+
+    ``g_logp`` [c] and ``g_entropy`` [c] are the gradients of the chunk's log-probs and
+    entropies; ``grad_h`` [c, H] (in ``gemms.cd``, zeroed by the caller) receives the chunk's
+    hidden-state gradient, ``grad_w`` [V, H] and ``grad_b`` [V] the rows of each tile. The
+    gradient w.r.t. the raw logits is :math:`(g (e_y - p) - g_H\, p (\log p + H)) / \tau`.
+    """
+    vocab = gemms.w.shape[0]
+    for v0 in _tiles(vocab, vt):
+        v1 = min(v0 + vt, vocab)
+        cols = slice(v0, v1)
+        logp_all = gemms.logits(h, temperature, cols=cols).sub_(lse[:, None])  # [c, Vt]
+        p = torch.exp(logp_all)
+        if entropy is not None and g_entropy is not None:
+            coeff = logp_all.add_(entropy[:, None]).mul_(g_entropy[:, None]).add_(g_logp[:, None])
+            grad = p.mul_(coeff).neg_()
+        else:
+            grad = p.mul_(g_logp[:, None]).neg_()
+        del logp_all
+        rows, local = _local_targets(targets, v0, v1)
+        grad[rows, local] += g_logp.index_select(0, rows)
+        if temperature != 1.0:
+            grad.div_(temperature)
+        if grad_h is not None:
+            grad_h.add_(gemms.input_grad(grad, cols=cols))
+        if grad_w is not None:
+            gemms.add_weight_grad(grad_w[cols], grad, h)
+        if grad_b is not None:
+            grad_b[cols].add_(grad.sum(dim=0))
+        del grad, p
