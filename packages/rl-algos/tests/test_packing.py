@@ -400,3 +400,17 @@ def test_checkpointed_learn_equals_plain(algo: str, options: dict[str, Any]) -> 
         if ".critic." in name and ".lora_A." in name:
             assert not bool(g_ckpt[name].any()), name
     tl.assert_grads_close(g_ckpt, g_plain)
+
+
+def test_row_runs_reads_each_boundaries_tensor_once() -> None:
+    """Every layer of a packed forward gets the same ``cu_seq_lens``: the runs are read to the
+    host for the first layer only, and again for another tensor or after an in-place change."""
+    bounds = torch.tensor([0, 3, 6, 8, 12])
+    first = varlen_attention.row_runs(bounds)
+    assert first == [(0, 2, 3), (6, 1, 2), (8, 1, 4)]
+    assert varlen_attention.row_runs(bounds) is first  # the cached list, no second read
+    other = torch.tensor([0, 3, 6, 8, 12])
+    assert varlen_attention.row_runs(other) == first
+    assert varlen_attention.row_runs(other) is not first
+    other[2] = 5  # in place: a new version of the same tensor
+    assert varlen_attention.row_runs(other) == [(0, 1, 3), (3, 1, 2), (5, 1, 3), (8, 1, 4)]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -121,9 +122,8 @@ def varlen_sdpa_attention(
             f"{VARLEN_SDPA} runs packed rows only: one sequence [1, S] with cu_seq_lens_q and "
             "no attention mask (rl_algos.packing.packed_hidden_states sets them)"
         )
-    if sliding_window is not None and max(
-        b - a for a, b in itertools.pairwise(cu_seq_lens_q.tolist())
-    ) > int(sliding_window):
+    runs = row_runs(cu_seq_lens_q)
+    if sliding_window is not None and max(length for _, _, length in runs) > int(sliding_window):
         raise ValueError(
             "sliding-window attention cannot be packed with SDPA here: pass "
             "use_sequence_packing=False (or use flash-attention on CUDA)"
@@ -134,7 +134,6 @@ def varlen_sdpa_attention(
     groups = query.shape[1] // key.shape[1]
     if groups > 1 and not gqa:
         key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    runs = _runs(cu_seq_lens_q.tolist())
     sizes = [n * length for _, n, length in runs]
     # one split per tensor (its backward is one concatenation, where a slice per run would
     # scatter into a zero [heads, S, d] gradient per run)
@@ -148,6 +147,22 @@ def varlen_sdpa_attention(
         )  # [n, heads, length, d]
         parts.append(out.transpose(0, 1).flatten(1, 2))  # [heads, n * length, d]
     return torch.cat(parts, dim=1).transpose(0, 1)[None].contiguous(), None
+
+
+#: The last ``cu_seq_lens_q`` read to the host, and its runs: every layer of a forward (and a
+#: checkpointed layer's recomputation) gets the same tensor, so only the first layer reads it
+#: back (on CUDA, a synchronisation with the device each time).
+_LAST_RUNS: list[Any] = [None, -1, []]
+
+
+def row_runs(cu_seq_lens: torch.Tensor) -> list[tuple[int, int, int]]:
+    """:func:`_runs` of ``cu_seq_lens`` [M + 1], read to the host once per tensor (and version)."""
+    ref, version, runs = _LAST_RUNS
+    if ref is not None and ref() is cu_seq_lens and version == cu_seq_lens._version:
+        return runs  # type: ignore[no-any-return]
+    runs = _runs(cu_seq_lens.tolist())
+    _LAST_RUNS[:] = [weakref.ref(cu_seq_lens), cu_seq_lens._version, runs]
+    return runs
 
 
 def _runs(bounds: list[int]) -> list[tuple[int, int, int]]:
