@@ -140,6 +140,14 @@ def test_zero3_full_finetuning_equals_one_process(tmp_path: Path) -> None:
     assert_matches_one_process(tmp_path, full_finetune=True, lora_config=None)
 
 
+def test_zero3_gradient_checkpointing_equals_one_plain_process(tmp_path: Path) -> None:
+    """Checkpointed layers under ZeRO-3 (issue 37): the recomputation gathers the partitioned
+    weights again inside the backward, and the update equals one process without
+    checkpointing."""
+    launch(tmp_path, 3, "checkpointed")
+    assert_matches_one_process(tmp_path)
+
+
 @pytest.mark.parametrize("stage", [2, 3])
 def test_packed_token_budget_equals_one_padded_process(tmp_path: Path, stage: int) -> None:
     """Padding-free training under DeepSpeed (issue 20): packed rows in token-budget

@@ -34,15 +34,21 @@ def launch(
 
 @pytest.mark.parametrize(
     "options",
-    [{}, {"use_sequence_packing": True, "micro_batch_tokens": 16}],
-    ids=["padded", "packed-tokens16"],
+    [
+        {},
+        {"use_sequence_packing": True, "micro_batch_tokens": 16},
+        {"gradient_checkpointing": True, "use_sequence_packing": False},
+        {"gradient_checkpointing": True, "use_sequence_packing": True, "micro_batch_tokens": 16},
+    ],
+    ids=["padded", "packed-tokens16", "checkpointed", "checkpointed-packed-tokens16"],
 )
 def test_two_process_grpo_equals_one_process_on_the_global_batch(
     tmp_path: Path, options: dict[str, object]
 ) -> None:
     """Also packed, in token-budget micro-batches (issue 20): the ranks' rows need different
     numbers of micro-batches, every rank runs as many as the one that needs the most, and the
-    weights still match one padded process on the global batch."""
+    weights still match one padded process on the global batch. Also with gradient
+    checkpointing (issue 37): DDP's gradient hooks fire inside the checkpoints' recomputation."""
     from ddp_common import STEPS, assert_step_matches, global_batches, make_agent
 
     os.environ["DDP_AGENT_OPTIONS"] = json.dumps(options)

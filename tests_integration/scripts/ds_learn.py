@@ -1,13 +1,14 @@
 """Run by ``torch.distributed.run`` (2 CPU processes, gloo): GRPO ``learn()`` under DeepSpeed.
 
-Usage: ``ds_learn.py OUT STAGE [nan|full|packed]``. The agent gets an ``Accelerator`` with a DeepSpeed
-ZeRO-``STAGE`` plugin (the way users configure it). Each rank takes its share of the prompts of
+Usage: ``ds_learn.py OUT STAGE [nan|full|packed|checkpointed]``. The agent gets an
+``Accelerator`` with a DeepSpeed ZeRO-``STAGE`` plugin (the way users configure it). Each rank takes its share of the prompts of
 fixed global batches; after every step it writes its trainable weights (gathered under ZeRO-3)
 and its loss to ``OUT/rank<r>_step<k>.safetensors``; at the end the agent saves a checkpoint to
 ``OUT/ckpt`` and rank 0 writes the checkpointed model's logits on a probe batch. With ``nan``,
 rank 1's hidden states turn NaN at step 1: the step must be refused on both ranks. With
 ``full``, full fine-tuning (ZeRO-3 then partitions the trainable lm_head too). With ``packed``,
-padding-free training in token-budget micro-batches (:data:`ddp_common.PACKED_AGENT`).
+padding-free training in token-budget micro-batches (:data:`ddp_common.PACKED_AGENT`). With
+``checkpointed``, gradient checkpointing.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def main() -> None:
     full = {"full_finetune": True, "lora_config": None} if mode == "full" else {}
     if mode == "packed":  # padding-free, token-budget micro-batches (issue 20)
         full = dict(PACKED_AGENT)
+    if mode == "checkpointed":  # gradient checkpointing (issue 37)
+        full = {"gradient_checkpointing": True}
     config = {
         "zero_optimization": {"stage": stage},
         "train_micro_batch_size_per_gpu": "auto",

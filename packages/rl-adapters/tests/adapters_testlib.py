@@ -403,6 +403,29 @@ def assert_scoped_swap(swap: Any, model: torch.nn.Module, class_name: str, marke
     assert "forward" in hooked.__dict__  # a hook library's forward is left in place
 
 
+def backward_kinds(loss: torch.Tensor, monkeypatch: Any) -> set[str]:
+    """``loss.backward()``, and the class names of every autograd node it runs through.
+
+    A reentrant checkpoint (``rl_adapters.replay.replayed_checkpoint``) hides its layer behind
+    one ``CheckpointFunctionBackward`` node and rebuilds the layer's graph during the backward,
+    where it calls ``torch.autograd.backward`` on it: that call is observed too, so the nodes of
+    every recomputation are in the set.
+    """
+    kinds = graph_kinds(loss)
+    original = torch.autograd.backward
+
+    def observed(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        for t in tensors if isinstance(tensors, tuple | list) else (tensors,):
+            if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+                kinds.update(graph_kinds(t))
+        return original(tensors, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.autograd, "backward", observed)
+        loss.backward()
+    return kinds
+
+
 def graph_kinds(t: torch.Tensor) -> set[str]:
     """The class names of every autograd node behind ``t``."""
     seen, todo, kinds = set(), [t.grad_fn], set()
@@ -441,8 +464,7 @@ def lean_swap_arms(
         with policy.lean_lora():
             logits = policy.logits(ids, mask)
             loss = lm_loss(logits, ids, mask)
-            kinds = graph_kinds(loss)
-            loss.backward()
+            kinds = backward_kinds(loss, monkeypatch)
         assert not any("forward" in m.__dict__ for m in policy.causal_lm.modules())
         grads = [p.grad for p in params]
         assert all(g is not None for g in grads)

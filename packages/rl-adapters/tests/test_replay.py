@@ -12,9 +12,16 @@ import functools
 from collections.abc import Iterator
 
 import adapters_testlib as tl
+import pytest
 import torch
 from rl_adapters import PolicyModel
-from rl_adapters.replay import checkpoint_context, recorded, replayable
+from rl_adapters.replay import (
+    checkpoint_context,
+    enable_checkpointing,
+    recorded,
+    replayable,
+    replayed_checkpoint,
+)
 from rl_testing.tolerance import assert_close
 from torch.utils.checkpoint import checkpoint
 
@@ -38,11 +45,15 @@ def _scale(module: _Scaled, value: float) -> Iterator[None]:
         module.scale = saved
 
 
-def _grad(module: _Scaled, switch: bool, checkpointed: bool, twice: bool = False) -> torch.Tensor:
+def _grad(
+    module: _Scaled, switch: bool, checkpointed: bool, twice: bool = False, reentrant: bool = False
+) -> torch.Tensor:
     x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
     enter = functools.partial(_scale, module, 3.0)
     with replayable(enter) if switch else enter():
-        if checkpointed:
+        if checkpointed and reentrant:
+            y = replayed_checkpoint(module, x)
+        elif checkpointed:
             y = checkpoint(module, x, use_reentrant=False, context_fn=checkpoint_context)
         else:
             y = module(x)
@@ -56,14 +67,40 @@ def _grad(module: _Scaled, switch: bool, checkpointed: bool, twice: bool = False
     return x.grad
 
 
-def test_a_recomputation_replays_the_switch() -> None:
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_recomputation_replays_the_switch(reentrant: bool) -> None:
     module = _Scaled()
     want = 2 * 9.0 * torch.tensor([1.0, -2.0, 3.0])  # d/dx (3x)^2 = 18 x
     assert_close(_grad(module, switch=False, checkpointed=False), want)
-    # a plain switch: the recomputation ran with scale 1, so the gradient is 6x, not 18x
-    assert_close(_grad(module, switch=False, checkpointed=True), want / 3)
-    assert_close(_grad(module, switch=True, checkpointed=True), want)
-    assert_close(_grad(module, switch=True, checkpointed=True, twice=True), want)
+    # a plain switch: the recomputation runs with scale 1. Non-reentrant, the backward reads the
+    # recomputed x (scale 1) against the forward's scale 3: 6x, not 18x; reentrant, the whole
+    # backward is the recomputation's: 2x
+    wrong = want / 9 if reentrant else want / 3
+    assert_close(_grad(module, switch=False, checkpointed=True, reentrant=reentrant), wrong)
+    assert_close(_grad(module, switch=True, checkpointed=True, reentrant=reentrant), want)
+    if not reentrant:  # a reentrant checkpoint's graph is freed by its first backward
+        assert_close(_grad(module, switch=True, checkpointed=True, twice=True), want)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_enable_checkpointing_says_which_checkpoint(reentrant: bool) -> None:
+    model = tl.base("qwen2")
+    enable_checkpointing(model, reentrant=reentrant)
+    assert model._rl_checkpoint == ("reentrant" if reentrant else "non-reentrant")
+    layers = [m for m in model.modules() if getattr(m, "_gradient_checkpointing_func", None)]
+    assert layers and all(
+        (m._gradient_checkpointing_func is replayed_checkpoint) == reentrant for m in layers
+    )
+    model.train()
+    ids, mask = tl.batch(tl.vocab_size(model))
+    # a frozen base: only the embeddings' hook makes the checkpointed layers differentiable
+    model.requires_grad_(False)
+    model.model.norm.weight.requires_grad_(True)
+    model.model.layers[0].mlp.up_proj.weight.requires_grad_(True)
+    out = model(input_ids=ids, attention_mask=mask).logits.float().pow(2).mean()
+    out.backward()
+    assert model.model.layers[0].mlp.up_proj.weight.grad is not None
+    assert bool(model.model.layers[0].mlp.up_proj.weight.grad.any())
 
 
 def test_recorded_lists_the_open_switches_outermost_first() -> None:

@@ -11,13 +11,13 @@ saves the same ones).
 
 The rule: every such switch is entered through :func:`replayable`, which records the switch
 (a zero-argument callable that returns a fresh context manager) on a per-thread stack for the
-length of the block. The checkpoint function :func:`enable_checkpointing` installs on a model
-is ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False,
-context_fn=checkpoint_context)``; :func:`checkpoint_context` runs when a checkpointed layer
-runs forward, takes the stack as it is then, and returns a recomputation context that enters
-each recorded switch again, outermost first, around the recomputation, and leaves them in
-reverse order. So the recomputed forward sees exactly the state of the original one, whatever
-the backward's own state is.
+length of the block. The checkpoint function :func:`enable_checkpointing` installs on a model's
+layers is :func:`replayed_checkpoint`: it takes the stack as it is when the layer runs forward
+and runs the layer inside those switches, entered again outermost first, both in the forward
+and in the recomputation (reentrant ``torch.utils.checkpoint.checkpoint``, whose backward calls
+the layer again). So the recomputed forward sees exactly the state of the original one,
+whatever the backward's own state is. :func:`checkpoint_context` does the same for the
+non-reentrant checkpoint (``context_fn=``), the other choice of :func:`enable_checkpointing`.
 
 Contract of a switch ``enter``: ``enter()`` returns a new context manager each call; entering
 it sets the state absolutely (not relative to what is set), and entering it while the same
@@ -36,9 +36,18 @@ from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, TypeVar
 
+import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-__all__ = ["Switch", "checkpoint_context", "enable_checkpointing", "recorded", "replayable"]
+__all__ = [
+    "Switch",
+    "checkpoint_context",
+    "enable_checkpointing",
+    "recorded",
+    "replayable",
+    "replayed_checkpoint",
+]
 
 T = TypeVar("T")
 
@@ -109,15 +118,51 @@ def checkpoint_context() -> tuple[AbstractContextManager[Any], AbstractContextMa
     return contextlib.nullcontext(), _Replay(recorded())
 
 
-def enable_checkpointing(model: nn.Module) -> None:
+def replayed_checkpoint(function: Callable[..., Any], *args: Any) -> Any:
+    """Reentrant ``torch.utils.checkpoint.checkpoint`` of ``function(*args)``, with replayed state.
+
+    The switches in effect now (:func:`recorded`) are entered again around ``function`` in the
+    recomputation that the backward runs (with autograd on; the checkpoint's own forward runs
+    without it, inside the switches already). The forward saves only ``args``, so no
+    saved-tensor hook runs per operation (the non-reentrant checkpoint's cost on small layers,
+    ``docs/benchmarks.md``).
+    """
+    replay = _Replay(recorded())
+
+    def run(*inner: Any) -> Any:
+        if not torch.is_grad_enabled():  # the checkpoint's forward: the switches are in effect
+            return function(*inner)
+        with replay:  # the recomputation, during the backward
+            return function(*inner)
+
+    return checkpoint(run, *args, use_reentrant=True)
+
+
+def _inputs_require_grad(module: nn.Module, args: Any, output: torch.Tensor) -> None:
+    """Forward hook on the input embeddings: their output requires grad where autograd is on.
+
+    A reentrant checkpoint differentiates only through inputs that require grad, and a frozen
+    embedding's output does not.
+    """
+    if torch.is_grad_enabled() and not output.requires_grad:
+        output.requires_grad_(True)
+
+
+def enable_checkpointing(model: nn.Module, reentrant: bool = True) -> None:
     """Turn on activation checkpointing of a transformers model's layers, with replayed state.
 
-    Non-reentrant ``torch.utils.checkpoint.checkpoint`` with ``context_fn=``
-    :func:`checkpoint_context`; replaces a checkpoint function set before (peft's k-bit
-    preparation sets a reentrant one, which cannot replay anything).
+    With ``reentrant`` (the default) each checkpointed layer calls :func:`replayed_checkpoint`
+    (``model._rl_checkpoint`` says ``"reentrant"``), and a forward hook on the input embeddings
+    makes their output require grad where autograd is on (as transformers'
+    ``enable_input_require_grads`` does for adapters on a frozen base). Without it,
+    non-reentrant ``torch.utils.checkpoint.checkpoint`` with ``context_fn=``
+    :func:`checkpoint_context` (``"non-reentrant"``). Either replaces a checkpoint function set
+    before (peft's k-bit preparation sets a reentrant one that replays nothing).
 
     Raises:
         ValueError: A model that does not support gradient checkpointing (names the class).
+        RuntimeError: ``reentrant`` where transformers installed no per-layer checkpoint function
+            to replace (a transformers version this was not written for).
     """
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ValueError(
@@ -130,3 +175,17 @@ def enable_checkpointing(model: nn.Module) -> None:
         enable(activation_checkpointing_kwargs=kwargs)
     else:  # transformers < 5
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+    model._rl_checkpoint = "non-reentrant"  # type: ignore[assignment]
+    if not reentrant:
+        return
+    layers = [m for m in model.modules() if getattr(m, "_gradient_checkpointing_func", None)]
+    if not layers:
+        raise RuntimeError(
+            f"enable_checkpointing: transformers set no `_gradient_checkpointing_func` on "
+            f"{type(model).__name__}'s layers; pass reentrant=False"
+        )
+    for layer in layers:
+        layer._gradient_checkpointing_func = replayed_checkpoint  # type: ignore[assignment]
+    embeddings = model.get_input_embeddings()  # type: ignore[operator]
+    embeddings.register_forward_hook(_inputs_require_grad)
+    model._rl_checkpoint = "reentrant"  # type: ignore[assignment]
