@@ -288,6 +288,7 @@ def assert_close(
     stages: int = 1,
     scale: float | None = None,
     dtype: torch.dtype | None = None,
+    accumulate: torch.dtype | None = None,
 ) -> None:
     """``rl_testing.tolerance.assert_close`` on tensors or Python floats (named ``what``)."""
     a = torch.as_tensor(actual).detach()
@@ -297,8 +298,25 @@ def assert_close(
         else torch.tensor(expected, dtype=a.dtype)
     )
     tolerance.assert_close(
-        a, e.to(a.device), reduction=reduction, stages=stages, scale=scale, dtype=dtype, msg=what
+        a,
+        e.to(a.device),
+        reduction=reduction,
+        stages=stages,
+        scale=scale,
+        dtype=dtype,
+        accumulate=accumulate,
+        msg=what,
     )
+
+
+def stored_in(dtype: torch.dtype) -> dict[str, Any]:
+    """Tolerance keywords for a gradient the kernels sum in float32 and return in ``dtype``.
+
+    Half-precision inputs: their precision, sums accumulated in float32 (``upcast`` and the
+    half GEMMs' fp32 results). float32 and float64: ``dtype`` float32.
+    """
+    wide = tolerance.half_accumulation(dtype)
+    return {"dtype": dtype if wide else torch.float32, "accumulate": wide}
 
 
 def assert_grads_close(

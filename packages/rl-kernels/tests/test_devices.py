@@ -73,7 +73,7 @@ def test_fused_logprobs_match_float64(device: str, dtype: torch.dtype) -> None:
         assert got is not None and exp is not None
         assert got.dtype == dtype and got.device.type == torch.device(device).type
         lib.assert_close(got.cpu(), exp, f"grad {name} {device} {dtype}",
-                         **lib.lm_tol(h64, w64), dtype=lib.tolerance.lower_precision(dtype, torch.float32))  # fmt: skip
+                         **lib.lm_tol(h64, w64), **lib.stored_in(dtype))  # fmt: skip
 
 
 @pytest.mark.parametrize(("device", "dtype"), CASES)
@@ -103,7 +103,7 @@ def test_fused_policy_loss_matches_float64(device: str, dtype: torch.dtype) -> N
     for got, exp, name in zip(got_grads, ref_grads, ("hidden", "weight"), strict=True):
         assert got is not None and exp is not None
         lib.assert_close(got.cpu(), exp, f"grad {name} {device} {dtype}", **tol,
-                         dtype=lib.tolerance.lower_precision(dtype, torch.float32))  # fmt: skip
+                         **lib.stored_in(dtype))  # fmt: skip
 
 
 @pytest.mark.parametrize(("device", "dtype"), CASES)
@@ -166,7 +166,7 @@ def test_half_gemms_match_float64(device: str, dtype: torch.dtype, path: str) ->
     for a, b, name in zip(got, expected, ("hidden", "weight", "bias"), strict=True):
         assert a is not None and b is not None and a.dtype == dtype
         lib.assert_close(a.cpu(), b, f"grad {name} {device} {dtype} {path}", **tol,
-                         dtype=lib.tolerance.lower_precision(dtype, torch.float32))  # fmt: skip
+                         **lib.stored_in(dtype))  # fmt: skip
 
 
 @pytest.mark.parametrize(("device", "dtype"), _half_cases())
@@ -187,7 +187,7 @@ def test_half_gemms_policy_loss_matches_plain(device: str, dtype: torch.dtype) -
                      dtype=torch.float32, **tol)  # fmt: skip
     for a, b, name in zip(results[0][1:], results[1][1:], ("hidden", "weight"), strict=True):
         lib.assert_close(a.cpu(), b.cpu().double(), f"grad {name} {device} {dtype}", **tol,
-                         dtype=lib.tolerance.lower_precision(dtype, torch.float32))  # fmt: skip
+                         **lib.stored_in(dtype))  # fmt: skip
 
 
 def test_half_gemms_refuses_float32() -> None:

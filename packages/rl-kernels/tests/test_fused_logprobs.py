@@ -449,9 +449,24 @@ def test_auto_chunk_rows_cpu_keeps_tiles_under_the_mmap_ceiling() -> None:
     assert rk.auto_chunk_rows(151_936, total_rows=8192, cpu=True) == rk.auto_chunk_rows(
         151_936, total_rows=8192
     )
-    # already small tiles, and explicit budgets below the cap, are unchanged
-    assert rk.auto_chunk_rows(1000, total_rows=512, cpu=True) == 64
+    # explicit budgets below the cap are unchanged
     assert rk.auto_chunk_rows(8192, 2**20, cpu=True) == 32
+
+
+def test_auto_chunk_rows_cpu_eighth_of_m_stops_at_the_minimum_tile() -> None:
+    """On CPU the eighth-of-M cap leaves at least min(CPU_MIN_TILE_ROWS, CPU_TILE_BYTES) rows."""
+    floor_rows = rk.chunking.CPU_MIN_TILE_ROWS
+    assert rk.auto_chunk_rows(1000, total_rows=512) == 64  # an eighth of M
+    assert rk.auto_chunk_rows(1000, total_rows=512, cpu=True) == floor_rows
+    assert rk.auto_chunk_rows(1000, total_rows=100, cpu=True) == floor_rows  # one tile of M
+    assert rk.auto_chunk_rows(1000, total_rows=8 * 300, cpu=True) == 300  # the eighth binds
+    # V = 152k: 32 MiB holds 55 rows, fewer than CPU_MIN_TILE_ROWS: the eighth binds from 55
+    limit_rows = rk.chunking.CPU_TILE_BYTES // (4 * 151_936)
+    assert limit_rows == 55
+    assert rk.auto_chunk_rows(151_936, total_rows=8 * 40, cpu=True) == limit_rows
+    assert rk.auto_chunk_rows(151_936, total_rows=8 * 128, cpu=True) == 128
+    # the budget still binds below the minimum tile
+    assert rk.auto_chunk_rows(1000, 4000 * 50, total_rows=512, cpu=True) == 50
 
 
 def test_fused_logprobs_default_chunk_on_cpu() -> None:

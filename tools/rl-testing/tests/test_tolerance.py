@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from rl_testing.tolerance import assert_close, lower_precision, rtol
+from rl_testing.tolerance import assert_close, half_accumulation, lower_precision, rtol
 
 
 def test_rtol_formula_by_hand() -> None:
@@ -14,10 +14,24 @@ def test_rtol_formula_by_hand() -> None:
     assert rtol(torch.float32) == 8 * eps32
     assert rtol(torch.float32, reduction=64, stages=3) == pytest.approx(3 * 8 * 8 * eps32)
     assert rtol(torch.bfloat16, reduction=4) == pytest.approx(8 * 2 * 2.0**-7)
+    eps16 = torch.finfo(torch.bfloat16).eps
+    got = rtol(torch.bfloat16, reduction=96, stages=3, accumulate=torch.float32)
+    assert got == pytest.approx(3 * 8 * (math.sqrt(96) * eps32 + eps16))
+    assert got < 0.2
+    assert rtol(torch.bfloat16, reduction=96, stages=3) > 1
+    with pytest.raises(ValueError, match=r"accumulate=torch\.float32 is not wider"):
+        rtol(torch.float32, accumulate=torch.float32)
     with pytest.raises(ValueError, match="reduction must be >= 1"):
         rtol(torch.float32, reduction=0)
     with pytest.raises(ValueError, match="stages must be >= 1"):
         rtol(torch.float32, stages=0)
+
+
+def test_half_accumulation() -> None:
+    assert half_accumulation(torch.bfloat16) is torch.float32
+    assert half_accumulation(torch.float16) is torch.float32
+    assert half_accumulation(torch.float32) is None
+    assert half_accumulation(torch.float64) is None
 
 
 def test_lower_precision() -> None:
@@ -60,3 +74,21 @@ def test_scale_sets_the_absolute_floor_for_cancelled_elements() -> None:
     assert_close(near_zero, big)  # default scale: max|expected| = 1000 -> atol 9.5e-4
     with pytest.raises(AssertionError):
         assert_close(near_zero, big, scale=1.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_accumulate_admits_a_wide_sum_rounded_once_and_rejects_a_wrong_scale(
+    dtype: torch.dtype,
+) -> None:
+    """Float32 sums of rounded terms, rounded once to ``dtype``: inside the bound; the same sums
+    scaled by 1/0.7 (a temperature applied twice): outside it."""
+    gen = torch.Generator().manual_seed(7)
+    terms = (torch.randn(64, 96, generator=gen, dtype=torch.float64) / math.sqrt(96)).to(dtype)
+    exact = terms.double().sum(1)
+    got = terms.float().sum(1).to(dtype)
+    assert_close(got, exact, reduction=96, stages=3, accumulate=torch.float32)
+    wrong = (terms.float().sum(1) / 0.7).to(dtype)
+    with pytest.raises(AssertionError, match=r"accumulated in torch\.float32"):
+        assert_close(wrong, exact, reduction=96, stages=3, accumulate=torch.float32)
+    if dtype == torch.bfloat16:  # without it the bound is rtol 1.8: the error passes
+        assert_close(wrong, exact, reduction=96, stages=3)

@@ -16,12 +16,16 @@ autograd node that accumulates in place (``torch.addmm_``):
 * backward (``g = dL/dy``): ``gu = s g B`` ``[T, r]``; ``dB = s g^T u``; ``dA = gu^T x``;
   ``dx = g W + gu A``.
 
+On CPU the three products with the rank ``r`` as one output dimension (``u``, ``gu``, ``dB``)
+run transposed, as ``[r, T]`` (or ``[r, out]``) products whose transpose is the ``[T, r]``
+result: the same sums, and CPU BLAS computes such a short-and-wide product several times
+faster than the tall-and-thin one (``docs/benchmarks.md``, "How we got here").
+
 The base weight and bias must be frozen (LoRA training): they get no gradient. The outputs
-equal peft's bit for bit when ``s`` is a power of two (such a scale is exact and the sums are
-taken in the same order), to float rounding otherwise; the gradients to float rounding (the
-input gradient ``g W + gu A`` is summed inside the node, not by autograd across the layers
-that read ``x``). :class:`LeanLora` hangs in the model in
-place of a peft layer (see :meth:`rl_adapters.roles.LoraSites.lean`) and falls back to the
+equal peft's to float rounding (a scale that is not a power of two rounds, and on CPU another
+kernel sums ``x A^T``); the gradients too (the input gradient ``g W + gu A`` is summed inside
+the node, not by autograd across the layers that read ``x``). :class:`LeanLora` hangs in the
+model in place of a peft layer (see :meth:`rl_adapters.roles.LoraSites.lean`) and falls back to the
 peft layer's own forward for anything this does not cover (dropout in training mode, variants
 such as DoRA, a LoRA bias, several active adapters, mixed dtypes, autocast, a merged layer).
 """
@@ -59,7 +63,7 @@ class LoraLinearFunction(torch.autograd.Function):
         """[..., out]: ``out = x W^T + b``, then ``out += s (x A^T) B^T`` in place."""
         x2 = x.reshape(-1, x.shape[-1])
         out = nn.functional.linear(x2, weight, bias)
-        u = torch.mm(x2, lora_a.t())
+        u = torch.mm(lora_a, x2.t()).t() if x2.is_cpu else torch.mm(x2, lora_a.t())  # [T, r]
         out.addmm_(u, lora_b.t(), alpha=scaling)
         ctx.save_for_backward(x2, u, weight, lora_a, lora_b)
         ctx.scaling = scaling
@@ -73,8 +77,12 @@ class LoraLinearFunction(torch.autograd.Function):
         s = ctx.scaling
         need_x, _, _, need_a, need_b, _ = ctx.needs_input_grad
         g = grad.reshape(-1, grad.shape[-1])
-        gu = torch.mm(g, lora_b).mul_(s)  # [T, r]
-        grad_b = torch.mm(g.t(), u).mul_(s) if need_b else None
+        if g.is_cpu:  # rank-major products (the module docstring), transposed back as views
+            gu = torch.mm(lora_b.t(), g.t()).mul_(s).t()  # [T, r]
+            grad_b = torch.mm(u.t(), g).mul_(s).t() if need_b else None
+        else:
+            gu = torch.mm(g, lora_b).mul_(s)  # [T, r]
+            grad_b = torch.mm(g.t(), u).mul_(s) if need_b else None
         grad_a = torch.mm(gu.t(), x2) if need_a else None
         grad_x = None
         if need_x:

@@ -13,8 +13,8 @@ The rule: every such switch is entered through :func:`replayable`, which records
 (a zero-argument callable that returns a fresh context manager) on a per-thread stack for the
 length of the block. The checkpoint function :func:`enable_checkpointing` installs on a model's
 layers is :func:`replayed_checkpoint`: it takes the stack as it is when the layer runs forward
-and runs the layer inside those switches, entered again outermost first, both in the forward
-and in the recomputation (reentrant ``torch.utils.checkpoint.checkpoint``, whose backward calls
+(where the switches are in effect already) and enters those switches again, outermost first,
+around the recomputation (reentrant ``torch.utils.checkpoint.checkpoint``, whose backward calls
 the layer again). So the recomputed forward sees exactly the state of the original one,
 whatever the backward's own state is. :func:`checkpoint_context` does the same for the
 non-reentrant checkpoint (``context_fn=``), the other choice of :func:`enable_checkpointing`.

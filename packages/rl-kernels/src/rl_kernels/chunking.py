@@ -14,7 +14,9 @@ DEFAULT_MEMORY_BUDGET = 256 * 2**20
 CPU_TILE_BYTES = 32 * 2**20 - 2**16
 
 #: The CPU cap applies only where it leaves a tile this many rows: every tile re-reads the
-#: whole ``[V, H]`` weight, so fewer rows per tile cost more than the faults save.
+#: whole ``[V, H]`` weight, so fewer rows per tile cost more than the faults save. For the same
+#: reason the eighth-of-M cap does not shrink a CPU tile below this many rows (or below
+#: :data:`CPU_TILE_BYTES`, whichever is fewer rows).
 CPU_MIN_TILE_ROWS = 256
 
 
@@ -31,7 +33,9 @@ def auto_chunk_rows(
 
     With ``total_rows`` (the M being processed) the chunk is also at most ``ceil(M / 8)``
     rows: a tile never holds more than an eighth of the full logits, so the fused path stays
-    under 1/8 of the naive path's logits memory even when the budget would allow more.
+    under 1/8 of the naive path's logits memory even when the budget would allow more. On CPU
+    that cap stops at ``min(CPU_MIN_TILE_ROWS, cpu_rows)`` rows: small logits (M under 2,048
+    rows of a vocabulary that fits) are cut into fewer, larger tiles, whose GEMMs run faster.
 
     The kernels hold about two such tiles at once (logits and probabilities, then the logits
     gradient in place), so the peak extra memory is about ``2 * memory_budget`` plus the
@@ -51,9 +55,10 @@ def auto_chunk_rows(
         cpu: The tiles live in CPU memory (prefer tiles under :data:`CPU_TILE_BYTES`).
 
     Returns:
-        ``clamp(min(memory_budget // (4 * V), ceil(M / 8), cpu_rows), floor, cap)``, where
+        ``clamp(min(memory_budget // (4 * V), eighth, cpu_rows), floor, cap)``, where
         ``cpu_rows = CPU_TILE_BYTES // (4 * V)`` with ``cpu`` when it is at least
-        :data:`CPU_MIN_TILE_ROWS` (else no limit).
+        :data:`CPU_MIN_TILE_ROWS` (else no limit), and ``eighth = ceil(M / 8)``, on CPU at
+        least ``min(CPU_MIN_TILE_ROWS, CPU_TILE_BYTES // (4 * V))``.
     """
     if vocab_size < 1:
         raise ValueError(f"`vocab_size` must be >= 1, got {vocab_size}")
@@ -62,9 +67,10 @@ def auto_chunk_rows(
     if not 1 <= floor <= cap:
         raise ValueError(f"need 1 <= `floor` <= `cap`, got floor={floor}, cap={cap}")
     rows = memory_budget // (4 * vocab_size)
-    if total_rows is not None:
-        rows = min(rows, -(-total_rows // 8))
     cpu_rows = CPU_TILE_BYTES // (4 * vocab_size)
+    if total_rows is not None:
+        eighth = -(-total_rows // 8)
+        rows = min(rows, max(eighth, min(CPU_MIN_TILE_ROWS, cpu_rows)) if cpu else eighth)
     if cpu and cpu_rows >= CPU_MIN_TILE_ROWS:
         rows = min(rows, cpu_rows)
     return int(min(max(rows, floor), cap))
