@@ -14,7 +14,9 @@ from collections.abc import Iterator
 import adapters_testlib as tl
 import pytest
 import torch
+from peft import LoraConfig
 from rl_adapters import PolicyModel
+from rl_adapters.lean_lora import LoraLinearFunction
 from rl_adapters.replay import (
     checkpoint_context,
     enable_checkpointing,
@@ -93,7 +95,8 @@ def test_enable_checkpointing_says_which_checkpoint(reentrant: bool) -> None:
     )
     model.train()
     ids, mask = tl.batch(tl.vocab_size(model))
-    # a frozen base: only the embeddings' hook makes the checkpointed layers differentiable
+    # a frozen base, frozen embeddings: only the anchor makes the checkpointed layers
+    # differentiable (no input of the first layer requires grad)
     model.requires_grad_(False)
     model.model.norm.weight.requires_grad_(True)
     model.model.layers[0].mlp.up_proj.weight.requires_grad_(True)
@@ -134,3 +137,52 @@ def test_checkpointed_critic_backward_runs_the_critic_adapter() -> None:
             assert not bool(grad.any()), name
         else:
             assert_close(grad, plain[name], **tl.GRADS, msg=name)
+
+
+def _lora_backward_work(
+    checkpointing: bool, monkeypatch: pytest.MonkeyPatch, lora: LoraConfig | None = None
+) -> tuple[list[bool], list[torch.Tensor]]:
+    """Whether each lean LoRA backward computes its input's gradient, in call order, and the
+    adapter gradients, for one lean forward and backward of a LoRA policy."""
+    model = tl.base("qwen2")
+    policy = PolicyModel(model, lora_config=lora or tl.lora(), gradient_checkpointing=checkpointing)
+    params = policy.trainable_parameters("actor")
+    tl.perturb(params, seed=1)
+    ids, mask = tl.batch(tl.vocab_size(model))
+    needs_x: list[bool] = []
+    backward = LoraLinearFunction.backward
+
+    def spy(ctx: object, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        needs_x.append(bool(ctx.needs_input_grad[0]))  # type: ignore[attr-defined]
+        return backward(ctx, grad)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(LoraLinearFunction, "backward", staticmethod(spy))
+    with policy.lean_lora():
+        tl.lm_loss(policy.logits(ids, mask), ids, mask).backward()
+    monkeypatch.undo()
+    return needs_x, [p.grad for p in params]
+
+
+def test_checkpointed_first_layer_computes_no_input_gradient(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Over frozen embeddings the first layer's projections need no input gradient; checkpointed,
+    they compute none either (the anchor, not an input that requires grad, carries the graph)."""
+    plain, plain_grads = _lora_backward_work(False, monkeypatch)
+    checkpointed, grads = _lora_backward_work(True, monkeypatch)
+    assert sorted(checkpointed) == sorted(plain)
+    assert not all(plain)  # the first layer's q, k, v, gate and up: no input gradient
+    for a, b in zip(grads, plain_grads, strict=True):
+        assert_close(a, b, **tl.GRADS, msg="adapter gradient")
+
+
+def test_checkpointed_layer_without_trainable_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LoRA on the second layer only: the first, checkpointed layer has no parameter that needs
+    a gradient and no input that requires one; the backward still runs and equals the plain."""
+    only_last = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                           target_modules=list(tl.LINEAR_NAMES), layers_to_transform=[1])  # fmt: skip
+    _, plain = _lora_backward_work(False, monkeypatch, only_last)
+    _, checkpointed = _lora_backward_work(True, monkeypatch, only_last)
+    assert plain and all(g is not None and bool(g.any()) for g in plain)
+    for a, b in zip(checkpointed, plain, strict=True):
+        assert_close(a, b, **tl.GRADS, msg="adapter gradient")

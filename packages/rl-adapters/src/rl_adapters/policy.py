@@ -33,7 +33,12 @@ from rl_adapters.lean_report import LeanForwards, LeanReport, check_lean_forward
 from rl_adapters.lean_rotary import lean_rotary
 from rl_adapters.lean_survey import survey
 from rl_adapters.lora import default_lora_config, scope_lora_config, validate_lora_config
-from rl_adapters.replay import Switch, enable_checkpointing, replayable
+from rl_adapters.replay import (
+    Switch,
+    drop_input_require_grads,
+    enable_checkpointing,
+    replayable,
+)
 from rl_adapters.roles import LoraSites
 from rl_adapters.seeding import seeded
 from rl_adapters.value_head import ValueHead
@@ -194,6 +199,8 @@ class PolicyModel(nn.Module):
                 copy_adapter(peft_model, "actor", "reference")
             if self.has_critic:
                 peft_model.add_adapter("critic", copy.deepcopy(config))
+        if getattr(model, "_rl_checkpoint", None):  # peft's hook for checkpointing: not needed
+            drop_input_require_grads(model)  # (rl_adapters.replay.enable_checkpointing)
         self.lora_config = config
         self.peft = peft_model
         self.causal_lm = causal_lm_of(peft_model)

@@ -43,6 +43,7 @@ from torch.utils.checkpoint import checkpoint
 __all__ = [
     "Switch",
     "checkpoint_context",
+    "drop_input_require_grads",
     "enable_checkpointing",
     "recorded",
     "replayable",
@@ -126,38 +127,56 @@ def replayed_checkpoint(function: Callable[..., Any], *args: Any) -> Any:
     without it, inside the switches already). The forward saves only ``args``, so no
     saved-tensor hook runs per operation (the non-reentrant checkpoint's cost on small layers,
     ``docs/benchmarks.md``).
+
+    A reentrant checkpoint is differentiated only where one of its inputs requires grad. Where
+    none does (the first layer over frozen embeddings, with autograd on), an empty anchor tensor
+    that requires grad is passed along instead: the layer's parameters get their gradients and
+    no gradient of its input is computed, as without checkpointing. Where the layer has no
+    trainable parameter either, the recomputed output is tied to the anchor (``+ anchor.sum()``,
+    an exact zero), so the backward has a graph to run.
     """
     replay = _Replay(recorded())
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    anchored = torch.is_grad_enabled() and not any(t.requires_grad for t in tensors)
 
     def run(*inner: Any) -> Any:
+        layer_args = inner[1:] if anchored else inner
         if not torch.is_grad_enabled():  # the checkpoint's forward: the switches are in effect
-            return function(*inner)
+            return function(*layer_args)
         with replay:  # the recomputation, during the backward
-            return function(*inner)
+            out = function(*layer_args)
+        return _tied(out, inner[0]) if anchored else out
 
+    if anchored:
+        device = tensors[0].device if tensors else None
+        anchor = torch.empty(0, device=device, requires_grad=True)
+        return checkpoint(run, anchor, *args, use_reentrant=True)
     return checkpoint(run, *args, use_reentrant=True)
 
 
-def _inputs_require_grad(module: nn.Module, args: Any, output: torch.Tensor) -> None:
-    """Forward hook on the input embeddings: their output requires grad where autograd is on.
-
-    A reentrant checkpoint differentiates only through inputs that require grad, and a frozen
-    embedding's output does not.
-    """
-    if torch.is_grad_enabled() and not output.requires_grad:
-        output.requires_grad_(True)
+def _tied(out: Any, anchor: torch.Tensor) -> Any:
+    """``out`` (a tensor or a tuple led by one), tied to ``anchor`` where it needs no grad."""
+    first = out[0] if isinstance(out, tuple) else out
+    if not isinstance(first, torch.Tensor) or first.requires_grad:
+        return out
+    first = first + anchor.sum().to(first.dtype)  # an empty sum: exactly zero
+    return (first, *out[1:]) if isinstance(out, tuple) else first
 
 
 def enable_checkpointing(model: nn.Module, reentrant: bool = True) -> None:
     """Turn on activation checkpointing of a transformers model's layers, with replayed state.
 
     With ``reentrant`` (the default) each checkpointed layer calls :func:`replayed_checkpoint`
-    (``model._rl_checkpoint`` says ``"reentrant"``), and a forward hook on the input embeddings
-    makes their output require grad where autograd is on (as transformers'
-    ``enable_input_require_grads`` does for adapters on a frozen base). Without it,
+    (``model._rl_checkpoint`` says ``"reentrant"``). Without it,
     non-reentrant ``torch.utils.checkpoint.checkpoint`` with ``context_fn=``
     :func:`checkpoint_context` (``"non-reentrant"``). Either replaces a checkpoint function set
     before (peft's k-bit preparation sets a reentrant one that replays nothing).
+
+    Neither needs the input embeddings' output to require grad (the reentrant one carries its
+    graph on an anchor, :func:`replayed_checkpoint`), so the hook transformers registers for
+    that (``enable_input_require_grads``) is removed again: the first layer computes no input
+    gradient over frozen embeddings, as without checkpointing. peft registers the same hook when
+    it wraps a checkpointed model; :func:`drop_input_require_grads` removes it.
 
     Raises:
         ValueError: A model that does not support gradient checkpointing (names the class).
@@ -175,6 +194,7 @@ def enable_checkpointing(model: nn.Module, reentrant: bool = True) -> None:
         enable(activation_checkpointing_kwargs=kwargs)
     else:  # transformers < 5
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)  # type: ignore[operator]
+    drop_input_require_grads(model)
     model._rl_checkpoint = "non-reentrant"  # type: ignore[assignment]
     if not reentrant:
         return
@@ -186,6 +206,17 @@ def enable_checkpointing(model: nn.Module, reentrant: bool = True) -> None:
         )
     for layer in layers:
         layer._gradient_checkpointing_func = replayed_checkpoint  # type: ignore[assignment]
-    embeddings = model.get_input_embeddings()  # type: ignore[operator]
-    embeddings.register_forward_hook(_inputs_require_grad)
     model._rl_checkpoint = "reentrant"  # type: ignore[assignment]
+
+
+def drop_input_require_grads(model: nn.Module) -> None:
+    """Remove the embeddings' hook that ``enable_input_require_grads`` registered last.
+
+    transformers registers it when checkpointing is enabled, peft again when it wraps a
+    checkpointed model (each call forgets the handles of the one before, so this runs after
+    each). A no-op where there is none, or where transformers lacks
+    ``disable_input_require_grads``.
+    """
+    disable = getattr(model, "disable_input_require_grads", None)
+    if disable is not None:
+        disable()
