@@ -431,6 +431,21 @@ def test_kl_penalty_by_hand(api: Any) -> None:
 
 
 @API
+def test_maxima_with_nothing_valid_are_zero(api: Any) -> None:
+    # every token masked (a micro-batch of padding, a fused chunk without policy tokens): the
+    # maxima over no token are 0, not -inf, and the losses 0 with a zero gradient
+    lp = t([[0.5, NAN]]).requires_grad_(True)
+    nothing = b([[F, F]])
+    out = api.clipped_surrogate(lp, t([[0.0, NAN]]), t([1.0]), nothing)
+    close(out.ratio_max, 0.0)
+    close(out.loss, 0.0)
+    kl = api.kl_penalty(lp, t([[0.0, NAN]]), nothing, kind="k3", coef=0.5)
+    close(kl.kl_max, 0.0)
+    close(kl.loss, 0.0)
+    close(grad_of(out.loss + kl.loss, lp), [[0.0, 0.0]])
+
+
+@API
 def test_entropy_bonus_by_hand(api: Any) -> None:
     ent = t([[1.0, 3.0], [2.0, NAN]]).requires_grad_(True)
     out = api.entropy_bonus(ent, b([[T, T], [T, F]]), coef=0.01)

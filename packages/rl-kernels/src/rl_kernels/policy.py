@@ -309,7 +309,7 @@ def _publish(
     r["clip_frac_high"] = sums["clip_high"] / count
     r["approx_kl"] = sums["approx_kl"] / count
     r["ratio_mean"] = sums["ratio"] / count
-    r["ratio_max"] = ratio_max if bool(torch.isfinite(ratio_max)) else ratio_max.new_zeros(())
+    r["ratio_max"] = torch.where(torch.isfinite(ratio_max), ratio_max, 0.0)  # no host sync
     r["kl_mean"] = sums["kl_value"] / valid
     r["entropy_mean"] = sums["entropy_value"] / valid
     r["logprobs"] = logp.view(n, t)

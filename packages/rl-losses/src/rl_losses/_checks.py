@@ -63,3 +63,14 @@ def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         options = ", ".join(repr(c) for c in choices)
         raise ValueError(f"`{name}` must be one of {options}; got {value!r}")
+
+
+def masked_max(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """0-dim: the largest ``x`` where ``mask`` is True, 0 where it is True nowhere.
+
+    Decided on the device (no host synchronisation, which costs a GPU stall per call).
+    """
+    if x.numel() == 0:
+        return x.new_zeros(())
+    big = torch.where(mask, x, float("-inf")).amax()
+    return torch.where(mask.any(), big, big.new_zeros(()))

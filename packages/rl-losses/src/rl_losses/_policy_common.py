@@ -20,6 +20,7 @@ from rl_losses._checks import (
     check_finite,
     check_same_shape,
     check_tensor,
+    masked_max,
     shape_str,
     zero_fill,
 )
@@ -143,11 +144,7 @@ def _finish(
         r = ratio.detach()
         lr = logratio.detach()
         fdtype = r.dtype
-        ratio_max = (
-            torch.where(m, r, torch.full_like(r, float("-inf"))).amax()
-            if m.any()
-            else (r.new_zeros(()))
-        )
+        ratio_max = masked_max(r, m)
         return PolicyLossOutput(
             loss=loss,
             clip_frac_low=_masked_mean(low.to(fdtype), m),

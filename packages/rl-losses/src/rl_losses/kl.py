@@ -26,6 +26,7 @@ from rl_losses._checks import (
     check_choice,
     check_finite,
     check_same_shape,
+    masked_max,
     zero_fill,
 )
 from rl_losses.aggregate import AGGREGATIONS, Aggregation, aggregate
@@ -223,5 +224,4 @@ def kl_penalty(
     with torch.no_grad():
         e = zero_fill(est.detach(), m)
         count = m.sum().clamp(min=1).to(e.dtype)
-        big = torch.where(m, e, float("-inf")).amax() if bool(m.any()) else e.new_zeros(())
-        return KLOutput(loss=loss, kl_mean=e.sum() / count, kl_max=big)
+        return KLOutput(loss=loss, kl_mean=e.sum() / count, kl_max=masked_max(e, m))
