@@ -2,8 +2,9 @@
 
 Inside ``PolicyModel.lean_lora()`` every plain LoRA linear layer runs as one autograd node;
 its values must equal peft's (to float32 rounding: a scale that is not a power of two rounds,
-and on CPU the rank products run transposed) and so must the gradients of the adapter weights (to rounding), anything it does not cover must
-fall back to peft's forward, and the model must come back with the same modules on exit.
+and on CPU the rank products run transposed) and so must the gradients of the adapter weights;
+anything it does not cover must fall back to peft's forward, and the model must come back with
+the same modules on exit.
 """
 
 from __future__ import annotations
