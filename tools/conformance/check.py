@@ -15,7 +15,9 @@ STATUSES = frozenset({"equal", "args", "design", "none"})
 """The statuses a cell may have (see ``matrix.py``'s module docstring)."""
 
 
-#: Public names that are not estimators or losses (plumbing, statistics, registries, types).
+#: Public names that are not estimators or losses (plumbing, statistics, registries, types),
+#: or that restate one with a row (``rollout_weights``: ``rollout_correction``'s weights and mask,
+#: equal bit for bit in rl-losses' property tests).
 EXEMPT = {
     "rl_advantages": {
         "AdvantagesReturns", "TurnValues", "available_estimators", "broadcast_to_tokens",
@@ -26,7 +28,7 @@ EXEMPT = {
         "AGGREGATIONS", "Aggregation", "EntropyOutput", "ILQLLossOutput", "KLKind", "KLOutput",
         "Level", "PolicyLossOutput", "Pooling", "RolloutCorrection", "TargetReduction",
         "ValueLossOutput", "available_policy_losses", "get_policy_loss", "next_state_values",
-        "register_policy_loss", "to_units",
+        "register_policy_loss", "rollout_weights", "to_units",
     },
     "rl_kernels": {
         "DEFAULT_MEMORY_BUDGET", "FUSED_OBJECTIVES", "FusedPolicyLossOutput",

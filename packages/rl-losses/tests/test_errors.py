@@ -140,6 +140,10 @@ SHAPE_MISMATCHES: dict[str, tuple[Callable[[], Any], str]] = {
         lambda: rl.rollout_correction(lps(3, 4), lps(3, 4), bmask(3, 5)),
         "mask|old_logprobs",
     ),
+    "rollout_weights": (
+        lambda: rl.rollout_weights(lps(3, 4), lps(3, 5), bmask(3, 4)),
+        "sampling_logprobs|old_logprobs",
+    ),
 }
 
 

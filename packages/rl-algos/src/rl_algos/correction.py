@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from rl_losses import rollout_correction
+from rl_losses import rollout_weights
 
 from rl_algos.batch import Batch, Estimates, MicroBatch, Scores
 
@@ -58,7 +58,7 @@ class SamplerCorrection:
 
     def weights(self, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor) -> Any:
         """[N, T] truncated weights of ``old`` over ``sampling`` (both [N, T], ``mask`` [N, T])."""
-        return rollout_correction(old, sampling, mask, cap=self.cap).weights
+        return rollout_weights(old, sampling, mask, cap=self.cap)[0]
 
     def batch_weights(self, batch: Batch, scores: Scores) -> torch.Tensor | None:
         """[N, T] the batch's weights from the scored ``old_logprobs``, or None.

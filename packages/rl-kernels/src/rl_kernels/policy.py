@@ -26,7 +26,7 @@ from rl_losses import (
     aggregate,
     get_policy_loss,
     kl_estimate,
-    rollout_correction,
+    rollout_weights,
 )
 from rl_losses.registry import UNPUBLISHED
 from torch.autograd.function import once_differentiable
@@ -483,11 +483,10 @@ def fused_policy_loss(
                 "`old_logprobs` is required with `sampling_logprobs`: the correction compares "
                 "the trainer's log-probs with the sampler's"
             )
-        corr = rollout_correction(
+        w, policy_mask = rollout_weights(
             old_logprobs, sampling_logprobs, m, level=correction_level,  # type: ignore[arg-type]
             mode=correction_mode, cap=correction_cap, lower=correction_lower,  # type: ignore[arg-type]
         )  # fmt: skip
-        policy_mask, w = corr.mask, corr.weights
     policy_agg = aggregation_weights(policy_mask, aggregation, normalizer, max_length, cd)
     other_agg = aggregation_weights(m, aggregation, normalizer, max_length, cd)
     if w is not None:

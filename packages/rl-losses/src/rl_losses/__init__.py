@@ -10,7 +10,7 @@ for the peer-conventions table (CISPO clamp, GSPO gradient, KL direction, aggreg
 from importlib.metadata import version as _version
 
 from rl_losses.aggregate import AGGREGATIONS, Aggregation, aggregate
-from rl_losses.correction import off_policy_mask, rollout_correction
+from rl_losses.correction import off_policy_mask, rollout_correction, rollout_weights
 from rl_losses.entropy import entropy_bonus, high_entropy_mask
 from rl_losses.ilql import (
     ILQLLossOutput,
@@ -88,6 +88,7 @@ __all__ = [
     "register_policy_loss",
     "reinforce_loss",
     "rollout_correction",
+    "rollout_weights",
     "sapo_loss",
     "to_units",
     "value_loss",

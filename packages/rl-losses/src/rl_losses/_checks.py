@@ -55,6 +55,8 @@ def check_finite(name: str, x: torch.Tensor, mask: torch.Tensor) -> None:
 
 def zero_fill(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``x`` with masked entries replaced by 0 (NaN-safe, zero gradient there)."""
+    if x.is_floating_point():  # a Python zero: no 0-dim tensor made per call
+        return torch.where(mask, x, 0.0)
     return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 

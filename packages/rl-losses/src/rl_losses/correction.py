@@ -7,6 +7,7 @@ slightly different probabilities for the same tokens. The ratio
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -21,7 +22,7 @@ from rl_losses._checks import (
 )
 from rl_losses.outputs import RolloutCorrection
 
-__all__ = ["off_policy_mask", "rollout_correction"]
+__all__ = ["off_policy_mask", "rollout_correction", "rollout_weights"]
 
 
 def rollout_correction(
@@ -95,6 +96,76 @@ def rollout_correction(
         :class:`RolloutCorrection` with ``weights`` [N, T] (0 where masked) to multiply the
         per-token policy loss with (pass as ``is_weights``) and the narrowed ``mask``.
     """
+    r = _ratios(old_logprobs, sampling_logprobs, mask, level, mode, cap, lower, statistic, weights)
+    with torch.no_grad():
+        m, unit_mask, rho, delta = r.mask, r.unit_mask, r.rho, r.delta
+        zero = delta.new_zeros(())
+        if mode == "truncate":
+            affected = (rho > cap) | (rho < lower) if lower is not None else rho > cap
+        else:
+            affected = ~r.keep
+        count = unit_mask.sum().clamp(min=1).to(delta.dtype)
+        w_valid = zero_fill(r.unit_weights, unit_mask)
+        sq = (w_valid * w_valid).sum()
+        ess = torch.where(sq > 0, w_valid.sum() ** 2 / (count * sq.clamp(min=1e-300)), zero)
+        k3 = zero_fill(torch.expm1(delta) - delta, m)
+        return RolloutCorrection(
+            weights=r.weights,
+            mask=r.out_mask,
+            ratio_mean=zero_fill(rho, unit_mask).sum() / count,
+            frac_clamped=zero_fill(affected.to(delta.dtype), unit_mask).sum() / count,
+            ess=ess,
+            mismatch_kl=k3.sum() / m.sum().clamp(min=1).to(delta.dtype),
+        )
+
+
+def rollout_weights(
+    old_logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    level: Literal["token", "sequence"] = "token",
+    mode: Literal["truncate", "mask"] = "truncate",
+    cap: float = 2.0,
+    lower: float | None = None,
+    statistic: Literal["product", "geometric_mean"] = "product",
+    weights: Literal["unit", "token"] = "unit",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weights [N, T], mask [N, T])`` of :func:`rollout_correction`, without its metrics.
+
+    The same arguments, checks and values (``RolloutCorrection.weights`` and ``.mask``), for a
+    caller that reads no diagnostics, such as a weighing per micro-batch: the metrics (ESS,
+    mismatch KL, clamped fraction) take most of :func:`rollout_correction`'s operations.
+    """
+    r = _ratios(old_logprobs, sampling_logprobs, mask, level, mode, cap, lower, statistic, weights)
+    return r.weights, r.out_mask
+
+
+@dataclass(frozen=True)
+class _Ratios:
+    """What :func:`rollout_correction` and :func:`rollout_weights` share (all detached)."""
+
+    mask: torch.Tensor  # [N, T] the input mask, bool
+    delta: torch.Tensor  # [N, T] log(pi_old / pi_sampler), 0 off the mask
+    rho: torch.Tensor  # [N, T] token or [N, 1] sequence ratios
+    unit_mask: torch.Tensor  # like rho: the units with a valid token
+    keep: torch.Tensor  # like rho: the units kept (all, with mode="truncate")
+    unit_weights: torch.Tensor  # like rho: each unit's weight
+    out_mask: torch.Tensor  # [N, T] the mask, narrowed by mode="mask"
+    weights: torch.Tensor  # [N, T] the weights, 0 where masked
+
+
+def _ratios(
+    old_logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    level: str,
+    mode: str,
+    cap: float,
+    lower: float | None,
+    statistic: str,
+    weights: str,
+) -> _Ratios:
     check_2d("old_logprobs", old_logprobs)
     check_same_shape("sampling_logprobs", sampling_logprobs, "old_logprobs", old_logprobs)
     m = as_mask(mask, "old_logprobs", old_logprobs)
@@ -115,7 +186,6 @@ def rollout_correction(
         )
     with torch.no_grad():
         delta = zero_fill(old_logprobs.detach() - sampling_logprobs.detach(), m)
-        zero = delta.new_zeros(())
         if level == "token":
             rho = torch.exp(delta)
             unit_mask = m
@@ -127,32 +197,18 @@ def rollout_correction(
             unit_mask = m.any(dim=1, keepdim=True)
         if mode == "truncate":
             w_unit = rho.clamp(min=lower, max=cap)
-            affected = (rho > cap) | (rho < lower) if lower is not None else rho > cap
             keep = torch.ones_like(unit_mask)
         else:
             keep = rho <= cap
             if lower is not None:
                 keep = keep & (rho >= lower)
-            w_unit = torch.where(keep, rho, zero)
-            affected = ~keep
-        count = unit_mask.sum().clamp(min=1).to(delta.dtype)
-        w_valid = zero_fill(w_unit, unit_mask)
-        sq = (w_valid * w_valid).sum()
-        ess = torch.where(sq > 0, w_valid.sum() ** 2 / (count * sq.clamp(min=1e-300)), zero)
+            w_unit = torch.where(keep, rho, 0.0)
         out_mask = m & keep.expand_as(m)
         if weights == "token":
             w_tok = zero_fill(torch.exp(delta), out_mask)
         else:
             w_tok = zero_fill(w_unit.expand_as(m), m)
-        k3 = zero_fill(torch.expm1(delta) - delta, m)
-        return RolloutCorrection(
-            weights=w_tok,
-            mask=out_mask,
-            ratio_mean=zero_fill(rho, unit_mask).sum() / count,
-            frac_clamped=zero_fill(affected.to(delta.dtype), unit_mask).sum() / count,
-            ess=ess,
-            mismatch_kl=k3.sum() / m.sum().clamp(min=1).to(delta.dtype),
-        )
+        return _Ratios(m, delta, rho, unit_mask, keep, w_unit, out_mask, w_tok)
 
 
 def off_policy_mask(
