@@ -118,6 +118,83 @@ def test_lean_falls_back_to_peft_where_it_does_not_apply() -> None:
     assert calls == ["peft"]  # only the layer whose dropout is live
 
 
+def test_lean_rechecks_a_layer_whose_base_changed() -> None:
+    # the static check is remembered per layer while its base layer and weight stay the same
+    policy, model = _policy(tl.lora(r=4, alpha=8))
+    sites = policy.lora_sites()
+    assert sites is not None
+    with policy.lean_lora():
+        lean = _lean_layers(model)
+    assert lean == len(sites)
+
+    class OtherLinear(torch.nn.Linear):  # not a plain nn.Linear: peft's forward runs
+        pass
+
+    layer = sites.sites[0].layer
+    old = layer.base_layer
+    new = OtherLinear(old.in_features, old.out_features, bias=old.bias is not None)
+    new.load_state_dict(old.state_dict())
+    new.requires_grad_(False)
+    layer.base_layer = new
+    with policy.lean_lora():
+        assert _lean_layers(model) == lean - 1
+    layer.base_layer = old
+    with policy.lean_lora():
+        assert _lean_layers(model) == lean
+
+
+def test_each_body_follows_what_changed_since_the_last() -> None:
+    # a layer's plan is kept from body to body while it holds: a new scale, a replaced adapter
+    # weight, a trained base or another dtype since the last body must all be followed
+    policy, model = _policy(tl.lora(r=4, alpha=8))
+    ids, mask = tl.batch(tl.vocab_size(model))
+    layer = policy.lora_sites().sites[0].layer  # type: ignore[union-attr]
+
+    def lean_equals_peft() -> None:
+        with torch.no_grad():
+            plain = policy.logits(ids, mask)
+        with policy.lean_lora():
+            lean = policy.logits(ids, mask)
+        assert_close(lean, plain, **tl.FORWARD, msg="logits")
+
+    lean_equals_peft()  # the plans are made
+    layer.scaling["actor"] = 3.0
+    lean_equals_peft()
+    old = layer.lora_B["actor"].weight
+    layer.lora_B["actor"].weight = torch.nn.Parameter(torch.randn_like(old))
+    lean_equals_peft()
+    layer.base_layer.weight.requires_grad_(True)  # a trained base: peft's forward there
+    with policy.lean_lora():
+        lean = policy.logits(ids, mask)
+        assert layer.base_layer.weight.requires_grad
+    lean.sum().backward()
+    assert layer.base_layer.weight.grad is not None  # the lean node gives the base no gradient
+    layer.base_layer.weight.requires_grad_(False)
+    model.double()
+    ids64, mask64 = ids, mask
+    with torch.no_grad():
+        plain = policy.logits(ids64, mask64)
+    with policy.lean_lora():
+        lean = policy.logits(ids64, mask64)
+    assert lean.dtype == plain.dtype == torch.float64
+    assert_close(lean, plain, **tl.FORWARD, msg="float64 logits")
+    # every layer decided again for float64, none left to peft's forward
+    assert _lean_nodes(lean) == len(policy.lora_sites() or ())
+
+
+def _lean_nodes(out: torch.Tensor) -> int:
+    """How many lean LoRA nodes ``out``'s graph holds."""
+    seen, todo, count = set(), [out.grad_fn], 0
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        count += type(node).__name__ == "LoraLinearFunctionBackward"
+        todo.extend(n for n, _ in node.next_functions)
+    return count
+
+
 def test_lean_nests_with_role_switches_and_restores_the_model() -> None:
     policy, model = _policy(reference="base", critic=True)
     tree = [(n, id(m)) for n, m in model.named_modules()]

@@ -34,7 +34,9 @@ def instance_forwards(
                 continue
             forward = build(module)
             if forward is not None:
-                module.forward = forward
+                # what nn.Module.__setattr__ does for a value that is no parameter, buffer or
+                # module, without its checks (this runs for every module at every forward)
+                module.__dict__["forward"] = forward
                 swapped.append(module)
     try:
         yield len(swapped)
@@ -42,4 +44,4 @@ def instance_forwards(
         with LOCK:
             for module in reversed(swapped):
                 if hasattr(module.__dict__.get("forward"), marker):
-                    del module.forward
+                    del module.__dict__["forward"]

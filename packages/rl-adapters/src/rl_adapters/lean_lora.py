@@ -178,17 +178,20 @@ class LeanLora(nn.Module):
     def __init__(self, layer: Any) -> None:
         super().__init__()
         self.layer = layer
-        # (active adapters, disabled, merged) -> _Plan, or None for peft's forward: refresh()
+        # (active adapters, disabled, merged) -> _Plan, or None for peft's forward
         self._plans: dict[tuple[Any, ...], _Plan | None] = {}
+        self._checked: set[tuple[Any, ...]] = set()  # the states checked in this body
 
     def refresh(self) -> None:
-        """Forget the per-state decisions (done on entering each training body).
+        """Check the per-state decisions again (done on entering each training body).
 
         Inside one body the adapter's settings (dropout, trainable flags, dtypes) are taken to
         stay as they were at its first forward in each state of the layer (active adapters,
-        disabled, merged); role switches change that state and are followed.
+        disabled, merged); role switches change that state and are followed. At the first
+        forward of a body in each state, a plan still holds when the layer keeps its tensors,
+        scale, frozen base and identity dropout (:meth:`_holds`); else it is decided again.
         """
-        self._plans.clear()
+        self._checked.clear()
 
     def _plan(self, x: torch.Tensor) -> _Plan | None:
         layer = self.layer
@@ -200,10 +203,41 @@ class LeanLora(nn.Module):
         if active is _compat.MISSING or disabled is _compat.MISSING or merged is _compat.MISSING:
             return None  # peft's forward (_compat warned once)
         key = (tuple(active), disabled, len(merged))
-        if key not in self._plans:
-            self._plans[key] = None if disabled or merged else self._decide(x, active)
+        if key not in self._checked:
+            plan = self._plans.get(key)
+            if plan is None or not self._holds(plan, active):
+                self._plans[key] = None if disabled or merged else self._decide(x, active)
+            self._checked.add(key)
         plan = self._plans[key]
         return plan if plan is not None and plan.dtype == x.dtype else None
+
+    def _holds(self, plan: _Plan, active: Any) -> bool:
+        """Whether :meth:`_decide` would give ``plan`` again: the same base and adapter tensors
+        in one dtype, the same scale, a frozen base and a dropout that is the identity.
+
+        What :func:`adapter_blocker` reads (variant, LoRA bias) is fixed when the adapter is
+        built; rebuilding it makes new tensors, which this sees.
+        """  # noqa: D205
+        layer = self.layer
+        try:
+            name = active[0]
+            base = layer.base_layer
+            same = (
+                len(active) == 1
+                and base.weight is plan.weight
+                and base.bias is plan.bias
+                and layer.lora_A[name].weight is plan.lora_a
+                and layer.lora_B[name].weight is plan.lora_b
+                and float(layer.scaling[name]) == plan.scaling
+                and _dropout_is_identity(layer.lora_dropout[name])
+            )
+        except Exception:  # an internal gone or renamed: _decide reads it through _compat
+            return False
+        if not same or plan.weight.requires_grad:
+            return False
+        if plan.bias is not None and plan.bias.requires_grad:
+            return False
+        return plan.weight.dtype == plan.lora_a.dtype == plan.lora_b.dtype == plan.dtype
 
     def _decide(self, x: torch.Tensor, active: Any) -> _Plan | None:
         layer = self.layer

@@ -29,6 +29,7 @@ once per site.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +87,8 @@ class LoraSites:
         self.sites = tuple(sites)
         self.trainable = tuple(trainable)
         self._lean: dict[int, LeanLora] = {}  # site index -> its wrapper, built once
+        # site index -> (base layer, its weight (weak references), lean_blocker's answer)
+        self._blocked: dict[int, tuple[Any, Any, tuple[str, bool] | None]] = {}
         self._zero: dict[str, tuple[tuple[tuple[int, int], ...], bool]] = {}  # delta_is_zero
 
     def __len__(self) -> int:
@@ -169,7 +172,7 @@ class LoraSites:
         for k, site in enumerate(self.sites):
             if site.parent._modules[site.name] is not site.layer:
                 continue
-            blocked = lean_blocker(site.layer)
+            blocked = self._blocker(k, site)
             if blocked is not None:
                 if blocked[1]:  # a peft internal went missing since the policy's report
                     _compat.warn_once(blocked[0], "peft")
@@ -180,6 +183,25 @@ class LoraSites:
             replacements.append((site, self._lean[k]))
         with self._swapped(replacements):
             yield
+
+    def _blocker(self, k: int, site: LoraSite) -> tuple[str, bool] | None:
+        """:func:`~rl_adapters.lean_lora.lean_blocker` of site ``k``, re-run when its base changes.
+
+        The static half of the check reads every peft internal of the layer; its answer holds
+        while the layer keeps its base layer and base weight (a quantised or ZeRO-3 base
+        replaces them). An internal that goes missing later sends :class:`LeanLora` to
+        peft's own forward at its next call, with the warning.
+        """
+        base = _compat.read(site.layer, "base_layer", None)
+        weight = getattr(base, "weight", None)
+        known = base is not None and weight is not None
+        cached = self._blocked.get(k)
+        if known and cached is not None and cached[0]() is base and cached[1]() is weight:
+            return cached[2]
+        blocked = lean_blocker(site.layer)
+        if known:
+            self._blocked[k] = (weakref.ref(base), weakref.ref(weight), blocked)
+        return blocked
 
     def survey(self, adapter: str = "actor") -> tuple[LeanSwap, list[LeanFallback]]:
         """The layers that run the lean LoRA forward with ``adapter`` active, and the others.
