@@ -93,6 +93,20 @@ def test_old_logprobs_are_scored_when_the_update_reads_them(kw: dict[str, Any], 
     assert agent.seen[0].old_logprobs is not None, why
 
 
+def test_scores_are_ordinary_tensors() -> None:
+    # phase 3 runs its forwards in inference mode; what it returns must still be usable where
+    # autograd saves it for the backward (an inference tensor cannot be)
+    agent = _agent("GRPO", True, beta=0.1)
+    agent.learn(tl.make_batch().experiences())
+    scores = agent.seen[0]
+    assert scores.old_logprobs is not None and scores.ref_logprobs is not None
+    for t in (scores.old_logprobs, scores.ref_logprobs):
+        assert not t.is_inference()
+        x = torch.ones_like(t, requires_grad=True)
+        (x * t).sum().backward()  # mul saves ``t`` for x's gradient
+        assert torch.equal(x.grad, t)
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_on_policy_correction_equals_the_scored_correction(fused: bool) -> None:
     # The mismatch correction weighs tokens by min(exp(old - sampler), cap). On-policy the

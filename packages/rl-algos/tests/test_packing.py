@@ -414,3 +414,14 @@ def test_row_runs_reads_each_boundaries_tensor_once() -> None:
     assert varlen_attention.row_runs(other) is not first
     other[2] = 5  # in place: a new version of the same tensor
     assert varlen_attention.row_runs(other) == [(0, 1, 3), (3, 1, 2), (5, 1, 3), (8, 1, 4)]
+
+
+def test_row_runs_of_an_inference_tensor() -> None:
+    """A packed forward in ``torch.inference_mode`` (the scoring forwards) makes inference
+    tensors, which have no version counter: each is read once all the same."""
+    with torch.inference_mode():
+        bounds = torch.tensor([0, 2, 4, 9])
+        first = varlen_attention.row_runs(bounds)
+        assert first == [(0, 2, 2), (4, 1, 5)]
+        assert varlen_attention.row_runs(bounds) is first
+    assert varlen_attention.row_runs(bounds) is first  # also outside the mode

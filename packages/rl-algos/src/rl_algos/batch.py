@@ -403,7 +403,12 @@ def stack_rows(name: str, parts: Any, pad: float | bool, dtype: torch.dtype) -> 
         raise ValueError(f"`{name}` is empty: the batch has no rows")
     width = max(t.shape[1] for t in tensors)
     return torch.cat(
-        [torch.nn.functional.pad(t.to(dtype), (0, width - t.shape[1]), value=pad) for t in tensors]
+        [
+            torch.nn.functional.pad(t.to(dtype), (0, width - t.shape[1]), value=pad)
+            if t.shape[1] < width
+            else t.to(dtype)
+            for t in tensors
+        ]
     )
 
 

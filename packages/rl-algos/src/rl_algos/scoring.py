@@ -200,7 +200,7 @@ def score_batch(
     old_from_sampler: bool = False,
     with_sum_pi_squared: bool = False,
 ) -> Scores:
-    """The batch's :class:`Scores` (no grad).
+    """The batch's :class:`Scores` (no grad: the forwards run in inference mode).
 
     The actor's log-probs unless ``with_old`` is False (an on-policy update, see
     :attr:`Scores.old_logprobs`), and the reference's when ``with_reference``. The rows run in
@@ -213,23 +213,29 @@ def score_batch(
     """
     groups = scorer.row_groups(batch.attention_mask)
 
+    def zeros() -> torch.Tensor:
+        # made outside the inference mode below, so the results are ordinary tensors (an
+        # inference tensor cannot be saved for a later backward); filled in place inside it
+        with torch.inference_mode(False):
+            return torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
+
     def score(role: str) -> torch.Tensor:
-        out = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
+        out = zeros()
         for rows in groups:
             ids, attn, mask = batch.input_ids[rows], batch.attention_mask[rows], batch.mask[rows]
             out[rows] = scorer.logprobs(ids, attn, mask, role)
         return out
 
     def score_with_spi() -> tuple[torch.Tensor, torch.Tensor]:
-        out = torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
-        spi = torch.zeros_like(out)
+        out, spi = zeros(), zeros()
         for rows in groups:
             ids, attn, mask = batch.input_ids[rows], batch.attention_mask[rows], batch.mask[rows]
             out[rows], spi[rows] = scorer.logprobs_and_sum_pi_squared(ids, attn, mask)
         return out, spi
 
     sampler = batch.sampling_logprobs if old_from_sampler else None
-    with torch.no_grad():
+    # inference mode: no grad, and no view or version tracking either (fewer costs per op)
+    with torch.inference_mode():
         actor, spi = score_with_spi() if with_sum_pi_squared else (None, None)
         if sampler is not None:
             old = sampler

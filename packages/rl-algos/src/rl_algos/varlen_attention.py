@@ -156,12 +156,18 @@ _LAST_RUNS: list[Any] = [None, -1, []]
 
 
 def row_runs(cu_seq_lens: torch.Tensor) -> list[tuple[int, int, int]]:
-    """:func:`_runs` of ``cu_seq_lens`` [M + 1], read to the host once per tensor (and version)."""
-    ref, version, runs = _LAST_RUNS
-    if ref is not None and ref() is cu_seq_lens and version == cu_seq_lens._version:
+    """:func:`_runs` of ``cu_seq_lens`` [M + 1], read to the host once per tensor (and version).
+
+    An inference tensor (made by a forward in ``torch.inference_mode``, as the scoring
+    forwards are) has no version counter: it is read once per tensor (the packing makes a new
+    one per forward and nothing writes it).
+    """
+    version = -1 if cu_seq_lens.is_inference() else cu_seq_lens._version
+    ref, last, runs = _LAST_RUNS
+    if ref is not None and ref() is cu_seq_lens and last == version:
         return runs  # type: ignore[no-any-return]
     runs = _runs(cu_seq_lens.tolist())
-    _LAST_RUNS[:] = [weakref.ref(cu_seq_lens), cu_seq_lens._version, runs]
+    _LAST_RUNS[:] = [weakref.ref(cu_seq_lens), version, runs]
     return runs
 
 
