@@ -585,6 +585,7 @@ def test_rollout_weights_are_rollout_corrections(
     kw |= {"statistic": statistic, "weights": weights}
     out = rl_losses.rollout_correction(old, samp, mask, **kw)
     w, m = rl_losses.rollout_weights(old, samp, mask, **kw)
+    # bit-exact: both run the same operations on the same inputs (one shared helper)
     assert torch.equal(w, out.weights)
     assert torch.equal(m, out.mask)
 
