@@ -16,7 +16,13 @@ import adapters_testlib as tl
 import pytest
 import torch
 from rl_adapters import PolicyModel
-from rl_adapters.lean_rotary import _lean_for, lean_rotary, rotary_embedding
+from rl_adapters.lean_rotary import (
+    _crosses,
+    _laid_out_like,
+    _lean_for,
+    lean_rotary,
+    rotary_embedding,
+)
 from transformers.models.qwen2 import modeling_qwen2
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -70,6 +76,22 @@ def test_no_grad_and_unsqueeze_dim_2() -> None:
         got = _lean_qwen2()(q2, k2, cos, sin, 2)
     # bit-exact: the lean rotary's documented contract against transformers' function
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def test_cos_and_sin_are_laid_out_like_x_where_they_broadcast_inside_it() -> None:
+    q, k, cos, _ = _inputs(torch.float32, seed=2)  # q [3, 4, 7, 16], memory order [3, 7, 4, 16]
+    per_row, shared = cos[:, None], cos[:1, None]  # [3, 1, 7, 16] and [1, 1, 7, 16]
+    # over the heads of q, which lie inside its positions in memory: materialised like q
+    assert _crosses(per_row, q) and _crosses(shared, q)
+    for c in (per_row, shared):
+        laid = _laid_out_like(c, q)
+        assert laid.shape == (c.shape[0], *q.shape[1:])
+        assert laid.stride() == q[: c.shape[0]].stride()
+        # bit-exact: a copy of the broadcast values
+        assert torch.equal(laid, c.expand(laid.shape))
+    # k is contiguous [3, 2, 7, 16]: shared positions broadcast over outer dimensions only
+    assert not _crosses(shared, k) and _crosses(per_row, k)
+    assert not _crosses(per_row, q[:0]) and not _crosses(cos, q)  # empty batch, fewer dims
 
 
 def test_gradcheck_float64() -> None:

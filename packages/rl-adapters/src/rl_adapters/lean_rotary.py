@@ -15,6 +15,11 @@ each way, with one autograd node that saves only ``cos`` and ``sin``:
 * forward: ``y = x * cos``; ``y_1 -= x_2 * sin_1``; ``y_2 += x_1 * sin_2``;
 * backward (``g = dL/dy``): ``dx = g * cos``; ``dx_1 += g_2 * sin_2``; ``dx_2 -= g_1 * sin_1``.
 
+Where ``cos`` and ``sin`` broadcast over a dimension that lies inside ``x`` in memory (the heads
+of the attention layers' transposed queries and keys, [N, heads, T, D] stored as
+[N, T, heads, D]), they are first copied out in ``x``'s memory order, so that each
+elementwise kernel runs over long contiguous stretches instead of D elements at a time.
+
 Each element is the same two rounded products and one rounded sum as transformers' (``a + (-b)``
 is ``a - b`` in IEEE arithmetic, and the zero-filled slice gradients add exact zeros), so the
 values and the gradients are equal bit for bit (up to the sign of a zero).
@@ -89,14 +94,38 @@ def _fits(shape: torch.Size, into: torch.Size) -> bool:
     return all(a in (1, b) for a, b in zip(reversed(shape), reversed(into), strict=False))
 
 
-def _rotate(
-    x: torch.Tensor, cos: torch.Tensor, sin_1: torch.Tensor, sin_2: torch.Tensor, sign: int
-) -> torch.Tensor:
-    """``x * cos + rotate_half(x) * sin``, or its transpose (``sign`` -1, the backward).
+def _crosses(t: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether ``t`` broadcasts over a dimension of ``x`` that lies inside (has a smaller stride
+    than) a dimension ``t`` spans: an elementwise kernel over ``x`` and ``t`` then runs over
+    short stretches (``cos`` [N, 1, T, D] over ``q`` [N, heads, T, D] in memory order
+    [N, T, heads, D]: stretches of D elements).
+    """  # noqa: D205
+    if t.dim() != x.dim() or x.shape[0] == 0 or t.shape[0] not in (1, x.shape[0]):
+        return False
+    spanned = [x.stride(i) for i in range(x.dim()) if t.shape[i] > 1]
+    widest = max(spanned, default=0)
+    return any(t.shape[i] == 1 < x.shape[i] and x.stride(i) < widest for i in range(1, x.dim()))
 
-    ``sin_1`` and ``sin_2`` are the two halves of ``sin``'s last dimension.
+
+def _laid_out_like(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``t`` materialised over every dimension of ``x`` but the first, in ``x``'s memory order.
+
+    The same values as ``t`` broadcast, so each product is unchanged bit for bit; the
+    elementwise kernels then run over stretches as long as ``x``'s (``docs/benchmarks.md``,
+    "How we got here"). Used where :func:`_crosses` holds.
     """
+    out = torch.empty_like(x.narrow(0, 0, t.shape[0]))  # x's strides where x is dense
+    return out.copy_(t.expand(out.shape))
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: int) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin``, or its transpose (``sign`` -1, the backward)."""
     d = x.shape[-1] // 2
+    if _crosses(cos, x):
+        cos = _laid_out_like(cos, x)
+    if _crosses(sin, x):
+        sin = _laid_out_like(sin, x)
+    sin_1, sin_2 = _halves(sin)
     y = x * cos
     if sign > 0:
         y.narrow(-1, 0, d).sub_(x.narrow(-1, d, d) * sin_1)
@@ -111,25 +140,22 @@ class _Rotary(torch.autograd.Function):
     """``x * cos + rotate_half(x) * sin`` as one node; ``cos`` and ``sin`` get no gradient."""
 
     @staticmethod
-    def forward(
-        ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin_1: torch.Tensor, sin_2: torch.Tensor
-    ) -> torch.Tensor:
-        ctx.save_for_backward(cos, sin_1, sin_2)
-        return _rotate(x, cos, sin_1, sin_2, 1)
+    def forward(ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(cos, sin)
+        return _rotate(x, cos, sin, 1)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None, None]:
-        cos, sin_1, sin_2 = ctx.saved_tensors
-        return _rotate(grad, cos, sin_1, sin_2, -1), None, None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+        cos, sin = ctx.saved_tensors
+        return _rotate(grad, cos, sin, -1), None, None
 
 
-def _lean(x: torch.Tensor, cos: torch.Tensor, halves: Any) -> torch.Tensor:
-    """The lean rotary of ``x`` (``_lean_applies`` holds); ``halves`` = ``_halves(sin)``."""
-    sin_1, sin_2 = halves
+def _lean(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The lean rotary of ``x`` (``_lean_applies`` holds)."""
     if torch.is_grad_enabled() and x.requires_grad:
-        out: torch.Tensor = _Rotary.apply(x, cos, sin_1, sin_2)
+        out: torch.Tensor = _Rotary.apply(x, cos, sin)
         return out
-    return _rotate(x, cos, sin_1, sin_2, 1)
+    return _rotate(x, cos, sin, 1)
 
 
 def _halves(sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,7 +183,7 @@ def rotary_embedding(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     _check(x, cos, sin)
     if not _lean_applies(x, cos, sin):
         return _plain(x, cos, sin)
-    return _lean(x, cos, _halves(sin))
+    return _lean(x, cos, sin)
 
 
 Rope = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -181,8 +207,7 @@ def _lean_version(original: Rope) -> Rope:
         c, s = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
         if not (_lean_applies(q, c, s) and _lean_applies(k, c, s)):
             return original(q, k, cos, sin, unsqueeze_dim)
-        halves = _halves(s)
-        return _lean(q, c, halves), _lean(k, c, halves)
+        return _lean(q, c, s), _lean(k, c, s)
 
     apply_rotary_pos_emb.lean_rotary_of = original  # type: ignore[attr-defined]
     return apply_rotary_pos_emb
