@@ -522,6 +522,13 @@ class PolicyModel(nn.Module):
         ``gradient_checkpointing=True`` into a no-op. The flag is set on the checkpointed layers
         themselves, not their submodules (dropout stays off), and only around a forward with
         autograd on (generation keeps its KV cache).
+
+        Every checkpointing layer is checkpointed but the last (in module order: the last
+        decoder layer), whose flag is cleared instead. Its recomputation would be the first
+        thing the backward runs, right after the head's backward, so it would rebuild the
+        activations that the forward had just dropped: keeping them costs the same layer's
+        worth of memory at the same point of the step, and saves one layer's recomputation
+        (``docs/benchmarks.md``, gradient checkpointing's memory).
         """
         if not (self.gradient_checkpointing and torch.is_grad_enabled()) or model is not (
             self.causal_lm
@@ -536,13 +543,14 @@ class PolicyModel(nn.Module):
                 for m in model.modules()
                 if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing
             ]
-        flags = [m.training for m in self._checkpointed]
+        layers = self._checkpointed
+        flags = [m.training for m in layers]
         try:
-            for m in self._checkpointed:
-                m.training = True
+            for i, m in enumerate(layers):
+                m.training = i < len(layers) - 1
             yield
         finally:
-            for m, flag in zip(self._checkpointed, flags, strict=True):
+            for m, flag in zip(layers, flags, strict=True):
                 m.training = flag
 
     def logits(
