@@ -15,7 +15,7 @@ import adapters_testlib as tl
 import pytest
 import torch
 from peft import LoraConfig
-from rl_adapters import PolicyModel
+from rl_adapters import PolicyModel, lean_lora
 from rl_adapters.lean_lora import LeanLora, LoraLinearFunction
 from rl_testing.tolerance import assert_close
 
@@ -65,6 +65,39 @@ def test_lean_forward_and_gradients_equal_peft(alpha: int) -> None:
     assert_close(lean[0], plain[0], **tl.FORWARD, msg="logits")
     for a, b in zip(lean[1:], plain[1:], strict=True):
         assert_close(a, b, **tl.GRADS, msg="gradient")
+
+
+def test_lean_forward_without_grad_runs_the_same_operations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # scoring (no grad, inference mode) runs the lean layers without an autograd node: the
+    # same operations as the training forward, so the same numbers to the bit
+    policy, model = _policy(tl.lora(r=4, alpha=6))
+    ids, mask = tl.batch(tl.vocab_size(model))
+    calls, nodes = [0], [0]
+    real, apply = lean_lora._lora_linear, LoraLinearFunction.apply
+
+    def counted(*args: Any) -> Any:
+        calls[0] += 1
+        return real(*args)
+
+    def node(*args: Any) -> Any:
+        nodes[0] += 1
+        return apply(*args)
+
+    monkeypatch.setattr(lean_lora, "_lora_linear", counted)
+    monkeypatch.setattr(LoraLinearFunction, "apply", node)
+    sites = len(policy.lora_sites() or ())
+    with policy.lean_lora():
+        trained = policy.logits(ids, mask)
+        assert trained.requires_grad and calls[0] == nodes[0] == sites
+        for mode in (torch.no_grad, torch.inference_mode):
+            calls[0] = nodes[0] = 0
+            with mode():
+                scored = policy.logits(ids, mask)
+            assert calls[0] == sites and nodes[0] == 0 and not scored.requires_grad
+            # bit-exact: the same kernels on the same inputs, with and without autograd
+            assert torch.equal(scored, trained.detach())
 
 
 def test_function_gradients_against_float64_autograd() -> None:

@@ -157,3 +157,27 @@ def test_clip_against_sampler_takes_the_old_logprobs_from_the_sampler() -> None:
     m_far = far.learn(batch.experiences(), sampling_logps=own - mask.float())
     assert m_same["clip_fraction"] == 0.0 < m_far["clip_fraction"]
     assert m_far["loss"] != pytest.approx(m_same["loss"], rel=1e-3)
+
+
+def test_scored_old_logprobs_are_the_update_s_own_to_the_bit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # phase 3 scores through the same lean LoRA forward as the update (no autograd node, the
+    # same operations), so before the step the ratio new / old is exactly 1
+    agent = _agent("GRPO", True)
+    seen: list[torch.Tensor] = []
+    scorer_type = type(agent.scorer)
+    real = scorer_type.logprobs
+
+    def recorded(self: Any, *args: Any, **kw: Any) -> torch.Tensor:
+        out = real(self, *args, **kw)
+        if torch.is_grad_enabled():  # the update's forward
+            seen.append(out.detach())
+        return out
+
+    monkeypatch.setattr(scorer_type, "logprobs", recorded)
+    agent.learn(tl.make_batch().experiences())
+    old = agent.seen[0].old_logprobs
+    assert old is not None and len(seen) == 1
+    # bit-exact: the same kernels on the same inputs, in inference mode and with autograd
+    assert torch.equal(seen[0], old)

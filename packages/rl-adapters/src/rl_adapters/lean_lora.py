@@ -43,6 +43,21 @@ from rl_adapters import _compat
 __all__ = ["LeanLora", "LoraLinearFunction", "adapter_blocker", "lean_blocker", "lean_eligible"]
 
 
+def _lora_linear(
+    x2: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x W^T + b + s u B^T, u = x A^T)`` for [T, in] ``x2``: [T, out] and [T, r]."""
+    out = nn.functional.linear(x2, weight, bias)
+    u = torch.mm(lora_a, x2.t()).t() if x2.is_cpu else torch.mm(x2, lora_a.t())  # [T, r]
+    out.addmm_(u, lora_b.t(), alpha=scaling)
+    return out, u
+
+
 class LoraLinearFunction(torch.autograd.Function):
     """One plain LoRA linear layer as one autograd node: ``x W^T + b + s (x A^T) B^T``.
 
@@ -62,9 +77,7 @@ class LoraLinearFunction(torch.autograd.Function):
     ) -> torch.Tensor:
         """[..., out]: ``out = x W^T + b``, then ``out += s (x A^T) B^T`` in place."""
         x2 = x.reshape(-1, x.shape[-1])
-        out = nn.functional.linear(x2, weight, bias)
-        u = torch.mm(lora_a, x2.t()).t() if x2.is_cpu else torch.mm(x2, lora_a.t())  # [T, r]
-        out.addmm_(u, lora_b.t(), alpha=scaling)
+        out, u = _lora_linear(x2, weight, bias, lora_a, lora_b, scaling)
         ctx.save_for_backward(x2, u, weight, lora_a, lora_b)
         ctx.scaling = scaling
         ctx.in_shape = x.shape
@@ -265,6 +278,14 @@ class LeanLora(nn.Module):
         if plan is None:
             out: torch.Tensor = self.layer(x, *args, **kwargs)
             return out
+        if not torch.is_grad_enabled() or not (
+            x.requires_grad or plan.lora_a.requires_grad or plan.lora_b.requires_grad
+        ):  # nothing to differentiate (scoring): the same operations, no autograd node
+            x2 = x.reshape(-1, x.shape[-1])
+            out2, _ = _lora_linear(
+                x2, plan.weight, plan.bias, plan.lora_a, plan.lora_b, plan.scaling
+            )
+            return out2.view(*x.shape[:-1], out2.shape[-1])
         y: torch.Tensor = LoraLinearFunction.apply(
             x, plan.weight, plan.bias, plan.lora_a, plan.lora_b, plan.scaling
         )

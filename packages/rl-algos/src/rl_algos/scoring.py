@@ -234,8 +234,9 @@ def score_batch(
         return out, spi
 
     sampler = batch.sampling_logprobs if old_from_sampler else None
-    # inference mode: no grad, and no view or version tracking either (fewer costs per op)
-    with torch.inference_mode():
+    # inference mode: no grad, and no view or version tracking either (fewer costs per op);
+    # the LoRA layers run the lean forward, as in the update (rl_adapters.PolicyModel.lean_lora)
+    with torch.inference_mode(), scorer.policy.lean_lora():
         actor, spi = score_with_spi() if with_sum_pi_squared else (None, None)
         if sampler is not None:
             old = sampler
