@@ -160,7 +160,7 @@ def run(algo: str, seed: int, max_steps: int, **options: Any) -> Curve:
 
     train_loop([agent], ReasoningSource(env), steps=max_steps + HOLD, hooks=[ToTarget()])
     curve.use_sequence_packing = agent.use_sequence_packing
-    curve.checkpointed = bool(agent.policy.causal_lm.is_activation_checkpointing)
+    curve.checkpointed = bool(getattr(agent.policy.causal_lm, "_rl_checkpoint", None))
     report = agent.packing_report
     curve.packed_forwards, curve.padded_forwards = report.packed_forwards, report.padded_forwards
     return curve

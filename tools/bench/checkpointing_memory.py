@@ -115,7 +115,7 @@ def _worker(gradient_checkpointing: bool, use_sequence_packing: bool) -> dict[st
     return {
         "gradient_checkpointing": gradient_checkpointing,
         "use_sequence_packing": use_sequence_packing,
-        "checkpointed": bool(model.is_activation_checkpointing),
+        "checkpointed": bool(getattr(model, "_rl_checkpoint", None)),
         "peak_extra_MiB": round(peak / 2**20, 1),
         "loss": loss,
         **counts,
