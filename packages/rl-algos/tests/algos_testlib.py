@@ -533,3 +533,35 @@ def mentions_shape(message: str, shape: Sequence[int]) -> bool:
     dims = [str(int(d)) for d in shape]
     forms = ["[" + ",".join(dims) + "]", "(" + ",".join(dims) + ")", "x".join(dims)]
     return any(f in flat for f in forms)
+
+
+# -- ILQL (test_ilql.py, test_packing.py) ----------------------------------------------------------
+
+ILQL_KW: dict[str, Any] = {"gamma": 0.9, "tau": 0.8, "cql_scale": 0.3, "awac_scale": 0.7,
+                           "awac_beta": 0.5, "alpha": 0.5, "steps_for_target_q_sync": 1}  # fmt: skip
+
+
+def make_ilql(full_finetune: bool = False, **overrides: Any) -> Any:
+    """``rl_algos.ILQL`` on the tiny model with :data:`ILQL_KW`, its heads (and adapter) perturbed."""
+    kw = agent_kwargs(beta=0.0, **{**ILQL_KW, **overrides})
+    if full_finetune:
+        kw.pop("lora_config")
+        kw["full_finetune"] = True
+    from rl_algos import ILQL
+
+    agent = ILQL(actor_network=tiny_model(0), **kw)
+    if not full_finetune:
+        perturb_adapter(agent.policy, "actor", seed=1)
+    with torch.no_grad():  # online heads != target heads, so the two roles are distinguishable
+        gen = torch.Generator().manual_seed(7)
+        for p in agent.heads.q_heads.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return agent
+
+
+def token_rewards(batch: Batch) -> torch.Tensor:
+    """Per-token rewards at some action positions (0 elsewhere)."""
+    gen = torch.Generator().manual_seed(3)
+    r = torch.randn(batch.masks.shape, generator=gen)
+    keep = batch.masks & (torch.rand(batch.masks.shape, generator=gen) < 0.5)
+    return torch.where(keep, r, torch.zeros(()))

@@ -12,6 +12,7 @@ import algos_testlib as tl
 import pytest
 import rl_losses
 import torch
+from algos_testlib import ILQL_KW, make_ilql, token_rewards
 from rl_algos import ILQL
 from rl_testing.tolerance import assert_close
 
@@ -21,31 +22,6 @@ from rl_testing.tolerance import assert_close
 # back again.
 LOSS_STAGES = tl.LAYERS + 3
 GRAD_STAGES = 2 * LOSS_STAGES
-ILQL_KW: dict[str, Any] = {"gamma": 0.9, "tau": 0.8, "cql_scale": 0.3, "awac_scale": 0.7,
-                           "awac_beta": 0.5, "alpha": 0.5, "steps_for_target_q_sync": 1}  # fmt: skip
-
-
-def make_ilql(full_finetune: bool = False, **overrides: Any) -> ILQL:
-    kw = tl.agent_kwargs(beta=0.0, **{**ILQL_KW, **overrides})
-    if full_finetune:
-        kw.pop("lora_config")
-        kw["full_finetune"] = True
-    agent = ILQL(actor_network=tl.tiny_model(0), **kw)
-    if not full_finetune:
-        tl.perturb_adapter(agent.policy, "actor", seed=1)
-    with torch.no_grad():  # online heads != target heads, so the two roles are distinguishable
-        gen = torch.Generator().manual_seed(7)
-        for p in agent.heads.q_heads.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    return agent
-
-
-def token_rewards(batch: tl.Batch) -> torch.Tensor:
-    """Per-token rewards at some action positions (0 elsewhere)."""
-    gen = torch.Generator().manual_seed(3)
-    r = torch.randn(batch.masks.shape, generator=gen)
-    keep = batch.masks & (torch.rand(batch.masks.shape, generator=gen) < 0.5)
-    return torch.where(keep, r, torch.zeros(()))
 
 
 def reference_loss(policy: Any, heads: Any, batch: tl.Batch, rewards: torch.Tensor) -> torch.Tensor:

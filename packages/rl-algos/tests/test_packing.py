@@ -338,12 +338,10 @@ def test_packed_learn_equals_padded(
     ids=["lora", "lora-tokens13", "full-rows4"],
 )
 def test_packed_ilql_learn_equals_padded(full: bool, packed_options: dict[str, Any]) -> None:
-    from test_ilql import make_ilql, token_rewards
-
     batch = ragged_batch(tuple(r for r in RAGGED if r[1]))  # ILQL needs an action per row
-    rewards = token_rewards(batch)
-    padded = make_ilql(full, use_sequence_packing=False)
-    packed = make_ilql(full, use_sequence_packing=True, **packed_options)
+    rewards = tl.token_rewards(batch)
+    padded = tl.make_ilql(full, use_sequence_packing=False)
+    packed = tl.make_ilql(full, use_sequence_packing=True, **packed_options)
     m_pad = padded.learn((batch.ids.clone(), batch.masks.clone(), rewards.clone()))
     m_pack = packed.learn((batch.ids.clone(), batch.masks.clone(), rewards.clone()))
     tl.assert_loss_close(m_pack["loss"], m_pad["loss"])
