@@ -8,7 +8,10 @@ docs" page); a marker without a reason, or one not in front of a python block, f
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,9 +29,34 @@ def _name(page: Path) -> str:
     return page.relative_to(DOCS).as_posix()
 
 
+#: The process-wide tables that pages extend (the algorithm table, the objective, estimator,
+#: engine and trainer registries): restored after each page, so that a row a page registers
+#: (``grpo_clip_higher`` in architecture.md) is not seen by tests that later share the process.
+REGISTRIES = (
+    ("rl_algos.names", "_ROWS"),
+    ("rl_losses.registry", "_LOSSES"),
+    ("rl_advantages.registry", "_ESTIMATORS"),
+    ("rl_rollout.engine", "_ENGINES"),
+    ("rl_train.trainer", "_TRAINERS"),
+)
+
+
+@contextlib.contextmanager
+def restored_registries() -> Iterator[None]:
+    """Run the block, then put every table of :data:`REGISTRIES` back as it was."""
+    tables = [vars(importlib.import_module(m))[name] for m, name in REGISTRIES]
+    saved = [dict(t) for t in tables]
+    try:
+        yield
+    finally:
+        for table, before in zip(tables, saved, strict=True):
+            table.clear()
+            table.update(before)
+
+
 @pytest.fixture
-def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh working directory, no network, no display, two threads."""
+def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh working directory, no network, no display, two threads; registries restored."""
     monkeypatch.chdir(tmp_path)
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.setenv(var, "1")
@@ -38,13 +66,29 @@ def sandbox(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     torch.set_num_threads(min(2, threads))
     random.seed(0)
     torch.manual_seed(0)
-    yield tmp_path
+    with restored_registries():
+        yield tmp_path
     torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("page", RUNNABLE, ids=_name)
 def test_page_examples_run(page: Path, sandbox: Path) -> None:
     run_python_blocks(page, {"__name__": "__docs__"})
+
+
+def test_registries_are_restored_after_a_page() -> None:
+    # architecture.md registers `grpo_clip_higher`; tests that share the process afterwards
+    # (rl-train's example check, when every suite runs in one pytest) must not see it
+    import rl_losses
+    from rl_algos import ALGORITHMS, AlgorithmSpec, register_algorithm
+
+    row = AlgorithmSpec("docs_sandbox_row", "GRPO", {}, "registered by a page")
+    with restored_registries():
+        register_algorithm(row)
+        rl_losses.register_policy_loss("docs_sandbox_loss")(lambda **_: None)
+        assert row.name in ALGORITHMS and "docs_sandbox_loss" in rl_losses.available_policy_losses()
+    assert row.name not in ALGORITHMS
+    assert "docs_sandbox_loss" not in rl_losses.available_policy_losses()
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_name)
