@@ -318,7 +318,11 @@ def capabilities(session: nox.Session, capability: str) -> None:
     ``rl_testing.tolerance``, not from one machine's rounding.
     """
     sync(session, "--all-packages", "--extra", "deepspeed", "--group", "test", "--group", "tools")
-    env = CAPABILITIES[capability]
+    # inductor's on-disk cache does not key on ATEN_CPU_CAPABILITY: a kernel compiled under
+    # another capability on this machine came back and computed the wrong chunk body (the
+    # slow test_compile, 7% off); each capability compiles into its own cache
+    inductor = Path(session.create_tmp()).resolve() / "inductor-cache"
+    env = {**CAPABILITIES[capability], "TORCHINDUCTOR_CACHE_DIR": str(inductor)}
     session.run(
         "python", "-c",
         "import torch; print('CPU capability in use:', torch.backends.cpu.get_cpu_capability())",
