@@ -2,7 +2,9 @@
 
 A *neutral* option changes how ``learn()`` computes, not what: gradient checkpointing, padded
 forwards instead of packed ones (packing is the default), micro-batches by rows or by tokens,
-the fused (Liger-style) loss, activation offload, the fused head's chunk rows. On each *base*
+the fused (Liger-style) loss, activation offload, the fused head's chunk rows, each row
+computing its own prompt (``share_prompt_prefix=False``; the default shares a group's). On each
+*base*
 (an agent and the options that change what runs: GRPO, GSPO and every preset of the GRPO
 family (DAPO, CISPO, Dr. GRPO, RLOO, REINFORCE++), REINFORCE,
 PPO with a critic adapter or a shared value head, ILQL; a KL term with a reference adapter,
@@ -49,14 +51,15 @@ GRAD_STAGES = 2 * LOSS_STAGES
 LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 # (prompt, completion) per row, L = 12: a row of one token without action, a full-width row,
-# a prompt without completion, lengths from 1 to 12
+# a prompt without completion, lengths from 1 to 12; rows 1-2 and 4-5 repeat a prompt (what
+# share_prompt_prefix shares), and ILQL's rows (those with a completion) keep rows 1-2
 RAGGED: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = (
     ((BOS_ID,), ()),
-    ((BOS_ID, 10, 11), (30, EOS_ID)),
+    ((BOS_ID, 10), (11, 30, EOS_ID)),
     ((BOS_ID, 10), (31, 32, 33, 34, 35, 36, 37, 38, 39, EOS_ID)),
     ((BOS_ID, 20, 21, 22), (40,)),
     ((BOS_ID, 20), ()),
-    ((BOS_ID, 20, 21), (41, 42, 43, 44, 45)),
+    ((BOS_ID, 20), (21, 41, 42, 43, 44, 45)),
 )
 REWARDS = (1.0, 0.25, -0.5, 2.0, 0.0, 0.75)
 WIDTH = 12
@@ -70,6 +73,8 @@ NEUTRAL: dict[str, dict[str, Any]] = {
     "use_liger_loss": {"use_liger_loss": True},
     "activation_offload": {"activation_offload": True},
     "fused_logprobs_chunk_rows": {"fused_logprobs_chunk_rows": 3},
+    # the default shares the ragged rows' repeated prompts: each row computes its own instead
+    "unshared_prompts": {"share_prompt_prefix": False},
 }
 
 COMMON: dict[str, Any] = {
@@ -351,12 +356,19 @@ def test_neutral_options_give_the_plain_update(
         assert recomputations and min(recomputations) >= 1
     else:
         assert not recomputations
+    # the shared-prompt forwards ran unless the option or padded forwards turn them off (a
+    # token budget places rows by length, so its micro-batches may split the rows that share)
+    shared = agent.packing_report.shared_forwards
+    if "unshared_prompts" in combo or "padded" in combo:
+        assert shared == 0
+    elif "micro_batch_tokens" not in combo:
+        assert shared > 0
 
 
 def test_the_matrix_covers_every_base_and_option() -> None:
     """The size of the matrix (reported in the issue's closing note)."""
     run = [(b, c) for b, base in BASES.items() for c in combinations(base)]
     refused = [key for key in run if refusal(*key) is not None]
-    assert len(BASES) == 16 and len(NEUTRAL) == 7
-    assert len(run) == 2 * (7 + 21) + 14 * (7 + 6)  # 238
+    assert len(BASES) == 16 and len(NEUTRAL) == 8
+    assert len(run) == 2 * (8 + 28) + 14 * (8 + 7)  # 282
     assert len(refused) == 2  # GSPO's fused loss, alone and with checkpointing

@@ -289,7 +289,8 @@ class LLMAlgorithm:
         cfg, split = self.config, RowSplit(micro_batch_tokens=self.config.micro_batch_tokens)
         packing, chunk = cfg.use_sequence_packing, cfg.fused_logprobs_chunk_rows
         zero, report = self.learner.zero_stage, self.packing_report
-        return Scorer(self.policy, cfg.temperature, chunk, zero, packing, split, report)
+        share = cfg.share_prompt_prefix
+        return Scorer(self.policy, cfg.temperature, chunk, zero, packing, split, report, share)
 
     # -- generation ------------------------------------------------------------------------------
 

@@ -176,6 +176,16 @@ class AgentConfig:
     confine attention to each row and each row's tokens are one span, else padded with a
     warning (``agent.packing_report``); True: always packed (raises where it cannot);
     False: always padded."""
+    share_prompt_prefix: bool | None = None
+    """In a packed forward, consecutive rows that start with the same prompt (the same tokens
+    before each row's first scored token: a group's completions) compute it once
+    (``rl_algos.shared_prefix``): fewer tokens through every layer, the same loss and
+    gradients to float rounding. None (the default): wherever a forward runs packed with SDPA
+    or eager attention and saves a token, except that rows which all have one length (a plain
+    batch otherwise) share only where the work it saves (shared tokens times the model's
+    per-token parameters) reaches ``rl_algos.shared_prefix.MIN_SAVED_WORK``, below which the
+    layout costs more than it saves; True: wherever it saves a token, and raise where it
+    cannot share (padded forwards, another attention implementation); False: never."""
     max_output_tokens: int | None = None
     """Generated tokens per completion (None: half of ``max_model_len``)."""
     min_output_tokens: int = 0
@@ -240,13 +250,7 @@ class AgentConfig:
         mb = self.micro_batch_size_per_gpu
         if mb is not None and mb < 1:
             raise ValueError(f"`micro_batch_size_per_gpu` must be >= 1, got {mb}")
-        if self.use_sequence_packing == "auto":  # type: ignore[comparison-overlap]
-            self.use_sequence_packing = None  # YAML / command line spelling of the default
-        if self.use_sequence_packing not in (None, True, False):
-            raise ValueError(
-                "`use_sequence_packing` must be None or 'auto' (pack where possible), True or "
-                f"False, got {self.use_sequence_packing!r}"
-            )
+        self._check_packing()
         if not (self.lean_forwards == "auto" or isinstance(self.lean_forwards, bool)):
             raise ValueError(
                 "`lean_forwards` must be 'auto' (lean forwards where they apply), True (the same, "
@@ -273,6 +277,27 @@ class AgentConfig:
         if isinstance(c, tuple) and not (len(c) == 2 and 0 < c[0] < 1 < c[1]):
             raise ValueError(
                 f"a tuple `clip_coef` must be absolute ratio bounds (lo < 1 < hi), got {c}"
+            )
+
+    def _check_packing(self) -> None:
+        """Check ``use_sequence_packing`` and ``share_prompt_prefix`` (alone and together)."""
+        if self.use_sequence_packing == "auto":  # type: ignore[comparison-overlap]
+            self.use_sequence_packing = None  # YAML / command line spelling of the default
+        if self.use_sequence_packing not in (None, True, False):
+            raise ValueError(
+                "`use_sequence_packing` must be None or 'auto' (pack where possible), True or "
+                f"False, got {self.use_sequence_packing!r}"
+            )
+        if self.share_prompt_prefix not in (None, True, False):
+            raise ValueError(
+                "`share_prompt_prefix` must be None (share where a forward runs packed), True or "
+                f"False, got {self.share_prompt_prefix!r}"
+            )
+        if self.share_prompt_prefix is True and self.use_sequence_packing is False:
+            raise ValueError(
+                "share_prompt_prefix=True needs packed forwards, and use_sequence_packing=False "
+                "runs every forward padded: pass use_sequence_packing=None (the default) or True, "
+                "or share_prompt_prefix=None/False"
             )
 
 

@@ -292,7 +292,8 @@ class ILQL(LLMAlgorithm):
         cfg = self.config
         split = RowSplit(micro_batch_tokens=cfg.micro_batch_tokens)
         chunk, packing = cfg.fused_logprobs_chunk_rows, cfg.use_sequence_packing
-        return Scorer(self.policy, 1.0, chunk, 0, packing, split, self.packing_report)
+        share = cfg.share_prompt_prefix
+        return Scorer(self.policy, 1.0, chunk, 0, packing, split, self.packing_report, share)
 
     # -- data ------------------------------------------------------------------------------------
 
@@ -330,7 +331,7 @@ class ILQL(LLMAlgorithm):
         cfg = self.config
         self.policy.eval()
         mask = mb.mask
-        hidden = self.scorer.hidden_states(mb.input_ids, mb.attention_mask)
+        hidden = self.scorer.hidden_states(mb.input_ids, mb.attention_mask, scored=mask)
         lp = self.scorer.from_hidden(hidden, mb.input_ids, mask)
         if not bool(torch.isfinite(lp[mask]).all()):
             return None

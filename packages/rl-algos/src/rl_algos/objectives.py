@@ -180,7 +180,7 @@ def fused_objective_loss(
     """
     if mb.advantages is None:
         raise ValueError("a policy objective needs advantages")
-    hidden = scorer.hidden_states(mb.input_ids, mb.attention_mask)
+    hidden = scorer.hidden_states(mb.input_ids, mb.attention_mask, scored=mb.mask)
     use_ref = objective.kl_in_loss and mb.ref_logprobs is not None and objective.beta > 0
     weight, bias = scorer.head()
     out = fused_policy_loss(

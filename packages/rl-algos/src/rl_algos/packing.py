@@ -35,6 +35,16 @@ from typing import Any
 import torch
 from rl_adapters.replay import replayable
 
+from rl_algos.shared_prefix import (
+    SHARED_PREFIX_IMPLEMENTATIONS,
+    SHARED_PREFIX_SDPA,
+    SharedPrefixRows,
+    body_parameters,
+    prompt_lengths,
+    register_shared_prefix_attention,
+    shared_prefix_rows,
+    unshare,
+)
 from rl_algos.varlen_attention import (
     PACKABLE_IMPLEMENTATIONS,
     VARLEN_SDPA,
@@ -173,11 +183,15 @@ def packed_hidden_states(
     attention_mask: torch.Tensor,
     role: str = "actor",
     checked: bool = False,
+    scored: torch.Tensor | None = None,
+    report: PackingReport | None = None,
+    min_saved_work: int = 0,
 ) -> torch.Tensor:
     """[M, L, H] last hidden states of padded rows, computed as one packed sequence.
 
     Equal (to float rounding) to ``policy.hidden_states(input_ids, attention_mask, role)`` at
-    every real token; zeros on the padding.
+    every real token; zeros on the padding. With ``scored``, consecutive rows that start with
+    the same prompt compute it once (:mod:`rl_algos.shared_prefix`; SDPA and eager attention).
 
     Args:
         policy: An :class:`rl_adapters.PolicyModel`.
@@ -186,6 +200,15 @@ def packed_hidden_states(
         role: ``"actor"``, ``"reference"`` or ``"critic"``.
         checked: The caller has just found no :func:`packing_blocker` for these rows (the
             default's :meth:`PackingReport.choose`): not checked again.
+        scored: [M, L - 1] bool, shifted by one: the positions the caller reads. Rows may share
+            the tokens before their first scored one
+            (:func:`rl_algos.shared_prefix.prompt_lengths`); None: no sharing.
+        report: Counts the forwards in which rows shared a prefix
+            (:attr:`PackingReport.shared_forwards`).
+        min_saved_work: Rows that all have one length (no padding, which run as a plain
+            batch otherwise) share only when the shared tokens times the model's per-token
+            parameters (:func:`rl_algos.shared_prefix.body_parameters`) reach it; other rows
+            share wherever a token is saved.
 
     Raises:
         ValueError: What :func:`packing_blocker` finds (the message names it and the fix).
@@ -198,7 +221,21 @@ def packed_hidden_states(
         )
     impl = attention_implementation(policy.causal_lm)
     starts, lengths = row_spans(attention_mask)
-    if bool((lengths == lengths[0]).all()) and not bool(starts.any()):
+    uniform = bool((lengths == lengths[0]).all()) and not bool(starts.any())
+    if scored is not None and impl in SHARED_PREFIX_IMPLEMENTATIONS:
+        # rows of one length run as a plain batch, without any layout to build: the shared
+        # one must save min_saved_work (the whole batch shared would not: none is built)
+        per_token = body_parameters(policy.causal_lm)
+        need = min_saved_work if uniform else 0
+        if input_ids.numel() * per_token >= need:
+            min_saved = -(-need // max(per_token, 1))  # tokens, rounded up
+            prefix = prompt_lengths(attention_mask, scored)
+            shared = shared_prefix_rows(input_ids, starts, lengths, prefix, min_saved)
+            if shared is not None:
+                if report is not None:
+                    report.shared_forwards += 1
+                return _shared_hidden_states(policy, shared, role)
+    if uniform:
         return _unpadded_hidden_states(policy, input_ids, int(lengths[0]), role)
     rows = pack_rows(input_ids, attention_mask)
     extra: dict[str, Any] = {
@@ -219,6 +256,20 @@ def packed_hidden_states(
             rows.input_ids, None, role=role, position_ids=rows.position_ids, **extra
         )
     return unpack(hidden, rows)
+
+
+def _shared_hidden_states(policy: Any, rows: SharedPrefixRows, role: str) -> torch.Tensor:
+    """[M, L, H] of :func:`packed_hidden_states`, each shared prefix computed once."""
+    register_shared_prefix_attention()
+    model = policy.reference_model if role == "reference" else None
+    configs = attention_configs(policy.causal_lm if model is None else model)
+    # replayable: a checkpointed layer recomputes with the shared-prefix attention too
+    switch = replayable(functools.partial(switched_to, tuple(configs), SHARED_PREFIX_SDPA))
+    with switch:
+        hidden: torch.Tensor = policy.hidden_states(
+            rows.input_ids, None, role=role, position_ids=rows.position_ids, rl_shared_prefix=rows
+        )
+    return unshare(hidden, rows)
 
 
 def _unpadded_hidden_states(
@@ -301,6 +352,8 @@ class PackingReport:
     """Forwards that ran packed."""
     padded_forwards: int = 0
     """Forwards that ran padded because packing was not possible."""
+    shared_forwards: int = 0
+    """Packed forwards in which rows shared a prompt (``share_prompt_prefix``)."""
     reason: str | None = None
     """Why the last padded forward could not be packed (None: every forward packed)."""
     warned: set[str] = field(default_factory=set)

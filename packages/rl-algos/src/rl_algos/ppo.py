@@ -116,7 +116,7 @@ class LLMPPO(LLMAlgorithm):
         if head is None:
             raise ValueError("LLMPPO's policy has no value head")
         role = "actor" if self.config.critic_mode == "shared" else "critic"
-        values = head(self.scorer.hidden_states(ids, attn, role))  # packed or padded
+        values = head(self.scorer.hidden_states(ids, attn, role, turn_ids >= 0))  # packed or not
         return turn_values(values, turn_ids, K, self.config.turn_value_reduction)
 
     def _estimate(self, batch: Batch, scores: Scores) -> Estimates:

@@ -19,6 +19,8 @@ from rl_algos.batch import Batch, Scores
 from rl_algos.distributed import gathered
 from rl_algos.microbatch import RowSplit, split_rows
 from rl_algos.packing import PackingReport, packed_hidden_states
+from rl_algos.shared_prefix import MIN_SAVED_WORK, SHARED_PREFIX_IMPLEMENTATIONS
+from rl_algos.varlen_attention import attention_implementation
 
 __all__ = ["Scorer", "score_batch"]
 
@@ -42,21 +44,47 @@ class Scorer:
     """How the no-grad passes (:func:`score_batch`, critic values) cut the batch."""
     report: PackingReport = field(default_factory=PackingReport)
     """With ``packing=None``: chooses per forward and records the fallbacks (the agent's)."""
+    share_prefix: bool | None = None
+    """In a packed forward, rows that start with the same prompt compute it once
+    (:mod:`rl_algos.shared_prefix`): None with SDPA or eager attention wherever it saves a
+    token, but in a forward whose rows all have one length only where the work it saves
+    reaches :data:`~rl_algos.shared_prefix.MIN_SAVED_WORK`; True wherever it saves a token
+    (raises under another attention implementation); False never."""
 
     def hidden_states(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, role: str = "actor"
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        role: str = "actor",
+        scored: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """[N, T, H] hidden states of positions 0..L-2 (each predicts the next token).
 
         Shifted by one: position ``t`` predicts token ``t + 1``. Packed (:attr:`packing`):
-        computed as one ``[1, S]`` sequence and scattered back (zeros on the padding).
+        computed as one ``[1, S]`` sequence and scattered back (zeros on the padding). With
+        ``scored`` ([N, T] bool, shifted by one: the positions the caller reads), consecutive
+        rows with the same tokens before their first scored one share them
+        (:attr:`share_prefix`).
         """
         packing = self.packing
         if packing is None:
             packing = self.report.choose(self.policy.causal_lm, attention_mask)
         if packing:  # checked by choose() already under auto
             checked = self.packing is None
-            packed = packed_hidden_states(self.policy, input_ids, attention_mask, role, checked)
+            if self.share_prefix is False:
+                scored = None
+            elif scored is not None:
+                impl = attention_implementation(self.policy.causal_lm)
+                if self.share_prefix and impl not in SHARED_PREFIX_IMPLEMENTATIONS:
+                    raise ValueError(
+                        f"share_prompt_prefix=True needs SDPA or eager attention, the model runs "
+                        f"{impl!r}: pass share_prompt_prefix=None (shares where it can) or False"
+                    )
+            # the default: rows of one length share where it saves more than the layout costs
+            work = 0 if self.share_prefix else MIN_SAVED_WORK
+            packed = packed_hidden_states(
+                self.policy, input_ids, attention_mask, role, checked, scored, self.report, work
+            )
             return packed[:, :-1]
         hidden: torch.Tensor = self.policy.hidden_states(input_ids, attention_mask, role=role)
         return hidden[:, :-1]
@@ -102,7 +130,7 @@ class Scorer:
         skips); the graph stays connected either way.
         """
         return self.from_hidden(
-            self.hidden_states(input_ids, attention_mask, role), input_ids, mask
+            self.hidden_states(input_ids, attention_mask, role, mask), input_ids, mask
         )
 
     def from_hidden(
@@ -126,7 +154,7 @@ class Scorer:
         (``rl_kernels.fused_logprobs(..., with_sum_pi_squared=True)``); the module path of a
         trainable ZeRO-3 head takes :func:`rl_kernels.sum_pi_squared` of each chunk's logits.
         """  # noqa: D205
-        hidden = self.hidden_states(input_ids, attention_mask, role)
+        hidden = self.hidden_states(input_ids, attention_mask, role, mask)
         logp, spi = self._score(hidden, input_ids, mask, True)
         assert spi is not None
         return logp, spi

@@ -1,0 +1,264 @@
+"""A packed forward in which rows that start with the same prompt compute it once.
+
+The ``G`` completions of one prompt repeat the prompt's tokens at the same positions, and a
+causal model's hidden states there depend on nothing after them: they are the same in every
+row of the group. :func:`shared_prefix_rows` packs ``M`` padded rows so that such a prefix
+appears once (as in Prefix Grouper, Liu et al. 2025): the per-token work (embeddings, the
+linear layers, norms, rotary, MLP) runs on ``S' = S - sum_followers P`` tokens instead of the
+``S`` real tokens of plain packing. Only attention mixes tokens; :func:`shared_prefix_attention`
+gathers each row's keys, values and queries back into a right-aligned ``[M, R]`` layout (its
+prompt from the group's one copy), runs causal SDPA on it, and takes each packed token's output
+from one row that holds it. Every row therefore attends exactly as in its own padded forward,
+and :func:`unshare` gives back the ``[M, L, H]`` tensor of the padded forward (each row's
+prompt positions read the group's one copy; their gradients add up there).
+
+Which rows share: consecutive rows with the same first real column, the same ``prefix``
+length (``P``, the real tokens before each row's first scored token, from the caller) and the
+same tokens there. A row that shares with the previous one follows that row's leader (the
+first row of the run). Rows that share with nothing are packed whole, as
+:func:`rl_algos.packing.pack_rows` packs them.
+
+Cost: the attention runs on ``[M, heads, R, d]`` (``R`` the longest row), as a padded forward's
+does (``M R^2`` against plain packing's ``sum_i L_i^2``); everything else runs on ``S'``
+tokens. Equal to the padded and packed forwards to float rounding, values and gradients.
+
+Shapes: ``M`` rows, ``L`` padded width, ``S'`` packed tokens, ``R`` the longest row's real
+tokens, ``H`` hidden size, ``d`` head dimension.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "MIN_SAVED_WORK",
+    "SHARED_PREFIX_IMPLEMENTATIONS",
+    "SHARED_PREFIX_SDPA",
+    "SharedPrefixRows",
+    "body_parameters",
+    "prompt_lengths",
+    "register_shared_prefix_attention",
+    "shared_prefix_attention",
+    "shared_prefix_rows",
+    "unshare",
+]
+
+#: The name :func:`shared_prefix_attention` is registered under in transformers.
+SHARED_PREFIX_SDPA = "rl_shared_prefix_sdpa"
+#: The model attention implementations whose packed forwards can share prefixes (the others:
+#: flash-attention's varlen kernels take no such layout, flex attention builds its own mask).
+SHARED_PREFIX_IMPLEMENTATIONS = ("sdpa", "eager")
+
+
+#: The least work (saved tokens x the model's per-token parameters, i.e. half the FLOPs) for
+#: which the default shares the prefixes of rows that all have one length: such rows otherwise
+#: run as a plain batch, and below it building the layout and gathering every attention's
+#: inputs cost more than the saved tokens (``docs/benchmarks.md``). Ragged rows otherwise run
+#: the varlen attention, whose costs the layout replaces: they share wherever a token is saved.
+MIN_SAVED_WORK = 2**28
+
+_EMBEDDINGS = ("get_input_embeddings", "get_output_embeddings")
+_BODY_PARAMETERS: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
+
+
+def body_parameters(model: torch.nn.Module) -> int:
+    """The parameters a token passes through, the input and output embeddings aside."""
+    count = _BODY_PARAMETERS.get(model)
+    if count is None:
+        embeddings = [getattr(model, name)() for name in _EMBEDDINGS]
+        skip = {id(getattr(m, "weight", None)) for m in embeddings if m is not None}
+        count = sum(p.numel() for p in model.parameters() if id(p) not in skip)
+        _BODY_PARAMETERS[model] = count
+    return count
+
+
+def prompt_lengths(attention_mask: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """[M] long: each row's real tokens before its first scored token (all of them if none).
+
+    Args:
+        attention_mask: [M, L], one contiguous span of real tokens per row.
+        scored: [M, L - 1] bool, shifted by one: position ``t`` scores token ``t + 1``.
+    """
+    if scored.shape != (attention_mask.shape[0], attention_mask.shape[1] - 1):
+        raise ValueError(
+            f"`scored` must be [M, L - 1] for `attention_mask` {tuple(attention_mask.shape)}, "
+            f"got {tuple(scored.shape)}"
+        )
+    real = attention_mask.bool()
+    start = real.long().argmax(1)
+    length = real.sum(1)
+    first = scored.long().argmax(1) + 1 - start  # the real tokens up to the first scorer
+    return torch.where(scored.any(1), first, length).clamp(min=0)
+
+
+@dataclass(frozen=True)
+class SharedPrefixRows:
+    """``M`` padded rows packed with each shared prefix once, and the ways back."""
+
+    input_ids: torch.Tensor
+    """[1, S'] long: the packed tokens (a leader row whole, a follower row after its prefix)."""
+    position_ids: torch.Tensor
+    """[1, S'] long: each token's column in the padded rows (the padded forward's position)."""
+    source: torch.Tensor
+    """[M * L] long: the packed index of every padded position (``S'`` on padding)."""
+    rows: torch.Tensor
+    """[M, R] long: the packed index of each row's ``t``-th real token (0 past the row's end)."""
+    take: torch.Tensor
+    """[S'] long: ``m * R + t`` of one row ``m`` holding packed token ``s`` as its ``t``-th."""
+    width: int
+    """``L``, the padded row width."""
+    padded: bool
+    """Some padded position is padding (``source`` holds ``S'``)."""
+
+    @property
+    def num_tokens(self) -> int:
+        """``S'``."""
+        return int(self.input_ids.shape[1])
+
+
+def shared_prefix_rows(
+    input_ids: torch.Tensor,
+    starts: torch.Tensor,
+    lengths: torch.Tensor,
+    prefix: torch.Tensor,
+    min_saved: int = 1,
+) -> SharedPrefixRows | None:
+    """The :class:`SharedPrefixRows` of padded ``input_ids`` [M, L], or None if fewer than
+    ``min_saved`` tokens would be shared.
+
+    Args:
+        input_ids: [M, L] padded rows.
+        starts: [M] long, each row's first real column (``rl_algos.packing.row_spans``).
+        lengths: [M] long, each row's real tokens (one contiguous span).
+        prefix: [M] long, the real tokens at the start of each row that rows holding the same
+            ones may share (its prompt: the tokens before its first scored one); clipped to
+            the row's length.
+        min_saved: The fewest tokens the layout must save (None is returned below it).
+    """  # noqa: D205
+    M, L = input_ids.shape
+    if prefix.shape != (M,):
+        raise ValueError(f"`prefix` must be [M] = [{M}], got {tuple(prefix.shape)}")
+    device = input_ids.device
+    P = torch.minimum(prefix.clamp(min=0), lengths)
+    cols = torch.arange(L, device=device)
+    in_prefix = (cols >= starts[:, None]) & (cols < (starts + P)[:, None])  # [M, L]
+    same = torch.zeros(M, dtype=torch.bool, device=device)
+    if M > 1:
+        equal = ((input_ids[1:] == input_ids[:-1]) | ~in_prefix[1:]).all(1)
+        same[1:] = (starts[1:] == starts[:-1]) & (P[1:] == P[:-1]) & (P[1:] > 0) & equal
+    if int((P * same).sum()) < max(1, min_saved):
+        return None
+    rows = torch.arange(M, device=device)
+    leader = torch.where(same, 0, rows).cummax(0).values  # [M]: the first row of each run
+    real = (cols >= starts[:, None]) & (cols < (starts + lengths)[:, None])
+    shared = in_prefix & same[:, None]  # a follower's prefix: read from its leader
+    own = (real & ~shared).reshape(-1).nonzero().squeeze(1)  # [S'] flat m * L + c, row-major
+    S = int(own.shape[0])
+    pid = torch.full((M * L,), S, dtype=torch.long, device=device)
+    pid[own] = torch.arange(S, device=device)
+    pid = pid.view(M, L)
+    pid = torch.where(shared, pid[leader], pid)  # a leader's prefix is its own
+    R = int(lengths.max())
+    t = torch.arange(R, device=device)
+    at = (starts[:, None] + t).clamp(max=L - 1)  # [M, R]: the column of each row's t-th token
+    index = torch.where(t[None] < lengths[:, None], pid.gather(1, at), 0)
+    m, c = own // L, own % L
+    return SharedPrefixRows(
+        input_ids=input_ids.reshape(-1)[own][None],
+        position_ids=c[None],
+        source=pid.reshape(-1),
+        rows=index,
+        take=m * R + (c - starts[m]),
+        width=L,
+        padded=not bool(real.all()),
+    )
+
+
+def unshare(packed: torch.Tensor, rows: SharedPrefixRows) -> torch.Tensor:
+    """[M, L, ...] from packed values [1, S', ...]: zeros on the padding.
+
+    Every row's prefix positions read the group's one copy, so their gradients add up there.
+    """
+    flat = packed[0]
+    if flat.shape[0] != rows.num_tokens:
+        raise ValueError(
+            f"`packed` holds {flat.shape[0]} tokens, the packed rows {rows.num_tokens}"
+        )
+    if rows.padded:
+        flat = torch.cat([flat, flat.new_zeros((1, *flat.shape[1:]))])  # row S': the padding
+    M = rows.source.shape[0] // rows.width
+    return flat.index_select(0, rows.source).view(M, rows.width, *flat.shape[1:])
+
+
+def register_shared_prefix_attention() -> None:
+    """Register :func:`shared_prefix_attention` in transformers' ``AttentionInterface`` (once)."""
+    from transformers import AttentionInterface
+
+    if SHARED_PREFIX_SDPA not in AttentionInterface._global_mapping:
+        AttentionInterface.register(SHARED_PREFIX_SDPA, shared_prefix_attention)
+
+
+def shared_prefix_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    rl_shared_prefix: SharedPrefixRows | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Causal attention of every row over its own tokens, its prefix read from the one copy.
+
+    A transformers attention function (``AttentionInterface``): ``query`` [1, heads, S', d],
+    ``key``/``value`` [1, kv_heads, S', d] (grouped-query attention), the layout
+    ``rl_shared_prefix`` (:class:`SharedPrefixRows`, passed down by the model's forward).
+    Returns ``([1, S', heads, d], None)``.
+
+    Raises:
+        ValueError: Without the layout, with a mask, or with a row longer than a sliding
+            window.
+    """
+    del module, kwargs
+    layout = rl_shared_prefix
+    if layout is None or attention_mask is not None or query.shape[0] != 1:
+        raise ValueError(
+            f"{SHARED_PREFIX_SDPA} runs shared-prefix packed rows only: one sequence [1, S'] "
+            "with rl_shared_prefix and no attention mask (rl_algos.packing.packed_hidden_states "
+            "sets them)"
+        )
+    M, R = layout.rows.shape
+    if sliding_window is not None and int(sliding_window) < R:
+        raise ValueError(
+            "sliding-window attention cannot share prompt prefixes with SDPA here: pass "
+            "share_prompt_prefix=False (or use_sequence_packing=False)"
+        )
+    gqa = query.shape[1] != key.shape[1] and key.shape[-1] == value.shape[-1] <= 256
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1 and not gqa:
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    index = layout.rows.reshape(-1)
+
+    def by_row(x: torch.Tensor) -> torch.Tensor:  # [1, h, S', d] -> [M, h, R, d]
+        # token-major, as the projections laid it out ([S', h, d] memory): whole rows copied
+        rows: torch.Tensor = x[0].transpose(0, 1).index_select(0, index)
+        by_rows: torch.Tensor = rows.unflatten(0, (M, R))
+        return by_rows.transpose(1, 2)
+
+    out = torch.nn.functional.scaled_dot_product_attention(
+        by_row(query),
+        by_row(key),
+        by_row(value),
+        dropout_p=dropout,
+        is_causal=True,
+        scale=scaling,
+        enable_gqa=gqa,
+    )  # [M, heads, R, d]; a row's padding attends to its real tokens and is never read
+    by_token = out.transpose(1, 2).flatten(0, 1)  # [M * R, heads, d]
+    return by_token.index_select(0, layout.take)[None], None

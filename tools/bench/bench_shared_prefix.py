@@ -1,0 +1,141 @@
+"""``GRPO.learn()`` with and without shared prompts (``share_prompt_prefix``).
+
+Batch: ``B`` prompts x ``G`` completions, each group's rows repeating its prompt, completions
+of uniform random length in ``C/4..C`` (ragged), right-padded, packed forwards (the default).
+One optimizer step per call (on-policy), a frozen reference adapter (beta 0.04), LoRA r=8 on
+every linear layer, one CPU thread.
+
+Cases:
+
+* ``toy``: the small shape of ``bench_peers.py`` (hidden 64, 2 layers, vocabulary 1000),
+  ``B = 4``, ``G = 4``, prompts of 16 tokens, completions of up to 32: the fixed cost of the
+  shared layout against little saved work.
+* ``long prompts``: a random Qwen2 of hidden 256, 4 layers (vocabulary 8192), ``B = 2``,
+  ``G = 8``, prompts of 256 tokens (a system prompt and few-shot examples), completions of up
+  to 64.
+* ``short prompts``: the same model, ``B = 2``, ``G = 8``, prompts of 32 tokens, completions of
+  up to 256.
+
+Variants: ``unshared`` (``share_prompt_prefix=False``, the baseline), ``shared`` (``True``:
+wherever a token is saved) and ``default`` (``None``: where the saved work reaches
+``rl_algos.shared_prefix.MIN_SAVED_WORK``). The three agents start from identical weights and
+receive the same updates; their calls are interleaved round by round (the order rotating), so
+a change of the machine's load hits all three; ``round_ratios`` are the per-round times over
+``unshared``'s. ``tokens`` counts real tokens, ``packed_tokens`` those the shared layout runs.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from harness import Row, Timing, measure, with_ratios
+from peft import LoraConfig
+from rl_algos import GRPO
+from rl_testing.models import tiny_qwen2
+
+SEED = 0
+VARIANTS = {"unshared": False, "shared": True, "default": None}
+#: name -> (model config, B, G, prompt tokens, longest completion)
+CASES: dict[str, tuple[dict[str, Any], int, int, int, int]] = {
+    "toy": (
+        {"vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2, "heads": 2,
+         "kv_heads": 2, "intermediate_size": 128},
+        4, 4, 16, 32,
+    ),
+    "long prompts": (
+        {"vocab_size": 8192, "hidden_size": 256, "num_hidden_layers": 4, "heads": 4,
+         "kv_heads": 2, "intermediate_size": 1024},
+        2, 8, 256, 64,
+    ),
+    "short prompts": (
+        {"vocab_size": 8192, "hidden_size": 256, "num_hidden_layers": 4, "heads": 4,
+         "kv_heads": 2, "intermediate_size": 1024},
+        2, 8, 32, 256,
+    ),
+}  # fmt: skip
+
+
+def _agent(config: dict[str, Any], group: int, share: bool | None) -> GRPO:
+    cfg = dict(config)
+    vocab = cfg.pop("vocab_size")
+    model = tiny_qwen2(
+        vocab, seed=SEED, num_attention_heads=cfg.pop("heads"),
+        num_key_value_heads=cfg.pop("kv_heads"), tie_word_embeddings=False, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2, attn_implementation="sdpa", **cfg,
+    )  # fmt: skip
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.0)
+    return GRPO(
+        pad_token_id=0, pad_token="<pad>", actor_network=model, lora_config=lora,
+        group_size=group, beta=0.04, batch_size=10**6, lr=1e-4, max_grad_norm=1.0,
+        temperature=1.0, device="cpu", seed=SEED, share_prompt_prefix=share,
+    )  # fmt: skip
+
+
+def _experience(vocab: int, B: int, G: int, prompt: int, longest: int) -> tuple[Any, int, int]:
+    """``((ids, action mask, rewards), real tokens, tokens after sharing)``."""
+    gen = torch.Generator().manual_seed(SEED)
+    N, L = B * G, prompt + longest
+    prompts = torch.randint(3, vocab, (B, prompt), generator=gen)
+    prompts[:, 0] = 1
+    ids = torch.randint(3, vocab, (N, L), generator=gen)
+    ids[:, :prompt] = prompts.repeat_interleave(G, 0)
+    lengths = torch.randint(max(1, longest // 4), longest + 1, (N,), generator=gen)
+    pos = torch.arange(L)
+    real = pos[None] < (prompt + lengths)[:, None]
+    ids = ids.masked_fill(~real, 0)
+    action = real[:, 1:] & (pos[None, 1:] >= prompt)
+    rewards = torch.rand(N, generator=gen)
+    tokens = int(real.sum())
+    return (ids, action, rewards), tokens, tokens - B * (G - 1) * prompt
+
+
+def run(quick: bool) -> list[Row]:
+    torch.set_num_threads(1)
+    repeats = 1 if quick else int(os.environ.get("BENCH_SHARED_ROUNDS", "5"))
+    rows: list[Row] = []
+    for case, (config, B, G, prompt, longest) in CASES.items():
+        experiences, tokens, packed = _experience(config["vocab_size"], B, G, prompt, longest)
+        losses: dict[str, float] = {}
+        shared_forwards: dict[str, int] = {}
+        calls, samples = {}, {}
+        load = [round(os.getloadavg()[0], 2)]
+        for variant, share in VARIANTS.items():
+            agent = _agent(config, G, share)
+
+            def call(
+                agent: GRPO = agent,
+                name: str = variant,
+                exp: Any = experiences,
+                out: dict[str, float] = losses,
+                shared: dict[str, int] = shared_forwards,
+            ) -> None:
+                out[name] = agent.learn(exp)["loss"]
+                shared[name] = agent.packing_report.shared_forwards
+
+            call()  # warm-up
+            calls[variant] = call
+            samples[variant] = []
+        names = list(VARIANTS)
+        for r in range(repeats):
+            for variant in names[r % 3 :] + names[: r % 3]:
+                samples[variant].append(measure(calls[variant], repeats=1, warmup=0).samples[0])
+        load.append(round(os.getloadavg()[0], 2))
+        label = f"{case}: B={B} G={G} prompt {prompt}, completions <= {longest}"
+        for variant in VARIANTS:
+            extra: dict[str, Any] = {
+                "tokens": tokens,
+                "packed_tokens": packed if shared_forwards[variant] else tokens,
+                "shared_forwards": shared_forwards[variant],
+                "tokens_per_s": round(tokens / Timing(samples[variant]).median),
+                "loss": f"{losses[variant]:.6g}",
+                "load_avg_1min": load,
+            }
+            if variant != "unshared":
+                extra["round_ratios"] = [
+                    round(a / b, 3)
+                    for a, b in zip(samples[variant], samples["unshared"], strict=True)
+                ]
+            rows.append(Row("shared_prefix", label, variant, Timing(samples[variant]), extra=extra))
+    return with_ratios(rows, baseline="unshared")
