@@ -153,7 +153,22 @@ def _run(args: argparse.Namespace) -> int:
     summary = train(config, verbose=not args.quiet, say=print)
     if summary.main_process:
         print(f"run directory: {summary.run_dir}")
+    _end_process_group()
     return 0
+
+
+def _end_process_group() -> None:
+    """Destroy a launcher's process group (``torchrun``, ``accelerate launch``) once the run is
+    over, on every rank.
+
+    Left to interpreter shutdown, a gloo group can abort a process after everything is written
+    ("terminate called without an active exception", SIGABRT), which the launcher then reports
+    as a failed run.
+    """  # noqa: D205
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _print_config(config: object, args: argparse.Namespace) -> None:
