@@ -423,3 +423,27 @@ def test_row_runs_of_an_inference_tensor() -> None:
         assert first == [(0, 2, 2), (4, 1, 5)]
         assert varlen_attention.row_runs(bounds) is first
     assert varlen_attention.row_runs(bounds) is first  # also outside the mode
+
+
+def test_attention_arguments_sdpa_cannot_apply_are_refused() -> None:
+    """A logit soft-cap (Gemma 2's ``attn_logit_softcapping``) is a reason not to pack under
+    SDPA/eager (the default then runs padded); the packed attention functions refuse it and
+    attention sinks, naming the argument, rather than ignore them."""
+    from rl_algos import shared_prefix
+
+    agent = tl.make_agent("GRPO")
+    att = tl.attention_from(ragged_batch().ids, ragged_batch().masks)
+    model = agent.policy.causal_lm
+    assert packing.packing_blocker(model, att) is None
+    model.config.attn_logit_softcapping = 30.0
+    reason = packing.packing_blocker(model, att)
+    assert reason is not None and "attn_logit_softcapping" in reason
+    q = torch.zeros(1, 2, 4, 8)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    for key in ("softcap", "s_aux"):
+        with pytest.raises(ValueError, match=rf"rl_varlen_sdpa .*`{key}`: pass use_sequence"):
+            varlen_attention.varlen_sdpa_attention(
+                torch.nn.Module(), q, q, q, None, cu_seq_lens_q=cu, **{key: 1.0}
+            )
+        with pytest.raises(ValueError, match=rf"rl_shared_prefix_sdpa .*`{key}`: pass share"):
+            shared_prefix.shared_prefix_attention(torch.nn.Module(), q, q, q, None, **{key: 1.0})

@@ -164,6 +164,41 @@ def test_attention_refuses_other_layouts() -> None:
         shared_prefix.shared_prefix_attention(torch.nn.Module(), q, q, q, None)
 
 
+def test_shares_previous_by_hand() -> None:
+    ids = torch.tensor(
+        [[B, 10, 11, 30, 2], [B, 10, 11, 31, 0], [B, 10, 12, 31, 0], [B, 10, 12, 0, 0]]
+    )
+    att = (ids != 0).long()
+    scored = torch.zeros(4, 4, dtype=torch.bool)
+    scored[0, 2:4] = scored[1, 2] = scored[2, 1:3] = True  # row 2's prompt: B 10
+    # row 1: row 0's prompt B 10 11; row 2: another length; row 3: no action, its whole row
+    assert shared_prefix.shares_previous(ids, att, scored).tolist() == [False, True, False, False]
+
+
+def test_token_budget_keeps_shared_prompts_together() -> None:
+    """Runs of rows that share a prompt go into one micro-batch where they fit, are cut into
+    consecutive pieces where they do not, and are placed row by row when more micro-batches
+    are wanted than there are runs."""
+    from rl_algos.microbatch import token_budget_groups
+
+    lengths, together = [5, 5, 5, 4, 4, 4], [False, True, True, False, True, True]
+    # without together the balanced fill mixes the groups
+    assert token_budget_groups(lengths, 15) == [[0, 2, 5], [1, 3, 4]]
+    assert token_budget_groups(lengths, 15, together=together) == [[0, 1, 2], [3, 4, 5]]
+    assert token_budget_groups(lengths, 10) == [[0, 3], [1, 4], [2, 5]]
+    assert token_budget_groups(lengths, 10, together=together) == [[0, 1], [2, 5], [3, 4]]
+    assert token_budget_groups(lengths, 15, max_rows=2, together=together) == [
+        [0, 1],
+        [2, 5],
+        [3, 4],
+    ]
+    assert token_budget_groups(lengths, 15, groups=4, together=together) == token_budget_groups(
+        lengths, 15, groups=4
+    )
+    with pytest.raises(ValueError, match="`together` has 2 flags for 6 rows"):
+        token_budget_groups(lengths, 15, together=[False, True])
+
+
 # --------------------------------------------------------------------------- forwards
 
 

@@ -421,7 +421,11 @@ class LLMAlgorithm:
     ) -> list[MicroBatch]:
         """``rows`` in micro-batches (:func:`rl_algos.microbatch.split_rows`)."""
         split = RowSplit(self.config.micro_batch_size_per_gpu, self.config.micro_batch_tokens)
-        groups = split_rows(rows, batch.attention_mask, split)
+        together = None
+        if split.micro_batch_tokens is not None:  # keeps the rows that share a prompt together
+            ids, attn, mask = batch.input_ids[rows], batch.attention_mask[rows], batch.mask[rows]
+            together = self.scorer.together(ids, attn, mask)
+        groups = split_rows(rows, batch.attention_mask, split, together)
         return [MicroBatch.select(batch, scores, estimates, g) for g in groups]
 
     def _update(

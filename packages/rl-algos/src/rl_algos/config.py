@@ -166,9 +166,9 @@ class AgentConfig:
     """Rows per forward/backward (None: the whole minibatch)."""
     micro_batch_tokens: int | None = None
     """Real tokens (prompt + completion) per forward, rows packed into balanced micro-batches
-    (``rl_algos.microbatch.token_budget_groups``), also in the no-grad scoring passes; None: no
-    budget. A row longer than the budget raises. With ``micro_batch_size_per_gpu`` both limits
-    hold."""
+    (``rl_algos.microbatch.token_budget_groups``; rows that share a prompt stay together where
+    they fit), also in the no-grad scoring passes; None: no budget. A row longer than the
+    budget raises. With ``micro_batch_size_per_gpu`` both limits hold."""
     use_sequence_packing: bool | None = None
     """Run each forward's rows as one packed sequence (no padding; per-row positions and
     attention, ``rl_algos.packing``). Same loss and gradients as padded, to float rounding.

@@ -18,7 +18,11 @@ __all__ = ["RowSplit", "split_rows", "token_budget_groups"]
 
 
 def token_budget_groups(
-    lengths: Sequence[int], budget: int, max_rows: int | None = None, groups: int = 0
+    lengths: Sequence[int],
+    budget: int,
+    max_rows: int | None = None,
+    groups: int = 0,
+    together: Sequence[bool] | None = None,
 ) -> list[list[int]]:
     """Indices of ``lengths`` in micro-batches of at most ``budget`` tokens, balanced.
 
@@ -29,6 +33,12 @@ def token_budget_groups(
     longest first, each into the micro-batch of least cost (sum of squared lengths, as attention
     grows with ``L^2``) that has room, opening another when none has. Each micro-batch lists
     its rows in ascending order; the micro-batches are ordered by their first row.
+
+    ``together`` (one flag per row): row ``k`` goes with row ``k - 1``, as rows that share a
+    prompt (:func:`rl_algos.shared_prefix.shares_previous`) must to compute it once. Each run of
+    such rows is placed as one unit (its tokens and costs summed), cut into consecutive pieces
+    where it does not fit one micro-batch; with ``groups`` more than the units, the rows are
+    placed one by one.
 
     Raises:
         ValueError: A row longer than ``budget`` (both numbers are named).
@@ -42,35 +52,60 @@ def token_budget_groups(
             "micro_batch_tokens to at least the longest row (prompt + completion), or shorten "
             "max_output_tokens"
         )
-    order = sorted(range(len(lengths)), key=lambda k: (-lengths[k], k))
+    units = _units(lengths, budget, max_rows, together)
+    if groups > len(units):
+        units = [[k] for k in range(len(lengths))]
+    order = sorted(units, key=lambda u: (-sum(lengths[k] for k in u), u[0]))
     first_fit = _fill(order, lengths, budget, max_rows, 0, balanced=False)
     bins = _fill(order, lengths, budget, max_rows, max(groups, len(first_fit)), balanced=True)
     out = [sorted(b) for b in bins if b]
     return sorted(out, key=lambda b: b[0])
 
 
+def _units(
+    lengths: Sequence[int], budget: int, max_rows: int | None, together: Sequence[bool] | None
+) -> list[list[int]]:
+    """Rows in runs that go ``together``, each cut where it would not fit one micro-batch."""
+    if together is None:
+        return [[k] for k in range(len(lengths))]
+    if len(together) != len(lengths):
+        raise ValueError(f"`together` has {len(together)} flags for {len(lengths)} rows")
+    units: list[list[int]] = []
+    tokens = 0
+    for k, n in enumerate(lengths):
+        full = bool(units) and (
+            tokens + n > budget or (max_rows is not None and len(units[-1]) >= max_rows)
+        )
+        if not units or not together[k] or full:
+            units.append([])
+            tokens = 0
+        units[-1].append(k)
+        tokens += n
+    return units
+
+
 def _fill(
-    order: list[int],
+    order: list[list[int]],
     lengths: Sequence[int],
     budget: int,
     max_rows: int | None,
     opened: int,
     balanced: bool,
 ) -> list[list[int]]:
-    """Rows ``order`` into ``opened`` micro-batches, more when needed.
+    """Units of rows ``order`` into ``opened`` micro-batches, more when needed.
 
-    Each row goes into the first micro-batch with room or (``balanced``) the one of least sum
+    Each unit goes into the first micro-batch with room or (``balanced``) the one of least sum
     of squared lengths with room.
     """
     bins: list[list[int]] = [[] for _ in range(min(opened, len(order)))]
     tokens = [0] * len(bins)
     cost = [0] * len(bins)
-    for i in order:
-        n = lengths[i]
+    for unit in order:
+        n, rows = sum(lengths[i] for i in unit), len(unit)
         fits = [
             b
             for b in range(len(bins))
-            if tokens[b] + n <= budget and (max_rows is None or len(bins[b]) < max_rows)
+            if tokens[b] + n <= budget and (max_rows is None or len(bins[b]) + rows <= max_rows)
         ]
         if not fits:
             bins.append([])
@@ -78,9 +113,9 @@ def _fill(
             cost.append(0)
             fits = [len(bins) - 1]
         b = min(fits, key=lambda k: (cost[k], tokens[k], k)) if balanced else fits[0]
-        bins[b].append(i)
+        bins[b].extend(unit)
         tokens[b] += n
-        cost[b] += n * n
+        cost[b] += sum(lengths[i] ** 2 for i in unit)
     return bins
 
 
@@ -95,26 +130,33 @@ class RowSplit:
 
 
 def split_rows(
-    rows: torch.Tensor, attention_mask: torch.Tensor, split: RowSplit
+    rows: torch.Tensor,
+    attention_mask: torch.Tensor,
+    split: RowSplit,
+    together: torch.Tensor | None = None,
 ) -> list[torch.Tensor]:
     """``rows`` [R] (indices into ``attention_mask`` [N, L]) cut into micro-batches.
 
     Without a token budget: consecutive slices of ``split.micro_batch_rows`` rows (all rows
     when None). With one: :func:`token_budget_groups` over the rows' real lengths (the row
-    limit still applies); under data parallelism every process gets as many micro-batches as
-    the process that needs the most, so collective forwards (ZeRO-3) stay in step.
+    limit still applies), keeping the runs of ``together`` [R] bool (row ``rows[i]`` goes with
+    ``rows[i - 1]``) in one micro-batch where they fit; under data parallelism every process
+    gets as many micro-batches as the process that needs the most, so collective forwards
+    (ZeRO-3) stay in step.
     """
     if split.micro_batch_tokens is None:
         size = split.micro_batch_rows or max(1, len(rows))
         return [rows[s : s + size] for s in range(0, len(rows), size)]
     lengths = attention_mask[rows].sum(1).tolist()
-    groups = token_budget_groups(lengths, split.micro_batch_tokens, split.micro_batch_rows)
+    flags = None if together is None else together.tolist()
+    budget, max_rows = split.micro_batch_tokens, split.micro_batch_rows
+    groups = token_budget_groups(lengths, budget, max_rows, together=flags)
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         count = torch.tensor([len(groups)], device=attention_mask.device)
         torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
         if int(count) > len(groups):
             groups = token_budget_groups(
-                lengths, split.micro_batch_tokens, split.micro_batch_rows, groups=int(count)
+                lengths, budget, max_rows, groups=int(count), together=flags
             )
         if int(count) > len(groups):
             raise ValueError(

@@ -295,17 +295,15 @@ def packing_blocker(model: Any, attention_mask: torch.Tensor) -> str | None:
     Packing is exact when the attention implementation confines attention to each row
     (:data:`PACKABLE_IMPLEMENTATIONS`), each row's real tokens are one contiguous span
     (:func:`row_spans`; left padding is fine), some row is not empty, and, for SDPA/eager,
-    no row is longer than a sliding window the model applies. ``flex_attention`` finds the
+    no row is longer than a sliding window the model applies and its attention applies no
+    logit soft-cap (which the packed SDPA cannot). ``flex_attention`` finds the
     rows from the ``position_ids`` (a restart): a left-padded row whose first position
     continues the previous row's would merge with it, so that layout is refused too.
     """
     impl = attention_implementation(model)
-    if impl not in PACKABLE_IMPLEMENTATIONS:
-        return (
-            f"the model's attention implementation {impl!r} cannot confine attention to each "
-            f"packed row (packable: {', '.join(PACKABLE_IMPLEMENTATIONS)}; load the model with "
-            "attn_implementation='sdpa' or a flash-attention one)"
-        )
+    reason = _model_blocker(model, impl)
+    if reason is not None:
+        return reason
     try:
         starts, lengths = row_spans(attention_mask)
     except ValueError:
@@ -326,6 +324,30 @@ def packing_blocker(model: Any, attention_mask: torch.Tensor) -> str | None:
                 "left-padded row here continues the previous row's positions"
             )
     return None
+
+
+def _model_blocker(model: Any, impl: str) -> str | None:
+    """Why no rows can run packed through ``model`` (attention implementation ``impl``)."""
+    if impl not in PACKABLE_IMPLEMENTATIONS:
+        return (
+            f"the model's attention implementation {impl!r} cannot confine attention to each "
+            f"packed row (packable: {', '.join(PACKABLE_IMPLEMENTATIONS)}; load the model with "
+            "attn_implementation='sdpa' or a flash-attention one)"
+        )
+    if impl in ("sdpa", "eager") and _softcap(model) is not None:
+        return (
+            "the model's attention applies a logit soft-cap (attn_logit_softcapping), which the "
+            "packed SDPA attention cannot"
+        )
+    return None
+
+
+def _softcap(model: Any) -> float | None:
+    """The logit soft-cap a model's attention applies (Gemma 2's), or None."""
+    config = getattr(model, "config", None)
+    config = getattr(config, "get_text_config", lambda: config)()
+    cap = getattr(config, "attn_logit_softcapping", None)
+    return None if cap is None else float(cap)
 
 
 def _sliding_window(model: Any) -> int | None:

@@ -124,7 +124,8 @@ class LLMPPO(LLMAlgorithm):
         cfg = self.config
         turn_ids, turn_mask, r = turn_layout(batch)
         v_old = r.new_zeros(r.shape)
-        for rows in self.scorer.row_groups(batch.attention_mask):  # the token budget
+        split = self.scorer.row_groups(batch.attention_mask, batch.input_ids, batch.mask)
+        for rows in split:  # the token budget
             ids, attn = batch.input_ids[rows], batch.attention_mask[rows]
             v_old[rows] = self._turn_values(ids, attn, turn_ids[rows], r.shape[1]).to(r.dtype)
         return gae_advantages(

@@ -19,7 +19,7 @@ from rl_algos.batch import Batch, Scores
 from rl_algos.distributed import gathered
 from rl_algos.microbatch import RowSplit, split_rows
 from rl_algos.packing import PackingReport, packed_hidden_states
-from rl_algos.shared_prefix import MIN_SAVED_WORK, SHARED_PREFIX_IMPLEMENTATIONS
+from rl_algos.shared_prefix import MIN_SAVED_WORK, SHARED_PREFIX_IMPLEMENTATIONS, shares_previous
 from rl_algos.varlen_attention import attention_implementation
 
 __all__ = ["Scorer", "score_batch"]
@@ -89,10 +89,38 @@ class Scorer:
         hidden: torch.Tensor = self.policy.hidden_states(input_ids, attention_mask, role=role)
         return hidden[:, :-1]
 
-    def row_groups(self, attention_mask: torch.Tensor) -> list[torch.Tensor]:
-        """The rows of a batch (``attention_mask`` [N, L]) in no-grad forwards (:attr:`split`)."""
+    def row_groups(
+        self,
+        attention_mask: torch.Tensor,
+        input_ids: torch.Tensor | None = None,
+        scored: torch.Tensor | None = None,
+    ) -> list[torch.Tensor]:
+        """The rows of a batch (``attention_mask`` [N, L]) in no-grad forwards (:attr:`split`).
+
+        With ``input_ids`` [N, L] and ``scored`` [N, T], a token budget keeps rows that share a
+        prompt together (:meth:`together`).
+        """
         rows = torch.arange(attention_mask.shape[0], device=attention_mask.device)
-        return split_rows(rows, attention_mask, self.split)
+        together = None
+        if input_ids is not None and scored is not None:
+            together = self.together(input_ids, attention_mask, scored)
+        return split_rows(rows, attention_mask, self.split, together)
+
+    def together(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor
+    ) -> torch.Tensor | None:
+        """[M] bool for :func:`~rl_algos.microbatch.split_rows`: row ``m`` shares the prompt of
+        row ``m - 1`` (:func:`~rl_algos.shared_prefix.shares_previous`), so a token budget
+        keeps them in one forward; None without a token budget (consecutive rows stay
+        together) or where prompts are never shared (``share_prefix`` or packing False).
+        """  # noqa: D205
+        if (
+            self.split.micro_batch_tokens is None
+            or self.share_prefix is False
+            or self.packing is False
+        ):
+            return None
+        return shares_previous(input_ids, attention_mask, scored)
 
     def head(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``([V, H], [V] or None)``: the output projection for the fused kernels.
@@ -239,7 +267,7 @@ def score_batch(
     log-probs come from the sampler: the sampler's full distribution is not returned, so the
     actor's, equal to it up to the engines' numerics, stands in).
     """
-    groups = scorer.row_groups(batch.attention_mask)
+    groups = scorer.row_groups(batch.attention_mask, batch.input_ids, batch.mask)
 
     def zeros() -> torch.Tensor:
         # made outside the inference mode below, so the results are ordinary tensors (an

@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from rl_algos.varlen_attention import refuse_unsupported
+
 __all__ = [
     "MIN_SAVED_WORK",
     "SHARED_PREFIX_IMPLEMENTATIONS",
@@ -44,6 +46,7 @@ __all__ = [
     "register_shared_prefix_attention",
     "shared_prefix_attention",
     "shared_prefix_rows",
+    "shares_previous",
     "unshare",
 ]
 
@@ -146,10 +149,7 @@ def shared_prefix_rows(
     P = torch.minimum(prefix.clamp(min=0), lengths)
     cols = torch.arange(L, device=device)
     in_prefix = (cols >= starts[:, None]) & (cols < (starts + P)[:, None])  # [M, L]
-    same = torch.zeros(M, dtype=torch.bool, device=device)
-    if M > 1:
-        equal = ((input_ids[1:] == input_ids[:-1]) | ~in_prefix[1:]).all(1)
-        same[1:] = (starts[1:] == starts[:-1]) & (P[1:] == P[:-1]) & (P[1:] > 0) & equal
+    same = _same_as_previous(input_ids, starts, P, in_prefix)
     if int((P * same).sum()) < max(1, min_saved):
         return None
     rows = torch.arange(M, device=device)
@@ -176,6 +176,40 @@ def shared_prefix_rows(
         width=L,
         padded=not bool(real.all()),
     )
+
+
+def _same_as_previous(
+    input_ids: torch.Tensor, starts: torch.Tensor, P: torch.Tensor, in_prefix: torch.Tensor
+) -> torch.Tensor:
+    """[M] bool: row ``m`` starts with the prefix of row ``m - 1`` (``P`` [M] tokens from
+    ``starts`` [M], the columns ``in_prefix`` [M, L]): same first column, length and tokens.
+    """  # noqa: D205
+    same = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    if input_ids.shape[0] > 1:
+        equal = ((input_ids[1:] == input_ids[:-1]) | ~in_prefix[1:]).all(1)
+        same[1:] = (starts[1:] == starts[:-1]) & (P[1:] == P[:-1]) & (P[1:] > 0) & equal
+    return same
+
+
+def shares_previous(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, scored: torch.Tensor
+) -> torch.Tensor:
+    """[M] bool: row ``m`` holds the prompt of row ``m - 1``, so the two can share it.
+
+    The prompt is a row's tokens before its first scored one (:func:`prompt_lengths`); the
+    rows must also start at the same column.
+
+    Args:
+        input_ids: [M, L] padded rows.
+        attention_mask: [M, L], one contiguous span of real tokens per row.
+        scored: [M, L - 1] bool, shifted by one.
+    """
+    real = attention_mask.bool()
+    starts, lengths = real.long().argmax(1), real.sum(1)
+    P = torch.minimum(prompt_lengths(attention_mask, scored), lengths)
+    cols = torch.arange(input_ids.shape[1], device=input_ids.device)
+    in_prefix = (cols >= starts[:, None]) & (cols < (starts + P)[:, None])
+    return _same_as_previous(input_ids, starts, P, in_prefix)
 
 
 def unshare(packed: torch.Tensor, rows: SharedPrefixRows) -> torch.Tensor:
@@ -222,10 +256,12 @@ def shared_prefix_attention(
     Returns ``([1, S', heads, d], None)``.
 
     Raises:
-        ValueError: Without the layout, with a mask, or with a row longer than a sliding
-            window.
+        ValueError: Without the layout, with a mask, with a row longer than a sliding
+            window, or with an argument SDPA cannot apply
+            (:data:`rl_algos.varlen_attention.UNSUPPORTED_ARGUMENTS`).
     """
-    del module, kwargs
+    del module
+    refuse_unsupported(kwargs, SHARED_PREFIX_SDPA, "pass share_prompt_prefix=False")
     layout = rl_shared_prefix
     if layout is None or attention_mask is not None or query.shape[0] != 1:
         raise ValueError(

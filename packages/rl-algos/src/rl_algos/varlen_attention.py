@@ -36,9 +36,11 @@ import torch
 __all__ = [
     "FLASH_IMPLEMENTATIONS",
     "PACKABLE_IMPLEMENTATIONS",
+    "UNSUPPORTED_ARGUMENTS",
     "VARLEN_SDPA",
     "attention_configs",
     "attention_implementation",
+    "refuse_unsupported",
     "register_varlen_sdpa",
     "switched_to",
     "varlen_sdpa_attention",
@@ -71,6 +73,22 @@ def switched_to(configs: Sequence[Any], impl: str) -> Iterator[None]:
 
 #: The name :func:`varlen_sdpa_attention` is registered under in transformers.
 VARLEN_SDPA = "rl_varlen_sdpa"
+
+#: Attention arguments some models pass that SDPA cannot apply (a logit soft-cap, attention
+#: sinks, an additive position bias): the packed attention functions refuse them.
+UNSUPPORTED_ARGUMENTS = ("softcap", "s_aux", "position_bias")
+
+
+def refuse_unsupported(kwargs: dict[str, Any], name: str, fix: str) -> None:
+    """Raise where the model passes an attention argument SDPA cannot apply.
+
+    Raises:
+        ValueError: One of :data:`UNSUPPORTED_ARGUMENTS` is set (not None); the message names
+            it and ``fix``.
+    """
+    for key in UNSUPPORTED_ARGUMENTS:
+        if kwargs.get(key) is not None:
+            raise ValueError(f"{name} (SDPA) cannot apply the model's attention `{key}`: {fix}")
 
 
 def attention_configs(model: Any) -> list[Any]:
@@ -113,10 +131,12 @@ def varlen_sdpa_attention(
     boundaries ``cu_seq_lens_q`` [M + 1]. Returns ``([1, S, heads, d], None)``.
 
     Raises:
-        ValueError: Without ``cu_seq_lens_q``, with a mask, or with a row longer than a
-            sliding window (a shorter row attends causally to all of itself either way).
+        ValueError: Without ``cu_seq_lens_q``, with a mask, with a row longer than a
+            sliding window (a shorter row attends causally to all of itself either way), or
+            with an argument SDPA cannot apply (:data:`UNSUPPORTED_ARGUMENTS`).
     """
-    del module, kwargs
+    del module
+    refuse_unsupported(kwargs, VARLEN_SDPA, "pass use_sequence_packing=False")
     if cu_seq_lens_q is None or attention_mask is not None or query.shape[0] != 1:
         raise ValueError(
             f"{VARLEN_SDPA} runs packed rows only: one sequence [1, S] with cu_seq_lens_q and "
