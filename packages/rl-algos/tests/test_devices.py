@@ -1,8 +1,9 @@
 """GRPO's ``learn()`` on every device against the float64 CPU reference.
 
 The agent runs on the device (``rl_testing.devices``: CPU here, CUDA under ``pytest -m cuda`` /
-``nox -s gpu``), padded and packed (varlen attention on the device), with gradient
-checkpointing and with activation offload (pinned host memory on CUDA). The reference is
+``nox -s gpu``), padded and packed (each group's prompt computed once by default, or varlen
+attention per row), with gradient checkpointing and with activation offload (pinned host memory
+on CUDA). The reference is
 test_learn_reference's: a float64 copy of the policy on CPU, full logits, the spec's loss. The
 loss and every trainable gradient agree to float32 rounding (``algos_testlib``'s tolerances).
 """
@@ -18,7 +19,8 @@ from rl_testing.devices import DEVICES
 
 OPTIONS = [
     pytest.param({"use_sequence_packing": False}, id="padded"),
-    pytest.param({"use_sequence_packing": True}, id="packed"),
+    pytest.param({"use_sequence_packing": True}, id="packed"),  # each group's prompt once
+    pytest.param({"share_prompt_prefix": False}, id="packed-unshared"),
     pytest.param({"gradient_checkpointing": True}, id="checkpointing-packed"),
     pytest.param({"gradient_checkpointing": True, "activation_offload": True}, id="ckpt-offload"),
 ]
@@ -33,6 +35,11 @@ def test_grpo_learn_on_device_matches_float64(device: str, options: dict[str, An
     batch = tl.make_batch()
     metrics = agent.learn(batch.experiences())
     assert all(p.device.type == torch.device(device).type for p in agent.actor_parameters())
+    # the batch's groups repeat their prompts: packed forwards share them unless told not to
+    shares = options.get("use_sequence_packing") is not False and options.get(
+        "share_prompt_prefix", True
+    )
+    assert (agent.packing_report.shared_forwards > 0) == shares
 
     def reference(policy: Any) -> tl.RefLoss:
         return tl.reference_loss_grpo(

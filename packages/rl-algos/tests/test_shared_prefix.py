@@ -79,13 +79,12 @@ def test_layout_by_hand() -> None:
         [0, 1, 2, S, S],
         [6, 7, 8, 9, S],
     ]
-    assert layout.rows.tolist() == [
-        [0, 1, 2, 3, 4],
-        [0, 1, 2, 5, 0],
-        [0, 1, 2, 0, 0],
-        [6, 7, 8, 9, 0],
+    # the attention's buckets: rows 0, 1 and 3 (lengths 5, 4, 4: at least 0.8 of 5), row 2
+    assert [r.tolist() for r in layout.rows] == [
+        [[0, 1, 2, 3, 4], [0, 1, 2, 5, 0], [6, 7, 8, 9, 0]],
+        [[0, 1, 2]],
     ]
-    assert layout.take.tolist() == [0, 1, 2, 3, 4, 8, 15, 16, 17, 18]
+    assert layout.take.tolist() == [0, 1, 2, 3, 4, 8, 10, 11, 12, 13]
     assert layout.padded
     # nothing to share: rows with other prompts, other prefix lengths or other first columns
     assert _layout(ids[[0, 3]], att[[0, 3]], torch.tensor([3, 2])) is None
@@ -148,13 +147,21 @@ def test_layout_reads_every_row_back(case: tuple[torch.Tensor, torch.Tensor, tor
     pos = unshare(layout.position_ids[..., None].float(), layout)[..., 0]
     cols = torch.arange(ids.shape[1]).expand_as(ids)
     assert pos.equal(torch.where(real, cols, 0).float())  # bit-exact: integers gathered
-    # each row's attention layout: its own tokens, right-aligned from 0
+    # the attention's buckets: rows at least BUCKET_RATIO as long as the bucket's longest,
+    # each row's own tokens right-aligned from 0
+    flat = torch.cat([r.reshape(-1) for r in layout.rows])
+    buckets, offsets = shared_prefix._buckets(lengths.tolist())
+    assert [tuple(r.shape) for r in layout.rows] == [(len(b), int(lengths[b[0]])) for b in buckets]
+    for bucket in buckets:
+        width = int(lengths[bucket[0]])
+        assert all(shared_prefix.BUCKET_RATIO * width <= lengths[k] <= width for k in bucket)
     for n in range(ids.shape[0]):
         length, start = int(lengths[n]), int(starts[n])
-        got = layout.input_ids[0][layout.rows[n, :length]]
+        got = layout.input_ids[0][flat[offsets[n] : offsets[n] + length]]
         assert got.tolist() == ids[n, start : start + length].tolist()
+    assert sum(r.shape[0] for r in layout.rows) == ids.shape[0]
     # each packed token is read from a row that holds it
-    assert layout.rows.reshape(-1)[layout.take].tolist() == list(range(layout.num_tokens))
+    assert flat[layout.take].tolist() == list(range(layout.num_tokens))
     assert layout.padded == (not bool(real.all()))
 
 

@@ -6,9 +6,9 @@ row of the group. :func:`shared_prefix_rows` packs ``M`` padded rows so that suc
 appears once (as in Prefix Grouper, Liu et al. 2025): the per-token work (embeddings, the
 linear layers, norms, rotary, MLP) runs on ``S' = S - sum_followers P`` tokens instead of the
 ``S`` real tokens of plain packing. Only attention mixes tokens; :func:`shared_prefix_attention`
-gathers each row's keys, values and queries back into a right-aligned ``[M, R]`` layout (its
-prompt from the group's one copy), runs causal SDPA on it, and takes each packed token's output
-from one row that holds it. Every row therefore attends exactly as in its own padded forward,
+gathers each row's keys, values and queries back into right-aligned rows (its prompt from the
+group's one copy), runs causal SDPA on them, and takes each packed token's output from one row
+that holds it. Every row therefore attends exactly as in its own padded forward,
 and :func:`unshare` gives back the ``[M, L, H]`` tensor of the padded forward (each row's
 prompt positions read the group's one copy; their gradients add up there).
 
@@ -18,12 +18,14 @@ same tokens there. A row that shares with the previous one follows that row's le
 first row of the run). Rows that share with nothing are packed whole, as
 :func:`rl_algos.packing.pack_rows` packs them.
 
-Cost: the attention runs on ``[M, heads, R, d]`` (``R`` the longest row), as a padded forward's
-does (``M R^2`` against plain packing's ``sum_i L_i^2``); everything else runs on ``S'``
-tokens. Equal to the padded and packed forwards to float rounding, values and gradients.
+Cost: the attention runs on buckets of rows of similar lengths, ``[M_b, heads, R_b, d]`` each
+(``R_b`` the bucket's longest row, the others at least :data:`BUCKET_RATIO` of it), so at most
+``1 / BUCKET_RATIO^2`` what plain packing's ``sum_i L_i^2`` costs; everything else runs on
+``S'`` tokens. Equal to the padded and packed forwards to float rounding, values and
+gradients.
 
-Shapes: ``M`` rows, ``L`` padded width, ``S'`` packed tokens, ``R`` the longest row's real
-tokens, ``H`` hidden size, ``d`` head dimension.
+Shapes: ``M`` rows, ``L`` padded width, ``S'`` packed tokens, ``M_b`` rows of a bucket and
+``R_b`` its longest row's real tokens, ``H`` hidden size, ``d`` head dimension.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import torch
 from rl_algos.varlen_attention import refuse_unsupported
 
 __all__ = [
+    "BUCKET_RATIO",
     "MIN_SAVED_WORK",
     "SHARED_PREFIX_IMPLEMENTATIONS",
     "SHARED_PREFIX_SDPA",
@@ -108,10 +111,13 @@ class SharedPrefixRows:
     """[1, S'] long: each token's column in the padded rows (the padded forward's position)."""
     source: torch.Tensor
     """[M * L] long: the packed index of every padded position (``S'`` on padding)."""
-    rows: torch.Tensor
-    """[M, R] long: the packed index of each row's ``t``-th real token (0 past the row's end)."""
+    rows: tuple[torch.Tensor, ...]
+    """The attention's buckets of rows of similar lengths (:data:`BUCKET_RATIO`), each
+    [M_b, R_b] long: the packed index of each of its rows' ``t``-th real token (0 past the
+    row's end), ``R_b`` its longest row."""
     take: torch.Tensor
-    """[S'] long: ``m * R + t`` of one row ``m`` holding packed token ``s`` as its ``t``-th."""
+    """[S'] long: where packed token ``s`` is in the buckets' outputs, flattened and
+    concatenated (``[sum_b M_b R_b]``), read from one row that holds it."""
     width: int
     """``L``, the padded row width."""
     padded: bool
@@ -162,20 +168,53 @@ def shared_prefix_rows(
     pid[own] = torch.arange(S, device=device)
     pid = pid.view(M, L)
     pid = torch.where(shared, pid[leader], pid)  # a leader's prefix is its own
-    R = int(lengths.max())
-    t = torch.arange(R, device=device)
-    at = (starts[:, None] + t).clamp(max=L - 1)  # [M, R]: the column of each row's t-th token
-    index = torch.where(t[None] < lengths[:, None], pid.gather(1, at), 0)
+    buckets, offsets = _buckets(lengths.tolist())
+    index = []
+    for bucket in buckets:
+        picked = torch.tensor(bucket, dtype=torch.long, device=device)
+        R = int(lengths[bucket[0]])  # the longest row of the bucket comes first
+        t = torch.arange(R, device=device)
+        at = (starts[picked, None] + t).clamp(max=L - 1)  # the column of each row's t-th token
+        valid = t[None] < lengths[picked, None]
+        index.append(torch.where(valid, pid[picked].gather(1, at), 0))
     m, c = own // L, own % L
+    first = torch.tensor(offsets, dtype=torch.long, device=device)  # [M]
     return SharedPrefixRows(
         input_ids=input_ids.reshape(-1)[own][None],
         position_ids=c[None],
         source=pid.reshape(-1),
-        rows=index,
-        take=m * R + (c - starts[m]),
+        rows=tuple(index),
+        take=first[m] + (c - starts[m]),
         width=L,
         padded=not bool(real.all()),
     )
+
+
+#: A bucket of the shared attention holds the rows at least this fraction as long as its
+#: longest, so its padded attention costs at most ``1 / BUCKET_RATIO^2`` (1.56x) what the rows'
+#: own lengths would (plain packing's ``sum_i L_i^2``), in one SDPA call per bucket.
+BUCKET_RATIO = 0.8
+
+
+def _buckets(lengths: list[int]) -> tuple[list[list[int]], list[int]]:
+    """``(buckets, offsets)``: the rows by length, longest first, cut into buckets of rows
+    at least :data:`BUCKET_RATIO` times the bucket's first; and each row's first position in
+    the buckets' outputs, flattened and concatenated (``[M_b, R_b]`` each).
+    """  # noqa: D205
+    order = sorted(range(len(lengths)), key=lambda k: (-lengths[k], k))
+    buckets: list[list[int]] = []
+    for k in order:
+        if not buckets or lengths[k] < BUCKET_RATIO * lengths[buckets[-1][0]]:
+            buckets.append([])
+        buckets[-1].append(k)
+    offsets = [0] * len(lengths)
+    base = 0
+    for bucket in buckets:
+        width = lengths[bucket[0]]
+        for j, k in enumerate(bucket):
+            offsets[k] = base + j * width
+        base += len(bucket) * width
+    return buckets, offsets
 
 
 def _same_as_previous(
@@ -269,8 +308,8 @@ def shared_prefix_attention(
             "with rl_shared_prefix and no attention mask (rl_algos.packing.packed_hidden_states "
             "sets them)"
         )
-    M, R = layout.rows.shape
-    if sliding_window is not None and int(sliding_window) < R:
+    longest = max(int(rows.shape[1]) for rows in layout.rows)
+    if sliding_window is not None and int(sliding_window) < longest:
         raise ValueError(
             "sliding-window attention cannot share prompt prefixes with SDPA here: pass "
             "share_prompt_prefix=False (or use_sequence_packing=False)"
@@ -279,22 +318,25 @@ def shared_prefix_attention(
     groups = query.shape[1] // key.shape[1]
     if groups > 1 and not gqa:
         key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    index = layout.rows.reshape(-1)
+    # token-major, as the projections laid them out ([S', h, d] memory): whole rows copied
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))
+    parts = []
+    for rows in layout.rows:  # one SDPA call per bucket of rows of similar lengths
 
-    def by_row(x: torch.Tensor) -> torch.Tensor:  # [1, h, S', d] -> [M, h, R, d]
-        # token-major, as the projections laid it out ([S', h, d] memory): whole rows copied
-        rows: torch.Tensor = x[0].transpose(0, 1).index_select(0, index)
-        by_rows: torch.Tensor = rows.unflatten(0, (M, R))
-        return by_rows.transpose(1, 2)
+        def by_row(x: torch.Tensor, rows: torch.Tensor = rows) -> torch.Tensor:
+            # [S', h, d] -> [M_b, h, R_b, d]
+            picked: torch.Tensor = x.index_select(0, rows.reshape(-1)).unflatten(0, rows.shape)
+            return picked.transpose(1, 2)
 
-    out = torch.nn.functional.scaled_dot_product_attention(
-        by_row(query),
-        by_row(key),
-        by_row(value),
-        dropout_p=dropout,
-        is_causal=True,
-        scale=scaling,
-        enable_gqa=gqa,
-    )  # [M, heads, R, d]; a row's padding attends to its real tokens and is never read
-    by_token = out.transpose(1, 2).flatten(0, 1)  # [M * R, heads, d]
+        out = torch.nn.functional.scaled_dot_product_attention(
+            by_row(q),
+            by_row(k),
+            by_row(v),
+            dropout_p=dropout,
+            is_causal=True,
+            scale=scaling,
+            enable_gqa=gqa,
+        )  # [M_b, heads, R_b, d]; a row's padding attends to its real tokens, never read
+        parts.append(out.transpose(1, 2).flatten(0, 1))  # [M_b * R_b, heads, d]
+    by_token = parts[0] if len(parts) == 1 else torch.cat(parts)
     return by_token.index_select(0, layout.take)[None], None
