@@ -22,11 +22,20 @@ wherever a token is saved) and ``default`` (``None``: where the saved work reach
 receive the same updates; their calls are interleaved round by round (the order rotating), so
 a change of the machine's load hits all three; ``round_ratios`` are the per-round times over
 ``unshared``'s. ``tokens`` counts real tokens, ``packed_tokens`` those the shared layout runs.
+``peak_extra_MiB`` (full runs only): the peak resident memory of one ``learn()`` in a fresh
+process above the resident memory before it (Linux: ``/proc/self/clear_refs`` resets the peak;
+a first call pays the one-time costs; ``MALLOC_MMAP_THRESHOLD_=65536``), the median of
+:data:`MEMORY_REPEATS` processes per (case, variant). It includes the allocator's slack.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -91,6 +100,56 @@ def _experience(vocab: int, B: int, G: int, prompt: int, longest: int) -> tuple[
     return (ids, action, rewards), tokens, tokens - B * (G - 1) * prompt
 
 
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _worker(case: str, variant: str) -> dict[str, int]:
+    """In a fresh process: peak RSS of one ``learn()`` minus the RSS before it (Linux).
+
+    A first ``learn()`` on the same batch pays the one-time costs (imports, thread pools,
+    optimizer state); the peak of the second is measured.
+    """
+    torch.set_num_threads(1)
+    config, B, G, prompt, longest = CASES[case]
+    agent = _agent(config, G, VARIANTS[variant])
+    experiences = _experience(config["vocab_size"], B, G, prompt, longest)[0]
+    agent.learn(experiences)
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")  # reset the peak resident set size
+    before = _status_kib("VmRSS")
+    agent.learn(experiences)
+    return {"peak_extra_bytes": (_status_kib("VmHWM") - before) * 1024}
+
+
+#: Fresh processes per (case, variant) for the memory figure; the median is reported.
+MEMORY_REPEATS = 3
+
+
+def _peak_extra_mib(case: str, variant: str) -> float | None:
+    # glibc serves every block of 64 KiB or more with its own mmap and returns it at free
+    # (as tools/bench/checkpointing_memory.py): its dynamic threshold otherwise keeps freed
+    # blocks in the heap, and the peak moves by tens of MiB between identical runs
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).parent),
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+    }
+    args = [sys.executable, __file__, "--worker", case, variant]
+    peaks = []
+    for _ in range(MEMORY_REPEATS):
+        proc = subprocess.run(args, capture_output=True, text=True, check=False, env=env)
+        if proc.returncode != 0:
+            print(f"{case} {variant}: memory worker failed\n{proc.stderr[-2000:]}", file=sys.stderr)
+            return None
+        peaks.append(int(json.loads(proc.stdout.strip().splitlines()[-1])["peak_extra_bytes"]))
+    return round(statistics.median(peaks) / 2**20, 1)
+
+
 def run(quick: bool) -> list[Row]:
     torch.set_num_threads(1)
     repeats = 1 if quick else int(os.environ.get("BENCH_SHARED_ROUNDS", "5"))
@@ -137,5 +196,19 @@ def run(quick: bool) -> list[Row]:
                     round(a / b, 3)
                     for a, b in zip(samples[variant], samples["unshared"], strict=True)
                 ]
+            peak = None if quick else _peak_extra_mib(case, variant)
+            if peak is not None:
+                extra["peak_extra_MiB"] = peak
             rows.append(Row("shared_prefix", label, variant, Timing(samples[variant]), extra=extra))
-    return with_ratios(rows, baseline="unshared")
+    rows = with_ratios(rows, baseline="unshared")
+    for r in rows:
+        base = next(x for x in rows if x.case == r.case and x.variant == "unshared")
+        if r.extra.get("peak_extra_MiB") and base.extra.get("peak_extra_MiB"):
+            r.extra["mem_vs_unshared"] = round(
+                r.extra["peak_extra_MiB"] / base.extra["peak_extra_MiB"], 3
+            )
+    return rows
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--worker":
+    print(json.dumps(_worker(sys.argv[2], sys.argv[3])))
