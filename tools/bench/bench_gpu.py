@@ -22,9 +22,12 @@ measured on CPU).
 
 Part 2, one GRPO step of a random Qwen2 of Qwen2.5-0.5B's shape (24 layers, ``H`` 896,
 intermediate 4864, 14 heads, 2 KV heads, ``V`` 151936; bf16) with LoRA r16 on the seven
-projections: ``learn()`` on 16 ragged rows of up to 512 tokens, padded and packed, and
-``get_action`` (4 prompts x 4 samples, 128 new tokens); ``learn()`` packed again with gradient
-checkpointing (its MFU counts the useful FLOPs only, not the recomputation). Reported: seconds,
+projections: ``learn()`` on 16 ragged rows of up to 512 tokens (groups of 4 repeating a prompt
+of 128), padded, packed (the default: each group's prompt computed once, ``share_prompt_prefix``)
+and packed with every row computing its own prompt, and ``get_action`` (4 prompts x 4 samples,
+128 new tokens); ``learn()`` packed again with gradient checkpointing (its MFU counts the useful
+FLOPs only, not the recomputation nor the shared prompts' saving: the same FLOPs for every
+variant). Reported: seconds,
 real tokens per second, and MFU against the bf16 matmul peak measured in the same run (``torch.mm`` of 8192^3,
 best of 5), with the FLOPs of ``learn()`` counted as ``6 P t + 6 H V c``: a reference forward,
 a policy forward and its input-gradient backward (2 each) over the ``P`` decoder weights for
@@ -180,10 +183,14 @@ def head_part(
     return rows
 
 
-def _batch(rows: int, length: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(ids [rows, L], action masks [rows, L-1], rewards [rows]): prompts of L/4, ragged ends."""
+def _batch(
+    rows: int, length: int, vocab: int, group: int = 4
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids [rows, L], action masks [rows, L-1], rewards [rows]): prompts of L/4, each repeated
+    by the ``group`` rows of a GRPO group, ragged ends."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(10, vocab, (rows, length), generator=g)
+    ids[:, : length // 4] = ids[::group, : length // 4].repeat_interleave(group, 0)[:rows]
     ends = torch.randint(length // 2, length + 1, (rows,), generator=g)
     masks = torch.zeros(rows, length - 1, dtype=torch.bool)
     for r in range(rows):
@@ -216,19 +223,21 @@ def step_part(device: torch.device, dtype: torch.dtype, shape: dict[str, int], s
     head = cfg.hidden_size * cfg.vocab_size
     flops = 6 * decoder * real_tokens + 6 * head * completion_tokens
     out: list[dict[str, Any]] = []
-    variants = (
-        ("padded", False, False),
-        ("packed", True, False),
-        ("packed+checkpointing", True, True),
+    variants = (  # (label, use_sequence_packing, gradient_checkpointing, share_prompt_prefix)
+        ("padded", False, False, None),
+        ("packed", True, False, None),  # each group's prompt computed once (the default)
+        ("packed-unshared", True, False, False),
+        ("packed+checkpointing", True, True, None),
     )
-    for label, packing, checkpointing in variants:
+    for label, packing, checkpointing, share in variants:
         model = build()
         lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=[
             "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])  # fmt: skip
         agent = GRPO(actor_network=model, pad_token_id=0, pad_token="<pad>", group_size=4,
                      batch_size=rows_n, lora_config=lora, beta=0.04, update_epochs=1, seed=0,
                      device=str(device), use_sequence_packing=packing,
-                     gradient_checkpointing=checkpointing, max_output_tokens=new_tokens,
+                     gradient_checkpointing=checkpointing, share_prompt_prefix=share,
+                     max_output_tokens=new_tokens,
                      min_output_tokens=new_tokens)  # fmt: skip
         batch = (ids, masks, rewards)
         learn = timed(lambda a=agent, b=batch: a.learn(tuple(x.clone() for x in b)), device, 2)
