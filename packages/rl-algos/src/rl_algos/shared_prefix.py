@@ -97,7 +97,7 @@ def prompt_lengths(attention_mask: torch.Tensor, scored: torch.Tensor) -> torch.
     real = attention_mask.bool()
     start = real.long().argmax(1)
     length = real.sum(1)
-    first = scored.long().argmax(1) + 1 - start  # the real tokens up to the first scorer
+    first = scored.long().argmax(1) + 1 - start  # real tokens before the first scored one
     return torch.where(scored.any(1), first, length).clamp(min=0)
 
 
