@@ -370,7 +370,8 @@ def test_default_shares_where_it_saves_enough(monkeypatch: pytest.MonkeyPatch) -
 def test_bad_settings_are_refused() -> None:
     from rl_algos import AgentConfig
 
-    with pytest.raises(ValueError, match="`share_prompt_prefix` must be None"):
+    assert AgentConfig(share_prompt_prefix="auto").share_prompt_prefix is None  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`share_prompt_prefix` must be None or 'auto'"):
         AgentConfig(share_prompt_prefix="yes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"share_prompt_prefix=True .*use_sequence_packing=False"):
         tl.make_agent("GRPO", share_prompt_prefix=True, use_sequence_packing=False)

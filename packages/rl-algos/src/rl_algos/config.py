@@ -180,12 +180,12 @@ class AgentConfig:
     """In a packed forward, consecutive rows that start with the same prompt (the same tokens
     before each row's first scored token: a group's completions) compute it once
     (``rl_algos.shared_prefix``): fewer tokens through every layer, the same loss and
-    gradients to float rounding. None (the default): wherever a forward runs packed with SDPA
-    or eager attention and saves a token, except that rows which all have one length (a plain
-    batch otherwise) share only where the work it saves (shared tokens times the model's
-    per-token parameters) reaches ``rl_algos.shared_prefix.MIN_SAVED_WORK``, below which the
-    layout costs more than it saves; True: wherever it saves a token, and raise where it
-    cannot share (padded forwards, another attention implementation); False: never."""
+    gradients to float rounding. None (the default, also ``"auto"``): wherever a forward runs
+    packed with SDPA or eager attention and saves a token, except that rows which all have one
+    length (a plain batch otherwise) share only where the work it saves (shared tokens times
+    the model's per-token parameters) reaches ``rl_algos.shared_prefix.MIN_SAVED_WORK``, below
+    which the layout costs more than it saves; True: wherever it saves a token, and raise where
+    it cannot share (padded forwards, another attention implementation); False: never."""
     max_output_tokens: int | None = None
     """Generated tokens per completion (None: half of ``max_model_len``)."""
     min_output_tokens: int = 0
@@ -288,10 +288,12 @@ class AgentConfig:
                 "`use_sequence_packing` must be None or 'auto' (pack where possible), True or "
                 f"False, got {self.use_sequence_packing!r}"
             )
+        if self.share_prompt_prefix == "auto":  # type: ignore[comparison-overlap]
+            self.share_prompt_prefix = None  # YAML / command line spelling of the default
         if self.share_prompt_prefix not in (None, True, False):
             raise ValueError(
-                "`share_prompt_prefix` must be None (share where a forward runs packed), True or "
-                f"False, got {self.share_prompt_prefix!r}"
+                "`share_prompt_prefix` must be None or 'auto' (share where it saves work), True "
+                f"or False, got {self.share_prompt_prefix!r}"
             )
         if self.share_prompt_prefix is True and self.use_sequence_packing is False:
             raise ValueError(
