@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from harness import Row, measure, with_ratios
+from harness import Row, measure, with_memory_ratios, with_ratios
 from peft import LoraConfig
 from rl_adapters import PolicyModel
 from rl_algos import GRPO
@@ -252,14 +252,7 @@ def run(quick: bool) -> list[Row]:
             if variant != "plain":
                 extra["grad_rel_diff"] = f"{rel:.1e}"
             rows.append(Row("learn", case, variant, timing, extra=extra))
-    rows = with_ratios(rows, baseline="plain")
-    for r in rows:
-        base = next(x for x in rows if x.case == r.case and x.variant == "plain")
-        if r.extra.get("peak_extra_MiB") and base.extra.get("peak_extra_MiB"):
-            r.extra["mem_vs_plain"] = round(
-                r.extra["peak_extra_MiB"] / base.extra["peak_extra_MiB"], 3
-            )
-    return rows
+    return with_memory_ratios(with_ratios(rows, baseline="plain"), baseline="plain")
 
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--worker":

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from harness import Row, Timing, measure, with_ratios
+from harness import Row, Timing, measure, status_kib, with_memory_ratios, with_ratios
 from peft import LoraConfig
 from rl_algos import GRPO
 from rl_testing.models import tiny_qwen2
@@ -77,14 +77,6 @@ def _experience(max_len: int, ragged: bool, device: torch.device) -> tuple[Any, 
     return (ids.to(device), action.to(device), rewards.to(device)), int(real.sum())
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
 def _options(variant: str, budget: int) -> dict[str, Any]:
     if variant == "padded":
         return {"use_sequence_packing": False, "micro_batch_size_per_gpu": ROWS_PER_MB}
@@ -106,9 +98,9 @@ def _worker(max_len: int, ragged: bool, variant: str) -> dict[str, int]:
     experiences = _experience(max_len, ragged, device)[0]
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")  # reset the peak resident set size (Linux)
-    before = _status_kib("VmRSS")
+    before = status_kib("VmRSS")
     agent.learn(experiences)
-    return {"peak_extra_bytes": (_status_kib("VmHWM") - before) * 1024}
+    return {"peak_extra_bytes": (status_kib("VmHWM") - before) * 1024}
 
 
 def _peak_extra_mib(max_len: int, ragged: bool, variant: str, device: torch.device) -> Any:
@@ -190,14 +182,7 @@ def run(quick: bool) -> list[Row]:
             if peak is not None:
                 extra["peak_extra_MiB"] = peak
             rows.append(Row("packing", case, variant, timing, extra=extra))
-    rows = with_ratios(rows, baseline="padded")
-    for r in rows:
-        base = next(x for x in rows if x.case == r.case and x.variant == "padded")
-        if r.extra.get("peak_extra_MiB") and base.extra.get("peak_extra_MiB"):
-            r.extra["mem_vs_padded"] = round(
-                r.extra["peak_extra_MiB"] / base.extra["peak_extra_MiB"], 3
-            )
-    return rows
+    return with_memory_ratios(with_ratios(rows, baseline="padded"), baseline="padded")
 
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--worker":

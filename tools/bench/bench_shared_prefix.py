@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from harness import Row, Timing, measure, with_ratios
+from harness import Row, Timing, measure, status_kib, with_memory_ratios, with_ratios
 from peft import LoraConfig
 from rl_algos import GRPO
 from rl_testing.models import tiny_qwen2
@@ -100,14 +100,6 @@ def _experience(vocab: int, B: int, G: int, prompt: int, longest: int) -> tuple[
     return (ids, action, rewards), tokens, tokens - B * (G - 1) * prompt
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
 def _worker(case: str, variant: str) -> dict[str, int]:
     """In a fresh process: peak RSS of one ``learn()`` minus the RSS before it (Linux).
 
@@ -121,9 +113,9 @@ def _worker(case: str, variant: str) -> dict[str, int]:
     agent.learn(experiences)
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")  # reset the peak resident set size
-    before = _status_kib("VmRSS")
+    before = status_kib("VmRSS")
     agent.learn(experiences)
-    return {"peak_extra_bytes": (_status_kib("VmHWM") - before) * 1024}
+    return {"peak_extra_bytes": (status_kib("VmHWM") - before) * 1024}
 
 
 #: Fresh processes per (case, variant) for the memory figure; the median is reported.
@@ -200,14 +192,7 @@ def run(quick: bool) -> list[Row]:
             if peak is not None:
                 extra["peak_extra_MiB"] = peak
             rows.append(Row("shared_prefix", label, variant, Timing(samples[variant]), extra=extra))
-    rows = with_ratios(rows, baseline="unshared")
-    for r in rows:
-        base = next(x for x in rows if x.case == r.case and x.variant == "unshared")
-        if r.extra.get("peak_extra_MiB") and base.extra.get("peak_extra_MiB"):
-            r.extra["mem_vs_unshared"] = round(
-                r.extra["peak_extra_MiB"] / base.extra["peak_extra_MiB"], 3
-            )
-    return rows
+    return with_memory_ratios(with_ratios(rows, baseline="unshared"), baseline="unshared")
 
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--worker":

@@ -92,6 +92,27 @@ def with_ratios(rows: list[Row], baseline: str, floor: str | None = None) -> lis
     return rows
 
 
+def with_memory_ratios(rows: list[Row], baseline: str) -> list[Row]:
+    """Add ``mem_vs_<baseline>``: each row's ``peak_extra_MiB`` over its case's baseline's."""
+    by_case = {(r.case, r.variant): r for r in rows}
+    for r in rows:
+        base = by_case.get((r.case, baseline))
+        if base is not None and r.extra.get("peak_extra_MiB") and base.extra.get("peak_extra_MiB"):
+            r.extra[f"mem_vs_{baseline}"] = round(
+                r.extra["peak_extra_MiB"] / base.extra["peak_extra_MiB"], 3
+            )
+    return rows
+
+
+def status_kib(field: str) -> int:
+    """A field of Linux's ``/proc/self/status`` in KiB (``VmRSS``, ``VmHWM``), 0 if absent."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
 def machine() -> dict[str, Any]:
     """What the numbers were measured on."""
     info: dict[str, Any] = {

@@ -432,7 +432,8 @@ def test_attention_arguments_sdpa_cannot_apply_are_refused() -> None:
     from rl_algos import shared_prefix
 
     agent = tl.make_agent("GRPO")
-    att = tl.attention_from(ragged_batch().ids, ragged_batch().masks)
+    batch = ragged_batch()
+    att = tl.attention_from(batch.ids, batch.masks)
     model = agent.policy.causal_lm
     assert packing.packing_blocker(model, att) is None
     model.config.attn_logit_softcapping = 30.0

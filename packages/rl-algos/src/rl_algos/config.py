@@ -281,20 +281,17 @@ class AgentConfig:
 
     def _check_packing(self) -> None:
         """Check ``use_sequence_packing`` and ``share_prompt_prefix`` (alone and together)."""
-        if self.use_sequence_packing == "auto":  # type: ignore[comparison-overlap]
-            self.use_sequence_packing = None  # YAML / command line spelling of the default
-        if self.use_sequence_packing not in (None, True, False):
-            raise ValueError(
-                "`use_sequence_packing` must be None or 'auto' (pack where possible), True or "
-                f"False, got {self.use_sequence_packing!r}"
-            )
-        if self.share_prompt_prefix == "auto":  # type: ignore[comparison-overlap]
-            self.share_prompt_prefix = None  # YAML / command line spelling of the default
-        if self.share_prompt_prefix not in (None, True, False):
-            raise ValueError(
-                "`share_prompt_prefix` must be None or 'auto' (share where it saves work), True "
-                f"or False, got {self.share_prompt_prefix!r}"
-            )
+        for name, default in (
+            ("use_sequence_packing", "pack where possible"),
+            ("share_prompt_prefix", "share where it saves work"),
+        ):
+            if getattr(self, name) == "auto":  # YAML / command line spelling of the default
+                setattr(self, name, None)
+            if getattr(self, name) not in (None, True, False):
+                raise ValueError(
+                    f"`{name}` must be None or 'auto' ({default}), True or False, got "
+                    f"{getattr(self, name)!r}"
+                )
         if self.share_prompt_prefix is True and self.use_sequence_packing is False:
             raise ValueError(
                 "share_prompt_prefix=True needs packed forwards, and use_sequence_packing=False "

@@ -41,7 +41,7 @@ from rl_algos.shared_prefix import (
     SharedPrefixRows,
     body_parameters,
     prompt_lengths,
-    register_shared_prefix_attention,
+    shared_prefix_attention,
     shared_prefix_rows,
     unshare,
 )
@@ -50,6 +50,7 @@ from rl_algos.varlen_attention import (
     VARLEN_SDPA,
     attention_configs,
     attention_implementation,
+    register_attention,
     register_varlen_sdpa,
     switched_to,
 )
@@ -260,7 +261,7 @@ def packed_hidden_states(
 
 def _shared_hidden_states(policy: Any, rows: SharedPrefixRows, role: str) -> torch.Tensor:
     """[M, L, H] of :func:`packed_hidden_states`, each shared prefix computed once."""
-    register_shared_prefix_attention()
+    register_attention(SHARED_PREFIX_SDPA, shared_prefix_attention)
     model = policy.reference_model if role == "reference" else None
     configs = attention_configs(policy.causal_lm if model is None else model)
     # replayable: a checkpointed layer recomputes with the shared-prefix attention too

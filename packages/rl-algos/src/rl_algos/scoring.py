@@ -73,9 +73,9 @@ class Scorer:
             checked = self.packing is None
             if self.share_prefix is False:
                 scored = None
-            elif scored is not None:
+            elif self.share_prefix and scored is not None:
                 impl = attention_implementation(self.policy.causal_lm)
-                if self.share_prefix and impl not in SHARED_PREFIX_IMPLEMENTATIONS:
+                if impl not in SHARED_PREFIX_IMPLEMENTATIONS:
                     raise ValueError(
                         f"share_prompt_prefix=True needs SDPA or eager attention, the model runs "
                         f"{impl!r}: pass share_prompt_prefix=None (shares where it can) or False"

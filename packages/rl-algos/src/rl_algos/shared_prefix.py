@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from rl_algos.varlen_attention import refuse_unsupported
+from rl_algos.varlen_attention import refuse_unsupported, sdpa_key_value
 
 __all__ = [
     "BUCKET_RATIO",
@@ -46,7 +46,6 @@ __all__ = [
     "SharedPrefixRows",
     "body_parameters",
     "prompt_lengths",
-    "register_shared_prefix_attention",
     "shared_prefix_attention",
     "shared_prefix_rows",
     "shares_previous",
@@ -267,14 +266,6 @@ def unshare(packed: torch.Tensor, rows: SharedPrefixRows) -> torch.Tensor:
     return flat.index_select(0, rows.source).view(M, rows.width, *flat.shape[1:])
 
 
-def register_shared_prefix_attention() -> None:
-    """Register :func:`shared_prefix_attention` in transformers' ``AttentionInterface`` (once)."""
-    from transformers import AttentionInterface
-
-    if SHARED_PREFIX_SDPA not in AttentionInterface._global_mapping:
-        AttentionInterface.register(SHARED_PREFIX_SDPA, shared_prefix_attention)
-
-
 def shared_prefix_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -314,10 +305,7 @@ def shared_prefix_attention(
             "sliding-window attention cannot share prompt prefixes with SDPA here: pass "
             "share_prompt_prefix=False (or use_sequence_packing=False)"
         )
-    gqa = query.shape[1] != key.shape[1] and key.shape[-1] == value.shape[-1] <= 256
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1 and not gqa:
-        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    key, value, gqa = sdpa_key_value(query, key, value)
     # token-major, as the projections laid them out ([S', h, d] memory): whole rows copied
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))
     parts = []

@@ -41,7 +41,9 @@ __all__ = [
     "attention_configs",
     "attention_implementation",
     "refuse_unsupported",
+    "register_attention",
     "register_varlen_sdpa",
+    "sdpa_key_value",
     "switched_to",
     "varlen_sdpa_attention",
 ]
@@ -101,12 +103,33 @@ def attention_configs(model: Any) -> list[Any]:
     return list(seen.values())
 
 
-def register_varlen_sdpa() -> None:
-    """Register :func:`varlen_sdpa_attention` in transformers' ``AttentionInterface`` (once)."""
+def register_attention(name: str, function: Any) -> None:
+    """Register ``function`` in transformers' ``AttentionInterface`` as ``name`` (once)."""
     from transformers import AttentionInterface
 
-    if VARLEN_SDPA not in AttentionInterface._global_mapping:
-        AttentionInterface.register(VARLEN_SDPA, varlen_sdpa_attention)
+    if name not in AttentionInterface._global_mapping:
+        AttentionInterface.register(name, function)
+
+
+def register_varlen_sdpa() -> None:
+    """Register :func:`varlen_sdpa_attention` in transformers' ``AttentionInterface`` (once)."""
+    register_attention(VARLEN_SDPA, varlen_sdpa_attention)
+
+
+def sdpa_key_value(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """``(key, value, enable_gqa)`` for SDPA under grouped-query attention (heads on dim 1).
+
+    SDPA's ``enable_gqa`` (no copies), as transformers' SDPA path does without a mask; head
+    dimensions above 256, or keys and values of different head dimensions, repeat the key and
+    value heads instead.
+    """
+    gqa = query.shape[1] != key.shape[1] and key.shape[-1] == value.shape[-1] <= 256
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1 and not gqa:
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    return key, value, gqa
 
 
 def varlen_sdpa_attention(
@@ -148,12 +171,7 @@ def varlen_sdpa_attention(
             "sliding-window attention cannot be packed with SDPA here: pass "
             "use_sequence_packing=False (or use flash-attention on CUDA)"
         )
-    # grouped-query heads: SDPA's enable_gqa (no copies), as transformers' SDPA path does
-    # without a mask; larger head dims repeat the key/value heads
-    gqa = query.shape[1] != key.shape[1] and key.shape[-1] == value.shape[-1] <= 256
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1 and not gqa:
-        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    key, value, gqa = sdpa_key_value(query, key, value)
     sizes = [n * length for _, n, length in runs]
     # one split per tensor (its backward is one concatenation, where a slice per run would
     # scatter into a zero [heads, S, d] gradient per run)
