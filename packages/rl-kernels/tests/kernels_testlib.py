@@ -272,6 +272,27 @@ def lm_tol(hidden: torch.Tensor, weight: torch.Tensor) -> dict[str, Any]:
     return {"reduction": max(rows, hidden.shape[-1], weight.shape[0]), "stages": 3}
 
 
+def through_logprobs_scale(value: torch.Tensor, ref: NaivePolicy) -> float:
+    r"""``scale`` of a loss computed from the naive path's log-probs and entropies.
+
+    Each log-prob carries a rounding error of its own size (:math:`|\log p| \approx
+    \mathrm{lse}`, not 1), and the error reaches the loss through its gradient, so the terms
+    whose rounding the loss keeps are :math:`\sum_i |\partial L / \partial \log p_i|\,
+    |\log p_i|` (and the same for the entropies), not the loss itself: a policy loss whose
+    advantages nearly cancel is much smaller than that.
+    """
+    if not value.requires_grad:
+        return float(value.detach().abs()) or 1.0
+    g_logp, g_ent = torch.autograd.grad(
+        value, [ref.logp, ref.ent], retain_graph=True, allow_unused=True
+    )
+    terms = float(value.detach().abs())
+    for g, x in ((g_logp, ref.logp), (g_ent, ref.ent)):
+        if g is not None:
+            terms += float((g.abs() * x.detach().abs()).sum())
+    return terms or 1.0
+
+
 def grads(scalar: torch.Tensor, tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
     """d scalar / d tensors (None entries stay None); one backward call."""
     present = [x for x in tensors if x is not None]

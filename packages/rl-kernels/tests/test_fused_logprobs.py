@@ -584,6 +584,52 @@ def test_probabilities_are_kept_for_any_gradient_but_not_with_entropy() -> None:
     assert_close(w.grad, w_naive.grad, "weight gradient", **lm_tol(hidden, weight))
 
 
+@pytest.mark.parametrize("chunk_rows", [7, None])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_frozen_head_projects_the_probabilities_in_the_forward(
+    chunk_rows: int | None, temperature: float, bias: bool
+) -> None:
+    """Only ``hidden`` needs a gradient and no entropies: the forward keeps ``p W`` [M, H], not
+    the tiles, and the backward runs no GEMM. Its gradient is the kept-probability path's."""
+    m, h, v = 37, 16, 97
+    g = gen("project", chunk_rows, temperature, bias)
+    hidden, weight, b = make_lm_head(g, (m,), h, v, bias=bias)
+    targets = make_targets(g, (m,), v)
+    coeff = torch.randn(m, generator=g, dtype=F64).float()
+    frozen_b = None if b is None else b.detach()
+
+    hp = hidden.detach().clone().requires_grad_(True)
+    logp = rk.fused_logprobs(hp, weight.detach(), targets, frozen_b, temperature, chunk_rows)
+    assert isinstance(logp, torch.Tensor)
+    fn: Any = logp.grad_fn
+    assert fn.probs is None
+    saved = [tuple(t.shape) for t in fn.saved_tensors if t is not None]
+    assert saved == [(v, h), (m,), (m, h)]  # the weight, the targets, p W: no [M, V] tile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        (gp,) = torch.autograd.grad((coeff * logp).sum(), [hp], retain_graph=True)
+    gemms = [e.key for e in prof.key_averages() if e.key in ("aten::mm", "aten::addmm")]
+    assert gemms == [], gemms
+    (again,) = torch.autograd.grad((coeff * logp).sum(), [hp])
+    assert torch.equal(again, gp)  # bit-exact: the same elementwise backward twice
+
+    # the weight trained too: the probabilities are kept, and the hidden gradient is formed by
+    # the same operations (p W, minus W_y, times -g) on the same tiles
+    hk = hidden.detach().clone().requires_grad_(True)
+    wk = weight.detach().clone().requires_grad_(True)
+    kept = rk.fused_logprobs(hk, wk, targets, frozen_b, temperature, chunk_rows)
+    assert isinstance(kept, torch.Tensor)
+    assert kept.grad_fn.probs is not None  # type: ignore[union-attr]
+    gk, _ = torch.autograd.grad((coeff * kept).sum(), [hk, wk])
+    assert torch.equal(kept, logp)  # bit-exact: the same forward kernels on the same inputs
+    assert torch.equal(gk, gp)  # bit-exact: the same operations, see above
+
+    hn = hidden.detach().clone().requires_grad_(True)
+    naive = naive_logprobs(hn, weight.detach(), targets, frozen_b, temperature)[0]
+    (gn,) = torch.autograd.grad((coeff * naive).sum(), [hn])
+    assert_grads_close([gp], [gn], ("hidden",), **lm_tol(hidden, weight))
+
+
 # --------------------------------------------------------------------------- memory
 
 

@@ -1,16 +1,17 @@
 r"""Row chunks whose logits are also split over the vocabulary: ``[c, Vt]`` tiles.
 
 With ``vocab_chunk`` set, the kernels never hold a ``[c, V]`` tile: :func:`tiled_stats` walks
-the vocabulary in tiles of ``Vt`` columns with a running maximum (the online log-sum-exp),
+the vocabulary in tiles of ``Vt`` columns with a running maximum (the online log-sum-exp, in
+the tiles' base :math:`b`, 2 or e: ``u`` are logits in that base, see ``rl_kernels._core``),
 
-.. math:: m' = \max(m, \max_v z_v), \qquad s' = s\,e^{m - m'} + \textstyle\sum_v e^{z_v - m'},
-          \qquad \mathrm{lse} = m + \log s,
+.. math:: m' = \max(m, \max_v u_v), \qquad s' = s\,b^{m - m'} + \textstyle\sum_v b^{u_v - m'},
+          \qquad \mathrm{lse}_b = m + \log_b s,
 
 and :func:`tiled_grads` walks it again to add each tile's share of the input gradients from
 :math:`\partial \log p_y / \partial z = e_y - p` and
 :math:`\partial H / \partial z = -p (\log p + H)`. The entropy takes one more pass over the
-tiles once the log-sum-exp is known (:math:`H = -\sum_v p_v (z_v - \mathrm{lse})`, free of the
-cancellation of :math:`\mathrm{lse} - \sum_v p_v z_v`). Shapes: ``c`` rows, ``H`` hidden,
+tiles once the log-sum-exp is known (:math:`H = -\ln b \sum_v p_v (u_v - \mathrm{lse}_b)`, free
+of the cancellation of :math:`\mathrm{lse} - \sum_v p_v z_v`). Shapes: ``c`` rows, ``H`` hidden,
 ``Vt`` columns per tile.
 """
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_kernels._core import HeadGemms
+from rl_kernels._core import LN2, LOG2E, HeadGemms
 
 
 def _tiles(vocab: int, vt: int) -> range:
@@ -44,28 +45,30 @@ def tiled_stats(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     r"""``(logp, lse, entropy or None, sum_pi_squared or None)`` [c] of one row chunk.
 
-    ``h`` [c, H] in the GEMMs' operand dtype; ``targets`` [c].
-    :math:`\sum_v p_v^2 = \sum_v e^{2(z_v - m)} / s^2` accumulates online like ``s``.
+    ``h`` [c, H] in the GEMMs' operand dtype; ``targets`` [c]. Log-probs and entropies in nats,
+    ``lse`` in the tiles' base.
+    :math:`\sum_v p_v^2 = \sum_v b^{2(u_v - m)} / s^2` accumulates online like ``s``.
     """
     c, vocab = h.shape[0], gemms.w.shape[0]
     m = torch.full((c,), float("-inf"), dtype=gemms.cd, device=h.device)
     s = torch.zeros(c, dtype=gemms.cd, device=h.device)
     q = torch.zeros(c, dtype=gemms.cd, device=h.device) if with_spi else None
-    z_y = torch.zeros(c, dtype=gemms.cd, device=h.device)
+    u_y = torch.zeros(c, dtype=gemms.cd, device=h.device)
     for v0 in _tiles(vocab, vt):
         v1 = min(v0 + vt, vocab)
-        z = gemms.logits(h, temperature, cols=slice(v0, v1))  # [c, Vt]
+        u = gemms.logits(h, temperature, cols=slice(v0, v1))  # [c, Vt]
         rows, local = _local_targets(targets, v0, v1)
-        z_y.index_copy_(0, rows, z[rows, local])
-        top = torch.maximum(m, z.amax(dim=1))
-        rescale = torch.exp(m - top)  # 0 at the first tile (m = -inf)
-        e = z.sub_(top[:, None]).exp_()
+        u_y.index_copy_(0, rows, u[rows, local])
+        top = torch.maximum(m, u.amax(dim=1))
+        rescale = gemms.exp(m - top)  # 0 at the first tile (m = -inf)
+        e = gemms.exp(u.sub_(top[:, None]), out=u)
         s.mul_(rescale).add_(e.sum(dim=1))
         if q is not None:
             q.mul_(rescale.square()).add_(torch.linalg.vecdot(e, e))
         m = top
-        del z, e
-    lse = m + torch.log(s)
+        del u, e
+    nats = LN2 if gemms.base2 else 1.0
+    lse = m + (torch.log2(s) if gemms.base2 else torch.log(s))
     spi = q / s.square() if q is not None else None
     entropy = None
     if with_entropy:
@@ -73,9 +76,12 @@ def tiled_stats(
         for v0 in _tiles(vocab, vt):
             v1 = min(v0 + vt, vocab)
             logp_all = gemms.logits(h, temperature, cols=slice(v0, v1)).sub_(lse[:, None])
-            entropy.sub_(torch.linalg.vecdot(torch.exp(logp_all), logp_all))
+            entropy.sub_(torch.linalg.vecdot(gemms.exp(logp_all), logp_all))
             del logp_all
-    return z_y - lse, lse, entropy, spi
+        if gemms.base2:
+            entropy.mul_(nats)
+    logp = u_y - lse
+    return (logp.mul_(nats) if gemms.base2 else logp), lse, entropy, spi
 
 
 def tiled_grads(
@@ -94,6 +100,7 @@ def tiled_grads(
 ) -> None:
     r"""Add one row chunk's share to the input gradients, tile by tile.
 
+    ``lse`` [c] are the rows' log-sum-exps in the tiles' base (:func:`tiled_stats`);
     ``g_logp`` [c] and ``g_entropy`` [c] are the gradients of the chunk's log-probs and
     entropies; ``grad_h`` [c, H] (in ``gemms.cd``, zeroed by the caller) receives the chunk's
     hidden-state gradient, ``grad_w`` [V, H] and ``grad_b`` [V] the rows of each tile. The
@@ -104,10 +111,14 @@ def tiled_grads(
         v1 = min(v0 + vt, vocab)
         cols = slice(v0, v1)
         logp_all = gemms.logits(h, temperature, cols=cols).sub_(lse[:, None])  # [c, Vt]
-        p = torch.exp(logp_all)
+        p = gemms.exp(logp_all)
         if entropy is not None and g_entropy is not None:
-            coeff = logp_all.add_(entropy[:, None]).mul_(g_entropy[:, None]).add_(g_logp[:, None])
-            grad = p.mul_(coeff).neg_()
+            # g_logp + g_entropy (log p + H), with log p = ln 2 log2 p in base 2
+            if gemms.base2:
+                coeff = logp_all.add_(entropy[:, None] * LOG2E).mul_(g_entropy[:, None] * LN2)
+            else:
+                coeff = logp_all.add_(entropy[:, None]).mul_(g_entropy[:, None])
+            grad = p.mul_(coeff.add_(g_logp[:, None])).neg_()
         else:
             grad = p.mul_(g_logp[:, None]).neg_()
         del logp_all

@@ -38,6 +38,7 @@ class _FusedLogProbs(torch.autograd.Function):
         upcast: bool,
         compile_body: bool,
         keep_probs: bool,
+        project: bool,
         check_finite: bool,
         with_spi: bool,
         half: bool,
@@ -48,14 +49,17 @@ class _FusedLogProbs(torch.autograd.Function):
         gemms = HeadGemms(weight, bias, cd, half)
         m = hidden.shape[0]
         logp = hidden.new_empty(m, dtype=cd)
-        lse = hidden.new_empty(m, dtype=cd)
+        lse = hidden.new_empty(m, dtype=cd)  # in the tiles' base (rl_kernels._core)
         ent = hidden.new_empty(m if with_entropy else 0, dtype=cd)
         spi = hidden.new_empty(m if with_spi else 0, dtype=cd)
         if check_finite:
             check_finite_rows(hidden)  # once, not per chunk
+        # a frozen head without entropies (``project``, set by fused_logprobs): the gradient of
+        # the hidden states needs only p W per row, computed here; the backward is elementwise
+        pw = hidden.new_empty((m, hidden.shape[1]), dtype=cd) if project else None
         # probabilities the caller allows to keep: the backward reads them instead of
         # recomputing the logits (one GEMM and two passes over each tile fewer)
-        keep = keep_probs and not with_entropy and not vt
+        keep = keep_probs and not project and not with_entropy and not vt
         ctx.probs = [] if keep else None
         for s in range(0, m, chunk):
             e = min(s + chunk, m)
@@ -72,16 +76,24 @@ class _FusedLogProbs(torch.autograd.Function):
                 continue
             z = gemms.logits(gemms.rows(hidden[s:e]), temperature)
             # else the probabilities are dropped here (the backward recomputes them): no division
-            lp, ls, en, probs = softmax_(z, targets[s:e], with_entropy, normalize=keep)
+            lp, ls, en, probs = softmax_(
+                z, targets[s:e], with_entropy, keep or project, gemms.base2
+            )
             logp[s:e], lse[s:e] = lp, ls
             if en is not None:
                 ent[s:e] = en
-            if with_spi:  # probs may be unnormalised (e^{z - max z}): divide by the squared sum
+            if with_spi:  # probs may be unnormalised (b^{u - max u}): divide by the squared sum
                 spi[s:e] = torch.linalg.vecdot(probs, probs) / probs.sum(dim=1).square()
             if keep:
                 ctx.probs.append(probs)
+            if pw is not None:
+                torch.mm(probs, gemms.w, out=pw[s:e])
             del z, probs  # free this tile before the next chunk allocates its own
-        ctx.save_for_backward(hidden, weight, bias, targets, lse, ent)
+        ctx.hidden_dtype = hidden.dtype
+        if pw is not None:  # hidden and the tiles are not needed again
+            ctx.save_for_backward(None, weight, None, targets, None, None, pw)
+        else:
+            ctx.save_for_backward(hidden, weight, bias, targets, lse, ent, None)
         ctx.temperature, ctx.chunk, ctx.with_entropy, ctx.cd = temperature, chunk, with_entropy, cd
         ctx.compile_body, ctx.half, ctx.vt = compile_body, half, vt
         ctx.mark_non_differentiable(lse, spi)
@@ -92,9 +104,14 @@ class _FusedLogProbs(torch.autograd.Function):
     def backward(
         ctx: Any, g_logp: torch.Tensor, g_ent: torch.Tensor | None, _g_spi: Any = None
     ) -> tuple[torch.Tensor | None, ...]:
-        hidden, weight, bias, targets, lse, ent = ctx.saved_tensors
+        hidden, weight, bias, targets, lse, ent, pw = ctx.saved_tensors
         _, logits_grad_ = chunk_ops(ctx.compile_body)
         cd, chunk, temperature = ctx.cd, ctx.chunk, ctx.temperature
+        if pw is not None:  # d log p_y / d h = (W_y - p W) / temperature, as _accumulate_probs
+            g_raw = g_logp.to(cd) if temperature == 1.0 else g_logp.to(cd) / temperature
+            w_y = weight.index_select(0, targets).to(cd)
+            grad = (pw - w_y).mul_(g_raw.neg()[:, None]).to(ctx.hidden_dtype)
+            return (grad, *(None,) * 14)
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         gemms = HeadGemms(weight, bias, cd, ctx.half)
         grad_h = torch.empty_like(hidden, dtype=cd) if need_h else None
@@ -122,16 +139,15 @@ class _FusedLogProbs(torch.autograd.Function):
                 _accumulate_probs(p, h, gemms, targets[s:e], g_raw[s:e], grad_h, grad_w, grad_b, s)
                 continue
             logits = gemms.logits(h, temperature)
-            ls = lse[s:e]
-            logits.sub_(ls[:, None])  # log-probabilities
+            logits.sub_(lse[s:e, None])  # log-probabilities in the tiles' base
             if not use_ent:
-                p = logits.exp_()
+                p = gemms.exp(logits, out=logits)
                 _accumulate_probs(
                     p, h, gemms, targets[s:e], g_raw[s:e], grad_h, grad_w, grad_b, s, own=True
                 )
                 del p, logits  # free this tile before the next chunk allocates its own
                 continue
-            p = torch.exp(logits)
+            p = gemms.exp(logits)
             grad_z = logits_grad_(
                 p,
                 logits,
@@ -140,6 +156,7 @@ class _FusedLogProbs(torch.autograd.Function):
                 ent[s:e],
                 g_ent[s:e].to(cd) if g_ent is not None else None,
                 temperature,
+                gemms.base2,
             )
             _accumulate(grad_z, h, gemms, grad_h, grad_w, grad_b, s, e)
             del p, grad_z, logits  # free this tile before the next chunk allocates its own
@@ -147,7 +164,7 @@ class _FusedLogProbs(torch.autograd.Function):
             grad_h.to(hidden.dtype) if grad_h is not None else None,
             grad_w.to(weight.dtype) if grad_w is not None else None,
             grad_b.to(bias.dtype) if grad_b is not None else None,
-            None, None, None, None, None, None, None, None, None, None, None,
+            None, None, None, None, None, None, None, None, None, None, None, None,
         )  # fmt: skip
 
 
@@ -238,12 +255,20 @@ def fused_logprobs(
     .. math:: z = (h W^\top + b) / \tau, \qquad \log p_y = z_y - \log\sum_v e^{z_v}, \qquad
               H = -\sum_v p_v \log p_v
 
-    computed ``chunk_rows`` rows at a time, in the forward and again in the backward
-    (recomputation), so the ``[M, V]`` logits never exist: the peak extra memory is about two
-    ``[chunk_rows, V]`` tiles. The backward accumulates the gradients of ``hidden``, ``weight``
-    and ``bias`` chunk by chunk (:math:`\partial \log p_y / \partial z = e_y - p`,
-    :math:`\partial H / \partial z = -p (\log p + H)`). The cost is one extra GEMM (the logits
-    are recomputed) against the naive path; :func:`rl_kernels.fused_policy_loss` avoids it.
+    computed ``chunk_rows`` rows at a time, so the ``[M, V]`` logits never exist: the peak
+    extra memory is about two ``[chunk_rows, V]`` tiles. The backward accumulates the gradients
+    of ``hidden``, ``weight`` and ``bias`` chunk by chunk
+    (:math:`\partial \log p_y / \partial z = e_y - p`,
+    :math:`\partial H / \partial z = -p (\log p + H)`), from probabilities kept by the forward
+    where they fit an eighth of ``memory_budget``, else from logits recomputed (one extra GEMM
+    against the naive path; :func:`rl_kernels.fused_policy_loss` avoids it). With a frozen head
+    (only ``hidden`` needs a gradient, as under LoRA) and without entropies, the forward also
+    computes :math:`p W` [M, H] chunk by chunk, since
+
+    .. math:: \partial \log p_y / \partial h = (W_y - p W) / \tau,
+
+    and the backward is elementwise: two GEMMs in all, as the naive path, and an ``[M, H]``
+    buffer kept instead of ``[M, V]`` probabilities.
 
     Logits and reductions run in fp32 for half-precision inputs (``upcast=True``, the default);
     ``upcast=False`` keeps the input dtype throughout. Gradients come back in each input's
@@ -304,9 +329,11 @@ def fused_logprobs(
     )
     keep = grads and m * weight.shape[0] * cd.itemsize <= memory_budget // 8
     half = half_gemms_default(hidden, weight, upcast) if half_gemms is None else half_gemms
+    frozen = not weight.requires_grad and (bias is None or not bias.requires_grad)
+    project = grads and frozen and not (with_entropy or vt or half)
     logp, ent, spi = _FusedLogProbs.apply(
         hidden, weight, bias, targets, float(temperature), int(chunk), with_entropy, upcast,
-        compile, keep, check_finite, with_sum_pi_squared, bool(half), vt,
+        compile, keep, project, check_finite, with_sum_pi_squared, bool(half), vt,
     )  # fmt: skip
     out: tuple[torch.Tensor, ...] = (logp, ent) if with_entropy else (logp,)
     if with_sum_pi_squared:

@@ -172,8 +172,8 @@ class _FusedPolicyLoss(torch.autograd.Function):
                     h, gemms, tg, plan.temperature, plan.vt, plan.need_entropy, False
                 )
             else:
-                z = gemms.logits(h, plan.temperature)
-                logp, _lse, ent, p = softmax_(z, tg, plan.need_entropy)
+                u = gemms.logits(h, plan.temperature)  # in the tiles' base (rl_kernels._core)
+                logp, _lse, ent, p = softmax_(u, tg, plan.need_entropy, True, gemms.base2)
             g_logp, g_ent, part = _chunk_terms(plan, s, e, logp, ent)
             for key, value in part.items():
                 if key == "ratio_max":
@@ -193,7 +193,14 @@ class _FusedPolicyLoss(torch.autograd.Function):
                     grad_flat[rows] = gh.to(grad_flat.dtype)
                 continue
             grad_z = logits_grad_(
-                p, z if ent is not None else None, tg, g_logp, ent, g_ent, plan.temperature
+                p,
+                u if ent is not None else None,
+                tg,
+                g_logp,
+                ent,
+                g_ent,
+                plan.temperature,
+                gemms.base2,
             )
             if grad_flat is not None:
                 grad_flat[rows] = gemms.input_grad(grad_z).to(grad_flat.dtype)
@@ -201,7 +208,7 @@ class _FusedPolicyLoss(torch.autograd.Function):
                 gemms.add_weight_grad(grad_w, grad_z, h)
             if grad_b is not None:
                 grad_b.add_(grad_z.sum(dim=0))
-            del z, p, grad_z  # free this tile before the next chunk allocates its own
+            del u, p, grad_z  # free this tile before the next chunk allocates its own
         _publish(plan, sums, ratio_max, logp_out, ent_out)
         ctx.save_for_backward(
             grad_flat.view_as(hidden) if grad_flat is not None else None,
