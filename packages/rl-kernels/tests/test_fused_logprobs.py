@@ -584,17 +584,19 @@ def test_probabilities_are_kept_for_any_gradient_but_not_with_entropy() -> None:
     assert_close(w.grad, w_naive.grad, "weight gradient", **lm_tol(hidden, weight))
 
 
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("chunk_rows", [7, None])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("bias", [False, True])
 def test_a_frozen_head_projects_the_probabilities_in_the_forward(
-    chunk_rows: int | None, temperature: float, bias: bool
+    chunk_rows: int | None, temperature: float, bias: bool, dtype: torch.dtype
 ) -> None:
     """Only ``hidden`` needs a gradient and no entropies: the forward keeps ``p W`` [M, H], not
-    the tiles, and the backward runs no GEMM. Its gradient is the kept-probability path's."""
+    the tiles, and the backward runs no GEMM. Its gradient is the kept-probability path's (in
+    bf16 too: both upcast on the CPU, and round the fp32 gradient once at the end)."""
     m, h, v = 37, 16, 97
     g = gen("project", chunk_rows, temperature, bias)
-    hidden, weight, b = make_lm_head(g, (m,), h, v, bias=bias)
+    hidden, weight, b = make_lm_head(g, (m,), h, v, bias=bias, dtype=dtype)
     targets = make_targets(g, (m,), v)
     coeff = torch.randn(m, generator=g, dtype=F64).float()
     frozen_b = None if b is None else b.detach()
@@ -624,6 +626,9 @@ def test_a_frozen_head_projects_the_probabilities_in_the_forward(
     assert torch.equal(kept, logp)  # bit-exact: the same forward kernels on the same inputs
     assert torch.equal(gk, gp)  # bit-exact: the same operations, see above
 
+    assert gp.dtype == dtype
+    if dtype != F32:
+        return  # the kept path's half-precision accuracy is test_low_precision_upcast's
     hn = hidden.detach().clone().requires_grad_(True)
     naive = naive_logprobs(hn, weight.detach(), targets, frozen_b, temperature)[0]
     (gn,) = torch.autograd.grad((coeff * naive).sum(), [hn])
