@@ -10,6 +10,9 @@ minus the RSS after the inputs exist) is its own. Variants:
 * ``liger``: ``liger_kernel.chunked_loss.LigerFusedLinearGRPOLoss(compiled=False, beta=0,
   loss_type="dapo")``, when liger-kernel is installed (``rl-kernels[liger]``).
 * ``floor``: the three bare GEMMs of forward and backward into preallocated buffers.
+* ``naive@frozen`` and ``fused_logprobs@frozen``: the same with the head frozen (LoRA), so only
+  the hidden states get a gradient; their ``vs_naive_frozen`` is the time against
+  ``naive@frozen``.
 
 Tokens are laid out as sequences of 512 (Liger chunks by sequence, one per chunk).
 """
@@ -32,6 +35,7 @@ CASES = [(512, 512, 32000), (4096, 512, 32000), (8192, 1024, 32000)]  # (M, H, V
 QUICK_CASES = [(512, 256, 8000), (2048, 256, 8000)]
 VARIANTS = [
     "naive", "fused_logprobs", "fused_policy_loss", "fused_policy_loss@64MiB", "liger", "floor",
+    "naive@frozen", "fused_logprobs@frozen",
 ]  # fmt: skip
 SEQ = 512
 
@@ -56,7 +60,9 @@ def _worker(variant: str, m: int, h: int, v: int, repeats: int, warmup: int) -> 
     old = torch.full((n, t), -math.log(v)) + 0.1 * torch.randn(n, t)
     kw = {"clip_low": 0.2, "clip_high": 0.28}
 
-    hidden_leaf, weight_leaf = hidden.requires_grad_(), weight.requires_grad_()
+    frozen = variant.endswith("@frozen")  # the head gets no gradient (LoRA)
+    variant = variant.removesuffix("@frozen")
+    hidden_leaf, weight_leaf = hidden.requires_grad_(), weight.requires_grad_(not frozen)
 
     def leaves() -> tuple[torch.Tensor, torch.Tensor]:
         hidden_leaf.grad = weight_leaf.grad = None
@@ -153,6 +159,12 @@ def run(quick: bool) -> list[Row]:
             print(f"  {case} {variant}: median {statistics.median(result['samples']):.3f} s, "
                   f"peak extra {peak:.0f} MiB", file=sys.stderr, flush=True)  # fmt: skip
     rows = with_ratios(rows, baseline="naive", floor="floor")
+    for r in rows:
+        frozen = next(
+            (x for x in rows if x.case == r.case and x.variant == "naive@frozen"), None
+        )  # fmt: skip
+        if r.variant.endswith("@frozen") and frozen is not None:
+            r.extra["vs_naive_frozen"] = round(r.timing.median / frozen.timing.median, 3)
     for r in rows:
         base = next((x for x in rows if x.case == r.case and x.variant == "naive"), None)
         if base is not None and base.extra["peak_extra_MiB"]:
