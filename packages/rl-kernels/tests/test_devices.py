@@ -54,22 +54,29 @@ def _leaves(
     return h, w
 
 
+@pytest.mark.parametrize("head", ["trained", "frozen"])
 @pytest.mark.parametrize(("device", "dtype"), CASES)
-def test_fused_logprobs_match_float64(device: str, dtype: torch.dtype) -> None:
+def test_fused_logprobs_match_float64(device: str, dtype: torch.dtype, head: str) -> None:
+    """A frozen head (LoRA) takes the forward's ``p W`` projection where it computes in float32."""
     x = _inputs(device, dtype)
     h, w = _leaves(x, device, dtype)
+    frozen = head == "frozen"
+    w.requires_grad_(not frozen)
     logp = rk.fused_logprobs(h.reshape(-1, H), w, x["targets"].reshape(-1).to(device))
     assert isinstance(logp, torch.Tensor)
     assert logp.device.type == torch.device(device).type, logp.device
-    got_grads = lib.grads(logp.sum(), [h, w])
+    got_grads = lib.grads(logp.sum(), [h, None if frozen else w])
 
     h64, w64 = _leaves(x, "cpu", F64)
     ref, _ = lib.naive_logprobs(h64.reshape(-1, H), w64, x["targets"].reshape(-1), upcast=False)
-    ref_grads = lib.grads(ref.sum(), [h64, w64])
+    ref_grads = lib.grads(ref.sum(), [h64, None if frozen else w64])
     # computed in float32 whatever the input dtype: the float32 tolerance on the log-probs
     lib.assert_close(logp.cpu(), ref, f"logprobs {device} {dtype}", dtype=torch.float32,
                      **lib.token_tol(h64, w64))  # fmt: skip
     for got, exp, name in zip(got_grads, ref_grads, ("hidden", "weight"), strict=True):
+        if frozen and name == "weight":
+            assert got is None and exp is None
+            continue
         assert got is not None and exp is not None
         assert got.dtype == dtype and got.device.type == torch.device(device).type
         lib.assert_close(got.cpu(), exp, f"grad {name} {device} {dtype}",
