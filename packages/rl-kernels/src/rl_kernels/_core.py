@@ -1,8 +1,8 @@
 r"""The per-chunk math shared by the fused kernels: logits, log-softmax and its gradient.
 
 The softmax runs in base 2 where ``exp2`` is the cheaper exponential (:func:`exp2_faster`: on
-CPUs whose PyTorch kernels are AVX2 or AVX-512, by about 4x on ``[256, 1000]`` tiles with
-AVX-512), in base e elsewhere. In base 2 the logits are :math:`u = z \log_2 e` (:math:`z` the
+CPUs whose PyTorch kernels are AVX2 or AVX-512; measured in ``docs/benchmarks.md``), in base e
+elsewhere. In base 2 the logits are :math:`u = z \log_2 e` (:math:`z` the
 logits divided by the temperature) and :math:`p = 2^{u - \mathrm{lse}_2(u)}` is the same softmax;
 flash-attention computes its softmax the same way. The factor :math:`\log_2 e / \tau` (or
 :math:`1 / \tau`) is the GEMM's ``alpha``: it costs no pass over a tile and no rounding beyond
@@ -27,8 +27,8 @@ LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
 
 #: ``torch.backends.cpu.get_cpu_capability()`` values whose vectorised ``exp2`` is faster than
-#: ``exp``. PyTorch's ``DEFAULT`` kernels are the other way round (``exp2`` 3.3x slower on the
-#: same tile), and on CUDA both are one pass over memory: there the kernels stay in base e.
+#: ``exp``. With PyTorch's ``DEFAULT`` kernels ``exp2`` is the slower one, and on CUDA both are
+#: one pass over memory: there the kernels stay in base e.
 EXP2_CPU_CAPABILITIES = frozenset({"AVX2", "AVX512"})
 
 
@@ -55,11 +55,12 @@ def half_gemms_default(hidden: torch.Tensor, weight: torch.Tensor, upcast: bool)
 class HeadGemms:
     r"""The head's three products for a chunk of rows, with results in the compute dtype ``cd``.
 
-    .. math:: u = (h W^\top + b) \log_2 e / \tau \;[c, V], \qquad \partial h = g W \;[c, H],
+    .. math:: u = (h W^\top + b)\, k / \tau \;[c, V], \qquad \partial h = g W \;[c, H],
               \qquad \partial W \mathrel{+}= g^\top h \;[V, H]
 
-    where ``u`` are the base-2 logits (the module docstring) and ``g`` [c, V] is the gradient
-    w.r.t. the raw logits :math:`h W^\top + b`. Without ``half`` every operand is
+    where ``u`` are the logits in the tiles' base (the module docstring: ``units`` :math:`k` is
+    :math:`\log_2 e` in base 2, else 1) and ``g`` [c, V] is the gradient w.r.t. the raw logits
+    :math:`h W^\top + b`. Without ``half`` every operand is
     in ``cd`` (for half-precision inputs with ``upcast`` the weight is cast to fp32 once: an
     extra ``V x H`` buffer, and fp32 GEMMs). With ``half`` (fp16/bf16 ``h`` and ``W``,
     ``upcast``) the operands keep their dtype and each product accumulates and returns in fp32:
