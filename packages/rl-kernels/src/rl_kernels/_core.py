@@ -202,6 +202,28 @@ def softmax_(
     return (logp.mul_(nats) if base2 else logp), lse, entropy, p
 
 
+def entropy_coeff_(
+    logp_all: torch.Tensor,
+    entropy: torch.Tensor,
+    g_entropy: torch.Tensor,
+    g_logp: torch.Tensor,
+    base2: bool,
+) -> torch.Tensor:
+    r"""The coefficient of :math:`-p` in the logits gradient, in place of ``logp_all`` [c, V].
+
+    .. math:: g_{\log p} + g_H (\log p + H)
+              = g_{\log p} + (g_H \ln 2) (\log_2 p + H \log_2 e) \quad \text{(base 2)}
+
+    ``logp_all`` are the log-probabilities in the tiles' base; ``entropy``, ``g_entropy`` and
+    ``g_logp`` [c] are in nats.
+    """
+    if base2:
+        logp_all.add_(entropy[:, None] * LOG2E).mul_(g_entropy[:, None] * LN2)
+    else:
+        logp_all.add_(entropy[:, None]).mul_(g_entropy[:, None])
+    return logp_all.add_(g_logp[:, None])
+
+
 def logits_grad_(
     p: torch.Tensor,
     logp_all: torch.Tensor | None,
@@ -224,13 +246,7 @@ def logits_grad_(
     if entropy is not None and g_entropy is not None:
         if logp_all is None:
             raise ValueError("the entropy gradient needs the log-probabilities `logp_all`")
-        # coefficient of -p: g_logp + g_entropy * (log p + H), built in place of logp_all; in
-        # base 2: g_logp + (g_entropy ln 2) * (log2 p + H log2 e)
-        if base2:
-            coeff = logp_all.add_(entropy[:, None] * LOG2E).mul_(g_entropy[:, None] * LN2)
-        else:
-            coeff = logp_all.add_(entropy[:, None]).mul_(g_entropy[:, None])
-        grad = p.mul_(coeff.add_(g_logp[:, None])).neg_()
+        grad = p.mul_(entropy_coeff_(logp_all, entropy, g_entropy, g_logp, base2)).neg_()
     else:
         grad = p.mul_(g_logp[:, None]).neg_()
     rows = torch.arange(grad.shape[0], device=grad.device)

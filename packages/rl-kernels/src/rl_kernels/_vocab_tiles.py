@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_kernels._core import LN2, LOG2E, HeadGemms
+from rl_kernels._core import LN2, HeadGemms, entropy_coeff_
 
 
 def _tiles(vocab: int, vt: int) -> range:
@@ -113,12 +113,8 @@ def tiled_grads(
         logp_all = gemms.logits(h, temperature, cols=cols).sub_(lse[:, None])  # [c, Vt]
         p = gemms.exp(logp_all)
         if entropy is not None and g_entropy is not None:
-            # g_logp + g_entropy (log p + H), with log p = ln 2 log2 p in base 2
-            if gemms.base2:
-                coeff = logp_all.add_(entropy[:, None] * LOG2E).mul_(g_entropy[:, None] * LN2)
-            else:
-                coeff = logp_all.add_(entropy[:, None]).mul_(g_entropy[:, None])
-            grad = p.mul_(coeff.add_(g_logp[:, None])).neg_()
+            coeff = entropy_coeff_(logp_all, entropy, g_entropy, g_logp, gemms.base2)
+            grad = p.mul_(coeff).neg_()
         else:
             grad = p.mul_(g_logp[:, None]).neg_()
         del logp_all
