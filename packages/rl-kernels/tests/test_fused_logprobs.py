@@ -27,6 +27,7 @@ from kernels_testlib import (
     make_lm_head,
     make_targets,
     naive_logprobs,
+    stored_in,
     token_tol,
 )
 from torch.profiler import ProfilerActivity, profile
@@ -684,3 +685,34 @@ def test_never_allocates_full_logits(call: dict[str, Any]) -> None:
     assert largest < full // 4, f"largest single allocation {largest} B vs full logits {full} B"
     assert hidden.grad is not None
     assert weight.grad is not None
+
+
+@pytest.mark.parametrize(
+    "call", [{"half_gemms": True}, {"vocab_chunk": 64}], ids=["half_gemms", "vocab_tiles"]
+)
+def test_a_bfloat16_backward_keeps_no_float32_hidden_gradient(call: dict[str, Any]) -> None:
+    """With half-precision GEMMs or vocabulary tiles the backward writes each chunk's hidden
+    gradient in the input dtype: no [M, H] fp32 buffer, and the same bits as rounding one at
+    the end (the fp32 path's gradient)."""
+    g = gen("bf16-grad-h")
+    m, h, v = 4096, 64, 256
+    hidden, weight, _ = make_lm_head(g, (m,), h, v, bias=False, dtype=torch.bfloat16)
+    targets = make_targets(g, (m,), v)
+    coeff = torch.randn(m, generator=g, dtype=F64).float()
+    hp = hidden.detach().clone().requires_grad_(True)
+    kw = {"chunk_rows": 64, "memory_budget": 2**20, **call}
+    logp = rk.fused_logprobs(hp, weight.detach(), targets, None, 0.9, **kw)
+    assert isinstance(logp, torch.Tensor)
+    grads: list[torch.Tensor] = []
+
+    def backward() -> None:
+        grads.extend(torch.autograd.grad((coeff * logp).sum(), [hp]))
+
+    largest = _largest_allocation(backward)
+    assert grads[0].dtype == torch.bfloat16
+    assert largest < m * h * 4, f"largest single allocation {largest} B, [M, H] fp32 {m * h * 4} B"
+    # against float64 on the same rounded inputs: fp32 sums, stored in bfloat16
+    h64 = hidden.detach().double().requires_grad_(True)
+    ref = naive_logprobs(h64, weight.detach().double(), targets, None, 0.9)[0]
+    (g64,) = torch.autograd.grad((coeff.double() * ref).sum(), [h64])
+    assert_close(grads[0], g64, "grad hidden", **lm_tol(h64, weight), **stored_in(torch.bfloat16))

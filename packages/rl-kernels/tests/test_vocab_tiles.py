@@ -3,11 +3,14 @@ tile-by-tile gradients against full float64 logits, for both kernels."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import kernels_testlib as lib
 import pytest
 import rl_kernels as rk
 import rl_losses
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 F64 = torch.float64
 N, T, H, V = 3, 7, 24, 96
@@ -106,3 +109,40 @@ def test_vocab_chunk_is_checked() -> None:
     hidden, weight, _, targets = _head(False)
     with pytest.raises(ValueError, match="vocab_chunk"):
         rk.fused_logprobs(hidden.float(), weight.float(), targets, vocab_chunk=0)
+
+
+#: The operations that wait for the device (a count read back to the host, a scalar).
+SYNCS = ("aten::nonzero", "aten::_local_scalar_dense", "aten::item")
+
+
+def _syncs(fn: Any) -> int:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(1 for e in prof.events() if e.name in SYNCS)
+
+
+@pytest.mark.parametrize("kernel", ["fused_logprobs", "fused_policy_loss"])
+def test_vocab_tiles_do_not_wait_for_the_device(kernel: str) -> None:
+    """Each tile finds its rows' targets with masks: the host synchronisations of a forward and
+    backward are those of one whole-vocabulary tile, however many tiles there are (on a GPU
+    each one would stall the launch queue)."""
+    hidden, weight, _, targets = _head(False)
+    g = lib.gen("vocab-tiles-syncs")
+    mask = lib.make_mask(g, N, T)
+    adv = torch.randn(N, generator=g)
+
+    def run(vocab_chunk: int) -> None:
+        h = hidden.float().requires_grad_(True)
+        w = weight.float().requires_grad_(True)
+        if kernel == "fused_logprobs":
+            out = rk.fused_logprobs(h, w, targets, chunk_rows=5, vocab_chunk=vocab_chunk)
+            assert isinstance(out, torch.Tensor)
+            out.sum().backward()
+        else:
+            rk.fused_policy_loss(
+                h.reshape(N, T, H), w, targets.reshape(N, T), mask, adv, chunk_rows=5,
+                vocab_chunk=vocab_chunk,
+            ).loss.backward()  # fmt: skip
+
+    one, many = _syncs(lambda: run(V)), _syncs(lambda: run(7))
+    assert many == one, f"{many} host synchronisations with {-(-V // 7)} tiles, {one} with one"

@@ -26,12 +26,16 @@ def _tiles(vocab: int, vt: int) -> range:
     return range(0, vocab, vt)
 
 
-def _local_targets(
-    targets: torch.Tensor, v0: int, v1: int
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Rows whose target lies in columns ``[v0, v1)``, and those targets' tile columns."""
-    rows = ((targets >= v0) & (targets < v1)).nonzero().squeeze(1)
-    return rows, targets.index_select(0, rows) - v0
+def _in_tile(targets: torch.Tensor, v0: int, v1: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(inside [c] bool, columns [c, 1])``: rows whose target lies in columns ``[v0, v1)``.
+
+    ``columns`` are the targets' tile columns, clamped into the tile for the other rows (whose
+    entries the callers leave alone). Masks instead of the rows' indices: no tile waits for the
+    device to report how many rows it holds.
+    """
+    local = targets - v0
+    inside = (local >= 0) & (local < v1 - v0)
+    return inside, local.clamp_(0, v1 - v0 - 1)[:, None]
 
 
 def tiled_stats(
@@ -57,8 +61,8 @@ def tiled_stats(
     for v0 in _tiles(vocab, vt):
         v1 = min(v0 + vt, vocab)
         u = gemms.logits(h, temperature, cols=slice(v0, v1))  # [c, Vt]
-        rows, local = _local_targets(targets, v0, v1)
-        u_y.index_copy_(0, rows, u[rows, local])
+        inside, col = _in_tile(targets, v0, v1)
+        u_y = torch.where(inside, u.gather(1, col).squeeze(1), u_y)
         top = torch.maximum(m, u.amax(dim=1))
         rescale = gemms.exp(m - top)  # 0 at the first tile (m = -inf)
         e = gemms.exp(u.sub_(top[:, None]), out=u)
@@ -118,8 +122,8 @@ def tiled_grads(
         else:
             grad = p.mul_(g_logp[:, None]).neg_()
         del logp_all
-        rows, local = _local_targets(targets, v0, v1)
-        grad[rows, local] += g_logp.index_select(0, rows)
+        inside, col = _in_tile(targets, v0, v1)
+        grad.scatter_add_(1, col, torch.where(inside, g_logp, 0.0)[:, None])
         if temperature != 1.0:
             grad.div_(temperature)
         if grad_h is not None:

@@ -114,7 +114,11 @@ class _FusedLogProbs(torch.autograd.Function):
             return (grad, *(None,) * 14)
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         gemms = HeadGemms(weight, bias, cd, ctx.half)
-        grad_h = torch.empty_like(hidden, dtype=cd) if need_h else None
+        # with half-precision GEMMs or vocabulary tiles each chunk's rows are written once,
+        # converted on the write: the one rounding an fp32 buffer would get at the end, without
+        # that [M, H] fp32 buffer (the other paths form the gradient in place, in ``cd``)
+        h_dtype = hidden.dtype if (ctx.half or ctx.vt) else cd
+        grad_h = torch.empty_like(hidden, dtype=h_dtype) if need_h else None
         grad_w = torch.zeros_like(weight, dtype=cd) if need_w else None
         grad_b = torch.zeros_like(bias, dtype=cd) if (need_b and bias is not None) else None
         use_ent = ctx.with_entropy and g_ent is not None and g_ent.numel() > 0
