@@ -45,6 +45,7 @@ def main() -> None:
     )  # fmt: skip
     weights = {n: p.detach().contiguous() for n, p in agent.policy.named_parameters()}
     save_file(weights, str(out / f"rank{accelerator.process_index}.safetensors"))
+    accelerator.end_training()  # the process group goes before exit (ds_learn.py says why)
 
 
 if __name__ == "__main__":

@@ -93,6 +93,10 @@ def main() -> None:
     result = agent.get_action([{"input_ids": ids[rank : rank + 1, :5]}], training=False)
     assert result.completion_ids[0].shape[0] == 1
     accelerator.wait_for_everyone()
+    # destroy the process group before exit, as ddp_learn.py does: left to interpreter
+    # shutdown, gloo's threads sometimes aborted a rank ("terminate called without an active
+    # exception", SIGABRT) after every result was written
+    accelerator.end_training()
 
 
 def poison_after(calls: int):

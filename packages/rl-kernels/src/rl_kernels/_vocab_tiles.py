@@ -26,16 +26,21 @@ def _tiles(vocab: int, vt: int) -> range:
     return range(0, vocab, vt)
 
 
-def _in_tile(targets: torch.Tensor, v0: int, v1: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(inside [c] bool, columns [c, 1])``: rows whose target lies in columns ``[v0, v1)``.
+def _target_columns(
+    targets: torch.Tensor, vocab: int, vt: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``(tile [c], column [c, 1], last [c, 1])``: where each row's target lies among the tiles.
 
-    ``columns`` are the targets' tile columns, clamped into the tile for the other rows (whose
-    entries the callers leave alone). Masks instead of the rows' indices: no tile waits for the
-    device to report how many rows it holds.
+    ``tile`` is the index of the tile that holds the target, ``column`` its column in that tile
+    and ``last`` the same clamped into the last (possibly narrower) tile. Computed once per row
+    chunk, so that a tile costs one comparison (``tile == k``); the callers leave the entries
+    of the other rows alone. Masks instead of the rows' indices: no tile waits for the device
+    to report how many rows it holds.
     """
-    local = targets - v0
-    inside = (local >= 0) & (local < v1 - v0)
-    return inside, local.clamp_(0, v1 - v0 - 1)[:, None]
+    tile = torch.div(targets, vt, rounding_mode="floor")
+    column = (targets - tile * vt)[:, None]
+    width = vocab - (len(_tiles(vocab, vt)) - 1) * vt
+    return tile, column, column.clamp(max=width - 1) if width < vt else column
 
 
 def tiled_stats(
@@ -58,11 +63,12 @@ def tiled_stats(
     s = torch.zeros(c, dtype=gemms.cd, device=h.device)
     q = torch.zeros(c, dtype=gemms.cd, device=h.device) if with_spi else None
     u_y = torch.zeros(c, dtype=gemms.cd, device=h.device)
-    for v0 in _tiles(vocab, vt):
+    tile, column, last = _target_columns(targets, vocab, vt)
+    for k, v0 in enumerate(_tiles(vocab, vt)):
         v1 = min(v0 + vt, vocab)
         u = gemms.logits(h, temperature, cols=slice(v0, v1))  # [c, Vt]
-        inside, col = _in_tile(targets, v0, v1)
-        u_y = torch.where(inside, u.gather(1, col).squeeze(1), u_y)
+        col = column if v1 - v0 == vt else last
+        u_y = torch.where(tile == k, u.gather(1, col).squeeze(1), u_y)
         top = torch.maximum(m, u.amax(dim=1))
         rescale = gemms.exp(m - top)  # 0 at the first tile (m = -inf)
         e = gemms.exp(u.sub_(top[:, None]), out=u)
@@ -111,19 +117,22 @@ def tiled_grads(
     gradient w.r.t. the raw logits is :math:`(g (e_y - p) - g_H\, p (\log p + H)) / \tau`.
     """
     vocab = gemms.w.shape[0]
-    for v0 in _tiles(vocab, vt):
+    tile, column, last = _target_columns(targets, vocab, vt)
+    neg_g = g_logp.neg()[:, None]
+    for k, v0 in enumerate(_tiles(vocab, vt)):
         v1 = min(v0 + vt, vocab)
         cols = slice(v0, v1)
         logp_all = gemms.logits(h, temperature, cols=cols).sub_(lse[:, None])  # [c, Vt]
-        p = gemms.exp(logp_all)
-        if entropy is not None and g_entropy is not None:
+        if entropy is None or g_entropy is None:  # the probabilities in place: one tile
+            grad = gemms.exp(logp_all, out=logp_all).mul_(neg_g)
+        else:
+            p = gemms.exp(logp_all)
             coeff = entropy_coeff_(logp_all, entropy, g_entropy, g_logp, gemms.base2)
             grad = p.mul_(coeff).neg_()
-        else:
-            grad = p.mul_(g_logp[:, None]).neg_()
+            del p, coeff
         del logp_all
-        inside, col = _in_tile(targets, v0, v1)
-        grad.scatter_add_(1, col, torch.where(inside, g_logp, 0.0)[:, None])
+        col = column if v1 - v0 == vt else last
+        grad.scatter_add_(1, col, torch.where(tile == k, g_logp, 0.0)[:, None])
         if temperature != 1.0:
             grad.div_(temperature)
         if grad_h is not None:
@@ -132,4 +141,4 @@ def tiled_grads(
             gemms.add_weight_grad(grad_w[cols], grad, h)
         if grad_b is not None:
             grad_b[cols].add_(grad.sum(dim=0))
-        del grad, p
+        del grad
