@@ -7,9 +7,12 @@ truncation), so a long run does not rewrite the whole file at every step.
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
 
+import pytest
 from rl_train import MetricsLogger
+from rl_train.hooks import MetricsLog
 
 
 def _csv_rows(path: Path) -> list[dict[str, str]]:
@@ -59,3 +62,19 @@ def test_tensorboard_scalars_are_all_written_by_close(tmp_path: Path) -> None:
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("loss")] == [1, 2, 3, 4, 5]
+
+
+def test_a_missing_tensorboard_or_matplotlib_is_an_error_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both are rl-train's dependencies; a broken install says which and the fix when the run
+    starts (the curve is drawn at the end), not silently or after the training."""
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    with pytest.raises(ValueError, match=r"report_to.*pip install tensorboard"):
+        MetricsLogger(tmp_path / "tb")
+    MetricsLogger(tmp_path / "none", report_to="none").close()  # the way around it
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ValueError, match=r"matplotlib.*plot=False"):
+        MetricsLog(None, curve=tmp_path / "reward_curve.png")
+    MetricsLog(None, curve=None)

@@ -12,6 +12,7 @@ processes, CSV/JSONL/TensorBoard, the user's ``log_fn``, the reward curve at the
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,6 +148,12 @@ class MetricsLog(Hook):
         curve: Path | None = None,
         title: str = "reward",
     ) -> None:
+        if curve is not None and importlib.util.find_spec("matplotlib") is None:
+            # before training, not after it: the curve is drawn at the end
+            raise ValueError(
+                "the reward curve needs matplotlib (a dependency of rl-train), which is not "
+                "installed: pip install matplotlib, or pass plot=False"
+            )
         self.logger = logger
         self.log_fn = log_fn
         self.curve = curve

@@ -68,10 +68,13 @@ class MetricsLogger:
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
-            except ImportError:  # pragma: no cover - tensorboard is a dependency
-                self._tb = None
+            except ImportError as exc:  # a dependency of rl-train: a broken install
+                raise ValueError(
+                    "report_to includes 'tensorboard' (the default) but TensorBoard does not "
+                    f"import ({exc}): pip install tensorboard, or pass report_to='none' (YAML: "
+                    "train.report_to: none)"
+                ) from exc
+            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
         self.trackers: list[Tracker] = []
         if wandb_project is not None:  # finetune_llm_reasoning(wb=True)
             self.trackers.append(open_tracker("wandb", self.run_dir, wandb_project, resume=resume))
