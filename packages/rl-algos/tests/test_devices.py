@@ -1,4 +1,5 @@
-"""GRPO's ``learn()`` on every device against the float64 CPU reference.
+"""GRPO's, LLMPPO's and LLMREINFORCE's ``learn()`` on every device against the float64 CPU
+reference.
 
 The agent runs on the device (``rl_testing.devices``: CPU here, CUDA under ``pytest -m cuda`` /
 ``nox -s gpu``), padded and packed (each group's prompt computed once by default, or varlen
@@ -45,6 +46,39 @@ def test_grpo_learn_on_device_matches_float64(device: str, options: dict[str, An
         return tl.reference_loss_grpo(
             policy, batch, group_size=tl.GROUP_SIZE, beta=tl.BETA, temperature=tl.TEMPERATURE
         )
+
+    ref, ref_grads = tl.reference_grads(twin, reference, names)
+    assert max(float(g.abs().max()) for g in ref_grads.values()) > 1e-3, "degenerate test case"
+    tl.assert_loss_close(metrics["loss"], float(ref.loss.detach()))
+    got = {n: g.cpu() for n, g in tl.agent_grads(agent.policy, names).items()}
+    tl.assert_grads_close(got, ref_grads)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("algo", ["LLMPPO", "LLMREINFORCE"])
+def test_ppo_and_reinforce_learn_on_device_match_float64(device: str, algo: str) -> None:
+    """The critic's adapter and value head, GAE and REINFORCE's baseline on the device
+    (test_learn_reference's cases, whose float64 reference runs on CPU)."""
+    agent = tl.make_agent(algo, device=device, clip_coef=0.2)
+    critic = algo == "LLMPPO"
+    names = tl.trainable_names(agent, with_critic=critic)
+    twin = tl.float64_copy(agent.policy).cpu()
+    batch = tl.make_batch()
+    metrics = agent.learn(batch.experiences())
+    params = [p for p in agent.policy.parameters() if p.requires_grad]
+    assert params and all(p.device.type == torch.device(device).type for p in params)
+
+    def reference(policy: Any) -> tl.RefLoss:
+        if not critic:
+            return tl.reference_loss_reinforce(
+                policy, batch, beta=tl.BETA, temperature=tl.TEMPERATURE, clip_coef=0.2
+            )
+        return tl.reference_loss_ppo(
+            policy, batch, beta=tl.BETA, temperature=tl.TEMPERATURE, clip_coef=0.2,
+            vf_coef=tl.PPO_KW["vf_coef"], gamma=tl.PPO_KW["gamma"],
+            gae_lambda=tl.PPO_KW["gae_lambda"], cliprange_value=tl.PPO_KW["cliprange_value"],
+            turn_value_reduction=agent.config.turn_value_reduction,
+        )  # fmt: skip
 
     ref, ref_grads = tl.reference_grads(twin, reference, names)
     assert max(float(g.abs().max()) for g in ref_grads.values()) > 1e-3, "degenerate test case"
