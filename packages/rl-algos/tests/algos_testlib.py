@@ -559,6 +559,44 @@ def make_ilql(full_finetune: bool = False, **overrides: Any) -> Any:
     return agent
 
 
+# Two routes (float32 agent vs float64 reference, micro-batches vs the whole batch) agree to
+# float32 rounding: the chain to the loss runs through the 2 decoder layers, the heads' two
+# linear layers (the longest sum their 2 * hidden = 128) and the loss's mean; the gradients'
+# back again.
+ILQL_LOSS_STAGES = LAYERS + 3
+ILQL_GRAD_STAGES = 2 * ILQL_LOSS_STAGES
+
+
+def reference_loss_ilql(
+    policy: Any, heads: Any, batch: Batch, rewards: torch.Tensor
+) -> torch.Tensor:
+    """The ILQL loss from full logits and heads at every position, in float64 (the policy and
+    ``heads`` float64 copies)."""
+    att = attention_from(batch.ids, batch.masks)
+    lp = reference_logprobs(policy, batch.ids, att, "actor")
+    hidden = policy.hidden_states(batch.ids, att)[:, :-1]
+    out = heads(hidden)
+    if rewards.dim() == 1:  # the terminal reward sits on each row's last action
+        r = torch.zeros(batch.masks.shape, dtype=torch.float64)
+        for n in range(batch.n):
+            last = int(batch.masks[n].nonzero().max())
+            r[n, last] = float(rewards[n])
+    else:
+        r = rewards.double()
+    kw = {k: ILQL_KW[k] for k in ("gamma", "tau", "cql_scale", "awac_scale", "awac_beta")}
+    result = rl_losses.ilql_loss(lp, list(out.qs), list(out.target_qs), out.values,
+                                 batch.ids[:, 1:], r, batch.masks, **kw)  # fmt: skip
+    return result.loss
+
+
+def param_grads(params: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
+    """Each parameter's gradient in float64 (zeros where it has none)."""
+    return {
+        n: (torch.zeros_like(p) if p.grad is None else p.grad.detach()).double()
+        for n, p in params.items()
+    }
+
+
 def token_rewards(batch: Batch) -> torch.Tensor:
     """Per-token rewards at some action positions (0 elsewhere)."""
     gen = torch.Generator().manual_seed(3)

@@ -1,5 +1,5 @@
-"""GRPO's, LLMPPO's and LLMREINFORCE's ``learn()`` on every device against the float64 CPU
-reference.
+"""GRPO's, LLMPPO's, LLMREINFORCE's and ILQL's ``learn()`` on every device against the float64
+CPU reference.
 
 The agent runs on the device (``rl_testing.devices``: CPU here, CUDA under ``pytest -m cuda`` /
 ``nox -s gpu``), padded and packed (each group's prompt computed once by default, or varlen
@@ -85,3 +85,29 @@ def test_ppo_and_reinforce_learn_on_device_match_float64(device: str, algo: str)
     tl.assert_loss_close(metrics["loss"], float(ref.loss.detach()))
     got = {n: g.cpu() for n, g in tl.agent_grads(agent.policy, names).items()}
     tl.assert_grads_close(got, ref_grads)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ilql_learn_on_device_matches_float64(device: str) -> None:
+    """ILQL's Q, target-Q and value heads on the device (test_ilql's LoRA case with terminal
+    rewards, its float64 reference on CPU)."""
+    import copy
+
+    agent = tl.make_ilql(two_qs=True, device=device)
+    batch = tl.make_batch()
+    names = tl.trainable_names(agent)
+    twin = tl.float64_copy(agent.policy).cpu()
+    twin_heads = copy.deepcopy(agent.heads).double().cpu()
+    metrics = agent.learn(batch.experiences())
+    heads = dict(agent.heads.named_parameters())
+    assert all(p.device.type == torch.device(device).type for p in heads.values())
+    ref = tl.reference_loss_ilql(twin, twin_heads, batch, batch.rewards)
+    ref.backward()
+    tl.assert_loss_close(metrics["loss"], float(ref.detach()), stages=tl.ILQL_LOSS_STAGES)
+    ref_grads = tl.param_grads({n: p for n, p in twin.named_parameters() if n in names})
+    got = {n: g.cpu() for n, g in tl.agent_grads(agent.policy, names).items()}
+    tl.assert_grads_close(got, ref_grads, stages=tl.ILQL_GRAD_STAGES)
+    head_ref = tl.param_grads(dict(twin_heads.named_parameters()))
+    assert max(float(g.abs().max()) for g in head_ref.values()) > 1e-3, "degenerate test case"
+    head_got = {n: g.cpu() for n, g in tl.param_grads(heads).items()}
+    tl.assert_grads_close(head_got, head_ref, stages=tl.ILQL_GRAD_STAGES)

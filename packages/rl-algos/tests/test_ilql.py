@@ -10,45 +10,10 @@ from typing import Any
 
 import algos_testlib as tl
 import pytest
-import rl_losses
 import torch
-from algos_testlib import ILQL_KW, make_ilql, token_rewards
+from algos_testlib import make_ilql, token_rewards
 from rl_algos import ILQL
 from rl_testing.tolerance import assert_close
-
-# Two routes (float32 agent vs float64 reference, micro-batches vs the whole batch) agree to
-# float32 rounding: the chain to the loss runs through the 2 decoder layers, the heads' two
-# linear layers (the longest sum their 2 * hidden = 128) and the loss's mean; the gradients'
-# back again.
-LOSS_STAGES = tl.LAYERS + 3
-GRAD_STAGES = 2 * LOSS_STAGES
-
-
-def reference_loss(policy: Any, heads: Any, batch: tl.Batch, rewards: torch.Tensor) -> torch.Tensor:
-    """The ILQL loss from full logits and heads at every position, in float64."""
-    att = tl.attention_from(batch.ids, batch.masks)
-    lp = tl.reference_logprobs(policy, batch.ids, att, "actor")
-    hidden = policy.hidden_states(batch.ids, att)[:, :-1]
-    out = heads(hidden)
-    if rewards.dim() == 1:  # the terminal reward sits on each row's last action
-        r = torch.zeros(batch.masks.shape, dtype=torch.float64)
-        for n in range(batch.n):
-            last = int(batch.masks[n].nonzero().max())
-            r[n, last] = float(rewards[n])
-    else:
-        r = rewards.double()
-    kw = {k: ILQL_KW[k] for k in ("gamma", "tau", "cql_scale", "awac_scale", "awac_beta")}
-    result = rl_losses.ilql_loss(lp, list(out.qs), list(out.target_qs), out.values,
-                                 batch.ids[:, 1:], r, batch.masks, **kw)  # fmt: skip
-    return result.loss
-
-
-def grads_of(params: dict[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
-    return {
-        n: (torch.zeros_like(p) if p.grad is None else p.grad.detach()).double()
-        for n, p in params.items()
-    }
-
 
 CASES = [
     pytest.param(False, True, "terminal", id="lora-2q-terminal"),
@@ -66,15 +31,17 @@ def test_learn_matches_float64_reference(full: bool, two_qs: bool, reward_kind: 
     twin = tl.float64_copy(agent.policy)
     twin_heads = copy.deepcopy(agent.heads).double()
     metrics = agent.learn((batch.ids.clone(), batch.masks.clone(), rewards.clone()))
-    ref = reference_loss(twin, twin_heads, batch, rewards)
+    ref = tl.reference_loss_ilql(twin, twin_heads, batch, rewards)
     ref.backward()
-    tl.assert_loss_close(metrics["loss"], float(ref.detach()), stages=LOSS_STAGES)
-    ref_grads = grads_of({n: p for n, p in twin.named_parameters() if n in names})
-    tl.assert_grads_close(tl.agent_grads(agent.policy, names), ref_grads, stages=GRAD_STAGES)
-    head_grads = grads_of(dict(twin_heads.named_parameters()))
-    mine = grads_of(dict(agent.heads.named_parameters()))
+    tl.assert_loss_close(metrics["loss"], float(ref.detach()), stages=tl.ILQL_LOSS_STAGES)
+    ref_grads = tl.param_grads({n: p for n, p in twin.named_parameters() if n in names})
+    tl.assert_grads_close(
+        tl.agent_grads(agent.policy, names), ref_grads, stages=tl.ILQL_GRAD_STAGES
+    )
+    head_grads = tl.param_grads(dict(twin_heads.named_parameters()))
+    mine = tl.param_grads(dict(agent.heads.named_parameters()))
     assert max(float(g.abs().max()) for g in head_grads.values()) > 1e-3
-    tl.assert_grads_close(mine, head_grads, stages=GRAD_STAGES)
+    tl.assert_grads_close(mine, head_grads, stages=tl.ILQL_GRAD_STAGES)
     assert metrics["target_syncs"] == 1.0
     assert metrics["mean_reward"] == pytest.approx(
         float(rewards.sum(-1).mean() if rewards.dim() == 2 else rewards.mean()), rel=1e-6
@@ -88,12 +55,12 @@ def test_micro_batches_give_the_same_step() -> None:
     whole, split = make_ilql(), make_ilql(micro_batch_size_per_gpu=2)
     m1 = whole.learn(batch.experiences())
     m2 = split.learn(batch.experiences())
-    tl.assert_loss_close(m1["loss"], m2["loss"], stages=LOSS_STAGES)
+    tl.assert_loss_close(m1["loss"], m2["loss"], stages=tl.ILQL_LOSS_STAGES)
     for key in ("q_loss", "v_loss", "cql_loss", "awac_loss", "q_mean"):
-        tl.assert_loss_close(m1[key], m2[key], stages=LOSS_STAGES, msg=key)
+        tl.assert_loss_close(m1[key], m2[key], stages=tl.ILQL_LOSS_STAGES, msg=key)
     names = tl.trainable_names(whole)
     tl.assert_grads_close(tl.agent_grads(whole.policy, names),
-                          tl.agent_grads(split.policy, names), stages=GRAD_STAGES)  # fmt: skip
+                          tl.agent_grads(split.policy, names), stages=tl.ILQL_GRAD_STAGES)  # fmt: skip
 
 
 def test_target_heads_sync_every_k_steps() -> None:
