@@ -81,3 +81,36 @@ def test_rl_train_run_trains_evaluates_and_resumes_on_the_device(
     learned = any(r["grad_norm"] > 0 for r in rows)
     assert learned or device != "cpu", rows
     assert moved or not learned, "the checkpoint holds the untrained weights"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_multiturn_ppo_trains_on_the_device(device: str, tmp_path: Path) -> None:
+    """``finetune_llm_multiturn`` with LLMPPO on the device: the environment's CPU token
+    observations meet the agent's device, per-turn rewards go to the critic's turn-level GAE."""
+    from rl_envs import TokenObservationWrapper
+    from rl_envs.tasks import GuessTheNumberEnv
+    from rl_train import finetune_llm_multiturn
+    from rl_train.builder import build_agent
+    from rl_train.demo import DemoConfig
+
+    tok = tiny_tokenizer()
+    config = DemoConfig(algo="ppo", prompts_per_step=2, group_size=2, max_model_len=160)
+    run = config.run_config()
+    run.agent["device"] = device
+    agent = build_agent(run, tiny_model(len(tok), 0), tok)
+
+    def env_factory() -> TokenObservationWrapper:
+        return TokenObservationWrapper(GuessTheNumberEnv(0, 3, max_guesses=3), tok, max_turns=3,
+                                       pad_id=tok.pad_token_id, max_model_len=128,
+                                       max_output_tokens=2)  # fmt: skip
+
+    finetune_llm_multiturn([agent], max_turns=3, env_factory=env_factory, max_steps=2,
+                           evaluation_interval=2, batch_size=2, group_size=2, run_dir=tmp_path,
+                           verbose=False, report_to="none", plot=False)  # fmt: skip
+    rows = MetricsLogger.read(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r["loss"]) for r in rows), rows
+    assert "fitness" in rows[-1] and "value_loss" in rows[0], rows[0].keys()
+    assert agent.steps >= 2
+    params = [p for p in agent.policy.parameters() if p.requires_grad]
+    assert params and all(p.device.type == torch.device(device).type for p in params)

@@ -207,3 +207,15 @@ def test_demo_agent_settings_are_the_config_defaults_then_the_demo_overrides() -
     assert [k for k, v in ILQL_DEMO_AGENT.items() if getattr(defaults, k) == v] == []
     with pytest.raises(ValueError, match=r"\['taus'\].*its fields: .*tau"):
         ILQLDemoConfig(agent={"taus": 0.9}).agent_settings()
+
+
+@pytest.mark.parametrize(("key", "value"), [("resume", "true"), ("max_reward", "0.5")])
+def test_an_offline_run_refuses_resume_and_max_reward(key: str, value: str) -> None:
+    """The offline loop has neither: the config says so instead of training without them."""
+    from rl_train.config import ConfigError, load_config
+    from rl_train.run import prepare
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "ilql_tiny.yaml"
+    config = load_config(example, [f"train.{key}={value}"])
+    with pytest.raises(ConfigError, match=rf"train\.{key} is not supported"):
+        prepare(config)

@@ -173,3 +173,40 @@ def test_tool_episodes_train_and_greedy_success_rate(tmp_path: Path) -> None:
     assert agent.steps >= 2
     assert greedy_success_rate(agent, env_factory, 2, seed=0, success=0.0) == 1.0
     assert greedy_success_rate(agent, env_factory, 2, seed=0, success=1.01) == 0.0
+
+
+def test_multiturn_loop_resumes_like_an_uninterrupted_run_and_refuses_unknown_arguments(
+    tmp_path: Path,
+) -> None:
+    """AgileRL's checkpoint_steps, resume and max_reward hold for the multi-turn loop too; an
+    argument it does not know is an error, not silently dropped."""
+
+    def run(run_dir: Path, steps: int, **kw: object) -> None:
+        agent, _ = demo_agent_env("grpo", max_model_len=160)
+        tok = agent.tokenizer
+
+        def env_factory() -> TokenObservationWrapper:
+            return TokenObservationWrapper(GuessTheNumberEnv(0, 3, max_guesses=3), tok,
+                                           max_turns=3, pad_id=tok.pad_token_id,
+                                           max_model_len=128, max_output_tokens=2)  # fmt: skip
+
+        finetune_llm_multiturn([agent], max_turns=3, env_factory=env_factory, max_steps=steps,
+                               evaluation_interval=2, batch_size=2, group_size=2,
+                               checkpoint_steps=2, run_dir=run_dir, verbose=False,
+                               tensorboard=False, plot=False, **kw)  # type: ignore[arg-type]  # fmt: skip
+
+    run(tmp_path / "full", 4)
+    run(tmp_path / "cut", 3)
+    assert json.loads((tmp_path / "cut" / "checkpoints" / "latest.json").read_text())["step"] == 2
+    run(tmp_path / "cut", 4, resume=True)
+    full = MetricsLogger.read(tmp_path / "full" / "metrics.jsonl")
+    resumed = MetricsLogger.read(tmp_path / "cut" / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for a, b in zip(full, resumed, strict=True):
+        a.pop("step_time"), b.pop("step_time")
+        assert a == b
+
+    run(tmp_path / "stop", 4, max_reward=-1.0)  # any evaluation reaches it: stop at step 2
+    assert [r["step"] for r in MetricsLogger.read(tmp_path / "stop" / "metrics.jsonl")] == [1, 2]
+    with pytest.raises(TypeError, match="checkpoint_step"):
+        run(tmp_path / "typo", 1, checkpoint_step=1)

@@ -173,3 +173,25 @@ def test_an_env_run_with_an_async_section_is_refused(tmp_path: Path) -> None:
     path = write(tmp_path, {"openenv": GAME})
     with pytest.raises(ConfigError, match="env: runs are synchronous; remove the async section"):
         load_config(path, ["async.max_staleness=1"])
+
+
+def test_an_env_run_checkpoints_and_resumes_like_an_uninterrupted_one(tmp_path: Path) -> None:
+    """``train.checkpoint_steps`` and ``train.resume`` hold for ``env:`` runs too: a run cut
+    at step 3 (checkpoint at 2) and resumed takes the uninterrupted run's steps 3 and 4 (each
+    step's episodes come from the step's seed)."""
+    env = {"openenv": GAME, "max_turns": 2}
+    train(load_config(write(tmp_path / "full", env, steps=4, checkpoint_steps=2)), verbose=False)
+    cut = tmp_path / "cut"
+    train(load_config(write(cut, env, steps=3, checkpoint_steps=2)), verbose=False)
+    assert json.loads((cut / "run" / "checkpoints" / "latest.json").read_text())["step"] == 2
+    train(load_config(write(cut, env, steps=4, checkpoint_steps=2, resume=True)), verbose=False)
+
+    def rows(root: Path) -> list[dict[str, Any]]:
+        out = [json.loads(r) for r in (root / "run" / "metrics.jsonl").read_text().splitlines()]
+        for r in out:
+            r.pop("step_time")
+        return out
+
+    full, resumed = rows(tmp_path / "full"), rows(cut)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    assert resumed == full

@@ -212,15 +212,30 @@ def finetune_llm_multiturn(
     group_size: int | None = None,
     seed: int = 0,
     run_dir: str | Path | None = None,
+    resume: bool = False,
+    checkpoint_steps: int | None = None,
+    checkpoint_path: str | None = None,
+    max_reward: float | None = None,
+    save_elite: bool | None = None,
+    elite_path: str | None = None,
+    evo_steps: int | None = None,
+    tournament: Any = None,
+    mutation: Any = None,
+    wb: bool = False,
     verbose: bool = True,
     tensorboard: bool = True,
     plot: bool = True,
     eval_episodes: int = 4,
+    log_fn: Callable[[dict[str, float]], None] | None = None,
+    save_fn: Callable[[Path], None] | None = None,
     async_config: AsyncConfig | None = None,
     rollout_factory: Callable[[], RolloutPieces] | None = None,
     report_to: str | Sequence[str] | None = None,
     project: str = "rl-train",
-    **ignored: Any,
+    env_config: dict[str, Any] | None = None,
+    init_hp: dict[str, Any] | None = None,
+    wandb_api_key: str | None = None,
+    accelerator: Any = None,
 ) -> list[LLMAlgorithm]:
     """Train ``pop`` on a multi-turn environment (AgileRL's loop, same arguments).
 
@@ -229,7 +244,10 @@ def finetune_llm_multiturn(
     :class:`rl_envs.TokenObservationWrapper`) to the end with the agent's sampling, then calls
     ``learn`` with per-turn rewards [N, K], ``turn_ids`` and the sampling log-probs. Every
     ``evaluation_interval`` steps the mean episode return of greedy play on ``eval_episodes``
-    fresh seeds is logged as ``fitness``.
+    fresh seeds is logged as ``fitness``; training stops early once it reaches
+    ``max_reward``. Checkpoints, resuming, the elite and evolution work as in
+    :func:`finetune_llm_reasoning`; step ``s``'s episodes are drawn from a seed of ``s``, so a
+    resumed run plays the episodes the uninterrupted one would have.
 
     Args:
         pop: The agents.
@@ -240,11 +258,24 @@ def finetune_llm_multiturn(
         batch_size: Tasks per step.
         group_size: Copies per task (default: the agent's ``group_size`` or 1).
         seed: Seed of the tasks.
-        run_dir: Where metrics and the curve go (default ``runs/multiturn``).
+        run_dir: Where metrics, checkpoints and the curve go (default ``checkpoint_path`` or
+            ``runs/multiturn``).
+        resume: Continue from the latest checkpoint in ``run_dir``.
+        checkpoint_steps: Steps between checkpoints (None: none).
+        checkpoint_path: Default of ``run_dir``.
+        max_reward: Stop once the evaluation's mean return reaches this.
+        save_elite: Save the fittest agent at the end.
+        elite_path: Where to save it (default ``run_dir/elite``).
+        evo_steps: Steps between evolution rounds.
+        tournament: Selection with ``select(pop) -> (elite, pop)``.
+        mutation: Mutation with ``mutation(pop) -> pop``.
+        wb: Log to Weights & Biases (needs ``wandb``).
         verbose: Show the progress bar.
         tensorboard: Also write TensorBoard events.
         plot: Write ``reward_curve.png`` at the end.
         eval_episodes: Episodes per evaluation.
+        log_fn: Called with each step's metrics row (trlX's hook).
+        save_fn: Called with each checkpoint directory after it is written.
         async_config: Play the episodes in a rollout worker process while training
             (:class:`~rl_train.config.AsyncConfig`; one agent, not PPO/ILQL); ``env_factory``
             must then be picklable (a module-level function or ``functools.partial`` of one).
@@ -253,14 +284,19 @@ def finetune_llm_multiturn(
             agent like ``pop[0]`` (:class:`~rl_train.rollout_worker.RolloutPieces` with
             ``env=None``).
         report_to: Trackers, as in :func:`finetune_llm_reasoning` (None: ``tensorboard``
-            decides).
+            and ``wb`` decide).
         project: The trackers' project.
-        **ignored: AgileRL's other arguments (unused).
+        env_config: Accepted for AgileRL compatibility (unused: ``env_factory`` builds the
+            environments).
+        init_hp: Accepted for AgileRL compatibility (unused: the agents carry their
+            hyperparameters).
+        wandb_api_key: Accepted for AgileRL compatibility (use ``wandb login``).
+        accelerator: Accepted for AgileRL compatibility (agents carry their own).
 
     Returns:
         The trained population.
     """
-    del ignored
+    del env_config, init_hp, wandb_api_key, accelerator
     if async_config is not None and rollout_factory is None:
         raise ValueError(
             "`async_config` needs `rollout_factory`: a picklable function that builds the "
@@ -268,7 +304,10 @@ def finetune_llm_multiturn(
         )
     if not pop:
         raise ValueError("`pop` is empty: pass at least one agent")
-    run = Path(run_dir or "runs/multiturn")
+    if evaluation_interval < 1:
+        raise ValueError(f"`evaluation_interval` must be >= 1, got {evaluation_interval}")
+    run = Path(run_dir or checkpoint_path or "runs/multiturn")
+    agents = list(pop)
     episodes = MultiTurnSource(
         env_factory, max_turns, batch_size=batch_size, group_size=group_size, seed=seed
     )
@@ -277,20 +316,41 @@ def finetune_llm_multiturn(
         if async_config is None or rollout_factory is None
         else AsyncReasoningSource(rollout_factory, async_config, episodes=episodes)
     )
+    logger = open_logger(
+        run,
+        tensorboard=tensorboard,
+        wandb_project=project if wb else None,
+        resume=resume,
+        report_to=report_to,
+        project=project,
+    )
+    resumed = resume_from(run, agents) if resume else None
+    if resumed is not None:
+        logger.truncate(resumed.step)
 
     def fitness(agents: Sequence[Any]) -> float:
         return max(greedy_return(a, env_factory, eval_episodes, seed=10**6) for a in agents)
 
-    hooks: list[Hook] = [
-        Evaluation(evaluation_interval, fitness=fitness),
-        MetricsLog(
-            open_logger(run, tensorboard=tensorboard, report_to=report_to, project=project),
-            curve=run / "reward_curve.png" if plot else None,
-            title="episode return",
-        ),
+    hooks: list[Hook] = [Evaluation(evaluation_interval, fitness=fitness)]
+    if evo_steps and tournament is not None and mutation is not None:
+        hooks.append(Evolution(evo_steps, tournament, mutation))
+    hooks += [
+        MetricsLog(logger, log_fn, run / "reward_curve.png" if plot else None, "episode return"),
         ProgressBar(verbose, kl=False),
+        Checkpoint(run, checkpoint_steps, source, save_fn),
+        EarlyStop(max_reward),
     ]
-    return train_loop(list(pop), source, steps=max_steps, hooks=hooks).agents
+    if save_elite:
+        hooks.append(SaveElite(elite_path or run / "elite"))
+    state = train_loop(
+        agents,
+        source,
+        steps=max_steps,
+        hooks=hooks,
+        start=resumed.step if resumed is not None else 0,
+        source_state=resumed.source_state if resumed is not None else None,
+    )
+    return state.agents
 
 
 def offline_learning_loop(

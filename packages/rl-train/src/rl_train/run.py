@@ -63,7 +63,8 @@ def prepare(config: RunConfig) -> Built:
         The built pieces (no accelerator for offline algorithms).
 
     Raises:
-        ConfigError: An offline algorithm without ``data.offline_path``, or any build error.
+        ConfigError: An offline algorithm without ``data.offline_path`` or with
+            ``train.resume`` / ``train.max_reward``, or any build error.
     """
     online = get_preset(config.algo).online
     if not online and config.data.offline_path is None:
@@ -71,6 +72,13 @@ def prepare(config: RunConfig) -> Built:
             f"algo: {config.algo} learns offline: set data.offline_path to a JSONL file of "
             '{"sample": ..., "reward": ...} lines (see examples/ilql_tiny.yaml)'
         )
+    if not online:  # offline_learning_loop has no cursor to resume from, no early stop
+        for key in ("resume", "max_reward"):
+            if getattr(config.train, key) not in (False, None):
+                raise ConfigError(
+                    f"train.{key} is not supported for the offline algo: {config.algo}: "
+                    f"remove it (each run trains for train.steps from the start)"
+                )
     return build(config, distributed=online)
 
 
