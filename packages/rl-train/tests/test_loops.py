@@ -109,6 +109,22 @@ def test_evolution_with_tournament_and_mutations(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="only mutate RL hyperparameters"):
         Mutations(architecture=0.2)
 
+    # AgileRL's rules for the three arguments, in both loops (checked before any step)
+    agent, env = demo_agent_env()
+    for kw, message in (
+        ({"tournament": tournament, "mutation": mutation}, "need `evo_steps`"),
+        ({"evo_steps": 0, "tournament": tournament, "mutation": mutation}, "`evo_steps` must be"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            finetune_llm_reasoning([agent], env, max_steps=1, run_dir=tmp_path / "bad", **kw)
+        with pytest.raises(ValueError, match=message):
+            finetune_llm_multiturn([agent], 3, lambda: None, max_steps=1,  # type: ignore[arg-type,return-value]
+                                   run_dir=tmp_path / "bad", **kw)  # fmt: skip
+    with pytest.warns(UserWarning, match="will not evolve"):
+        finetune_llm_reasoning([agent], env, max_steps=1, evo_steps=1, tournament=tournament,
+                               run_dir=tmp_path / "alone", verbose=False, plot=False)  # fmt: skip
+    assert agent.steps == 1
+
 
 def test_crash_in_the_middle_of_a_checkpoint_keeps_the_previous_one(tmp_path: Path) -> None:
     """The second agent's save dies mid-way (as under SIGKILL): the pointer still names the

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,7 @@ def finetune_llm_reasoning(
         raise ValueError("`pop` is empty: pass at least one agent")
     if evaluation_interval < 1:
         raise ValueError(f"`evaluation_interval` must be >= 1, got {evaluation_interval}")
+    evolves = _evolves(evo_steps, tournament, mutation)
     steps_per_epoch = max(1, len(env) // len(pop))
     total = max_steps if max_steps is not None else steps_per_epoch * (num_epochs or 1)
     if total < 1:
@@ -180,7 +182,8 @@ def finetune_llm_reasoning(
             extra=eval_fn,
         )
     ]
-    if evo_steps and tournament is not None and mutation is not None:
+    if evolves:
+        assert evo_steps is not None
         hooks.append(Evolution(evo_steps, tournament, mutation))
     hooks += [
         MetricsLog(logger, log_fn, run / "reward_curve.png" if plot else None, "reward"),
@@ -306,6 +309,7 @@ def finetune_llm_multiturn(
         raise ValueError("`pop` is empty: pass at least one agent")
     if evaluation_interval < 1:
         raise ValueError(f"`evaluation_interval` must be >= 1, got {evaluation_interval}")
+    evolves = _evolves(evo_steps, tournament, mutation)
     run = Path(run_dir or checkpoint_path or "runs/multiturn")
     agents = list(pop)
     episodes = MultiTurnSource(
@@ -332,7 +336,8 @@ def finetune_llm_multiturn(
         return max(greedy_return(a, env_factory, eval_episodes, seed=10**6) for a in agents)
 
     hooks: list[Hook] = [Evaluation(evaluation_interval, fitness=fitness)]
-    if evo_steps and tournament is not None and mutation is not None:
+    if evolves:
+        assert evo_steps is not None
         hooks.append(Evolution(evo_steps, tournament, mutation))
     hooks += [
         MetricsLog(logger, log_fn, run / "reward_curve.png" if plot else None, "episode return"),
@@ -416,3 +421,28 @@ def offline_learning_loop(
     if run_dir is not None:
         hooks.append(Checkpoint(Path(run_dir), checkpoint_steps, source, save_fn))
     return train_loop([agent], source, steps=steps, hooks=hooks).history
+
+
+def _evolves(evo_steps: int | None, tournament: Any, mutation: Any) -> bool:
+    """Whether the population evolves, by AgileRL's rules for the three arguments.
+
+    ``tournament`` and ``mutation`` without ``evo_steps`` is an error; ``evo_steps`` without
+    both of them warns that nothing will evolve.
+    """
+    both = tournament is not None and mutation is not None
+    if evo_steps is not None and evo_steps < 1:
+        raise ValueError(
+            f"`evo_steps` must be >= 1 steps between evolution rounds, got {evo_steps}"
+        )
+    if both and evo_steps is None:
+        raise ValueError(
+            "`tournament` and `mutation` need `evo_steps`, the steps between evolution rounds"
+        )
+    if evo_steps is not None and not both:
+        warnings.warn(
+            "`evo_steps` is set but `tournament` or `mutation` is None: the population will not "
+            "evolve",
+            UserWarning,
+            stacklevel=3,
+        )
+    return both
