@@ -47,11 +47,7 @@ def test_grpo_learn_on_device_matches_float64(device: str, options: dict[str, An
             policy, batch, group_size=tl.GROUP_SIZE, beta=tl.BETA, temperature=tl.TEMPERATURE
         )
 
-    ref, ref_grads = tl.reference_grads(twin, reference, names)
-    assert max(float(g.abs().max()) for g in ref_grads.values()) > 1e-3, "degenerate test case"
-    tl.assert_loss_close(metrics["loss"], float(ref.loss.detach()))
-    got = {n: g.cpu() for n, g in tl.agent_grads(agent.policy, names).items()}
-    tl.assert_grads_close(got, ref_grads)
+    _assert_matches(agent, twin, reference, names, metrics)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -80,11 +76,7 @@ def test_ppo_and_reinforce_learn_on_device_match_float64(device: str, algo: str)
             turn_value_reduction=agent.config.turn_value_reduction,
         )  # fmt: skip
 
-    ref, ref_grads = tl.reference_grads(twin, reference, names)
-    assert max(float(g.abs().max()) for g in ref_grads.values()) > 1e-3, "degenerate test case"
-    tl.assert_loss_close(metrics["loss"], float(ref.loss.detach()))
-    got = {n: g.cpu() for n, g in tl.agent_grads(agent.policy, names).items()}
-    tl.assert_grads_close(got, ref_grads)
+    _assert_matches(agent, twin, reference, names, metrics)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -111,3 +103,19 @@ def test_ilql_learn_on_device_matches_float64(device: str) -> None:
     assert max(float(g.abs().max()) for g in head_ref.values()) > 1e-3, "degenerate test case"
     head_got = {n: g.cpu() for n, g in tl.param_grads(heads).items()}
     tl.assert_grads_close(head_got, head_ref, stages=tl.ILQL_GRAD_STAGES)
+
+
+def _assert_matches(
+    agent: Any,
+    twin: Any,
+    reference: Any,
+    names: list[str],
+    metrics: dict[str, float],
+) -> None:
+    """The agent's loss and gradients (on its device) against ``reference`` on the float64
+    CPU ``twin`` of its pre-update policy."""
+    ref, ref_grads = tl.reference_grads(twin, reference, names)
+    assert max(float(g.abs().max()) for g in ref_grads.values()) > 1e-3, "degenerate test case"
+    tl.assert_loss_close(metrics["loss"], float(ref.loss.detach()))
+    got = {n: g.cpu() for n, g in tl.agent_grads(agent.policy, names).items()}
+    tl.assert_grads_close(got, ref_grads)

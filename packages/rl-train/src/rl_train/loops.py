@@ -152,7 +152,7 @@ def finetune_llm_reasoning(
         raise ValueError("`pop` is empty: pass at least one agent")
     if evaluation_interval < 1:
         raise ValueError(f"`evaluation_interval` must be >= 1, got {evaluation_interval}")
-    evolves = _evolves(evo_steps, tournament, mutation)
+    evolution = _evolution(evo_steps, tournament, mutation)
     steps_per_epoch = max(1, len(env) // len(pop))
     total = max_steps if max_steps is not None else steps_per_epoch * (num_epochs or 1)
     if total < 1:
@@ -164,44 +164,17 @@ def finetune_llm_reasoning(
         if async_config is None or rollout_factory is None
         else AsyncReasoningSource(rollout_factory, async_config)
     )
-    logger = open_logger(
-        run,
-        tensorboard=tensorboard,
-        wandb_project=project if wb else None,
-        resume=resume,
-        report_to=report_to,
-        project=project,
+    evaluation = Evaluation(
+        evaluation_interval,
+        fitness=functools.partial(population_fitness, env=env, loop=eval_loop),
+        extra=eval_fn,
     )
-    resumed = resume_from(run, agents) if resume else None
-    if resumed is not None:
-        logger.truncate(resumed.step)
-    hooks: list[Hook] = [
-        Evaluation(
-            evaluation_interval,
-            fitness=functools.partial(population_fitness, env=env, loop=eval_loop),
-            extra=eval_fn,
-        )
-    ]
-    if evolves:
-        assert evo_steps is not None
-        hooks.append(Evolution(evo_steps, tournament, mutation))
-    hooks += [
-        MetricsLog(logger, log_fn, run / "reward_curve.png" if plot else None, "reward"),
-        ProgressBar(verbose),
-        Checkpoint(run, checkpoint_steps, source, save_fn),
-        EarlyStop(max_reward),
-    ]
-    if save_elite:
-        hooks.append(SaveElite(elite_path or run / "elite"))
-    state = train_loop(
-        agents,
-        source,
-        steps=total,
-        hooks=hooks,
-        start=resumed.step if resumed is not None else 0,
-        source_state=resumed.source_state if resumed is not None else None,
-    )
-    return state.agents
+    return _train_population(
+        agents, source, run, evaluation, evolution, steps=total, title="reward", kl=True,
+        resume=resume, tensorboard=tensorboard, wb=wb, report_to=report_to, project=project,
+        log_fn=log_fn, plot=plot, verbose=verbose, checkpoint_steps=checkpoint_steps,
+        save_fn=save_fn, max_reward=max_reward, save_elite=save_elite, elite_path=elite_path,
+    )  # fmt: skip
 
 
 def finetune_llm_multiturn(
@@ -309,7 +282,7 @@ def finetune_llm_multiturn(
         raise ValueError("`pop` is empty: pass at least one agent")
     if evaluation_interval < 1:
         raise ValueError(f"`evaluation_interval` must be >= 1, got {evaluation_interval}")
-    evolves = _evolves(evo_steps, tournament, mutation)
+    evolution = _evolution(evo_steps, tournament, mutation)
     run = Path(run_dir or checkpoint_path or "runs/multiturn")
     agents = list(pop)
     episodes = MultiTurnSource(
@@ -320,42 +293,17 @@ def finetune_llm_multiturn(
         if async_config is None or rollout_factory is None
         else AsyncReasoningSource(rollout_factory, async_config, episodes=episodes)
     )
-    logger = open_logger(
-        run,
-        tensorboard=tensorboard,
-        wandb_project=project if wb else None,
-        resume=resume,
-        report_to=report_to,
-        project=project,
-    )
-    resumed = resume_from(run, agents) if resume else None
-    if resumed is not None:
-        logger.truncate(resumed.step)
 
     def fitness(agents: Sequence[Any]) -> float:
         return max(greedy_return(a, env_factory, eval_episodes, seed=10**6) for a in agents)
 
-    hooks: list[Hook] = [Evaluation(evaluation_interval, fitness=fitness)]
-    if evolves:
-        assert evo_steps is not None
-        hooks.append(Evolution(evo_steps, tournament, mutation))
-    hooks += [
-        MetricsLog(logger, log_fn, run / "reward_curve.png" if plot else None, "episode return"),
-        ProgressBar(verbose, kl=False),
-        Checkpoint(run, checkpoint_steps, source, save_fn),
-        EarlyStop(max_reward),
-    ]
-    if save_elite:
-        hooks.append(SaveElite(elite_path or run / "elite"))
-    state = train_loop(
-        agents,
-        source,
-        steps=max_steps,
-        hooks=hooks,
-        start=resumed.step if resumed is not None else 0,
-        source_state=resumed.source_state if resumed is not None else None,
-    )
-    return state.agents
+    return _train_population(
+        agents, source, run, Evaluation(evaluation_interval, fitness=fitness), evolution,
+        steps=max_steps, title="episode return", kl=False, resume=resume,
+        tensorboard=tensorboard, wb=wb, report_to=report_to, project=project, log_fn=log_fn,
+        plot=plot, verbose=verbose, checkpoint_steps=checkpoint_steps, save_fn=save_fn,
+        max_reward=max_reward, save_elite=save_elite, elite_path=elite_path,
+    )  # fmt: skip
 
 
 def offline_learning_loop(
@@ -423,17 +371,15 @@ def offline_learning_loop(
     return train_loop([agent], source, steps=steps, hooks=hooks).history
 
 
-def _evolves(evo_steps: int | None, tournament: Any, mutation: Any) -> bool:
-    """Whether the population evolves, by AgileRL's rules for the three arguments.
+def _evolution(evo_steps: int | None, tournament: Any, mutation: Any) -> Evolution | None:
+    """The evolution hook, or None, by AgileRL's rules for the three arguments.
 
     ``tournament`` and ``mutation`` without ``evo_steps`` is an error; ``evo_steps`` without
     both of them warns that nothing will evolve.
     """
     both = tournament is not None and mutation is not None
     if evo_steps is not None and evo_steps < 1:
-        raise ValueError(
-            f"`evo_steps` must be >= 1 steps between evolution rounds, got {evo_steps}"
-        )
+        raise ValueError(f"`evo_steps` must be >= 1 (steps between evolutions), got {evo_steps}")
     if both and evo_steps is None:
         raise ValueError(
             "`tournament` and `mutation` need `evo_steps`, the steps between evolution rounds"
@@ -445,4 +391,61 @@ def _evolves(evo_steps: int | None, tournament: Any, mutation: Any) -> bool:
             UserWarning,
             stacklevel=3,
         )
-    return both
+        return None
+    return Evolution(evo_steps, tournament, mutation) if evo_steps is not None else None
+
+
+def _train_population(
+    agents: list[LLMAlgorithm],
+    source: Source,
+    run: Path,
+    evaluation: Evaluation,
+    evolution: Evolution | None,
+    *,
+    steps: int,
+    title: str,
+    kl: bool,
+    resume: bool,
+    tensorboard: bool,
+    wb: bool,
+    report_to: str | Sequence[str] | None,
+    project: str,
+    log_fn: Callable[[dict[str, float]], None] | None,
+    plot: bool,
+    verbose: bool,
+    checkpoint_steps: int | None,
+    save_fn: Callable[[Path], None] | None,
+    max_reward: float | None,
+    save_elite: bool | None,
+    elite_path: str | Path | None,
+) -> list[LLMAlgorithm]:
+    """What both online loops share: the logger, resuming from ``run``, the hooks, the loop."""
+    logger = open_logger(
+        run,
+        tensorboard=tensorboard,
+        wandb_project=project if wb else None,
+        resume=resume,
+        report_to=report_to,
+        project=project,
+    )
+    resumed = resume_from(run, agents) if resume else None
+    if resumed is not None:
+        logger.truncate(resumed.step)
+    hooks: list[Hook] = [evaluation, *([evolution] if evolution is not None else [])]
+    hooks += [
+        MetricsLog(logger, log_fn, run / "reward_curve.png" if plot else None, title),
+        ProgressBar(verbose, kl=kl),
+        Checkpoint(run, checkpoint_steps, source, save_fn),
+        EarlyStop(max_reward),
+    ]
+    if save_elite:
+        hooks.append(SaveElite(elite_path or run / "elite"))
+    state = train_loop(
+        agents,
+        source,
+        steps=steps,
+        hooks=hooks,
+        start=resumed.step if resumed is not None else 0,
+        source_state=resumed.source_state if resumed is not None else None,
+    )
+    return state.agents
