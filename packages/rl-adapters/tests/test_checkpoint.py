@@ -20,8 +20,9 @@ import adapters_testlib as tl
 import pytest
 import torch
 from peft import PeftModel
-from rl_adapters import PolicyModel, load_checkpoint, save_checkpoint
+from rl_adapters import CheckpointError, PolicyModel, load_checkpoint, save_checkpoint
 from rl_testing.tolerance import assert_close
+from safetensors.torch import save_file
 
 STATE: dict[str, Any] = {
     "step": 3,
@@ -34,12 +35,19 @@ class Run:
     """A policy with an Adam optimizer over every trainable parameter and a StepLR scheduler."""
 
     def __init__(
-        self, arch: str = "qwen2", *, r: int = 4, targets: Any = tl.LINEAR_NAMES, **kw: Any
+        self,
+        arch: str = "qwen2",
+        *,
+        r: int = 4,
+        targets: Any = tl.LINEAR_NAMES,
+        base: dict[str, Any] | None = None,
+        **kw: Any,
     ):
         kw.setdefault("critic", True)
         if not kw.get("full_finetune"):
             kw.setdefault("lora_config", tl.lora(r=r, targets=targets))
-        self.model = tl.base(arch)  # PEFT injects into it in place: the policy's base_model
+        # PEFT injects into it in place: the policy's base_model; `base`: config overrides
+        self.model = tl.base(arch, **(base or {}))
         self.policy = PolicyModel(self.model, **kw)
         self.params = self.policy.trainable_parameters()
         self.opt = torch.optim.Adam(self.params, lr=1e-2)
@@ -246,6 +254,44 @@ def test_overwriting_a_checkpoint(tmp_path: Path) -> None:
     fresh = Run()
     assert fresh.load(directory) == second
     _assert_outputs_equal(fresh.outputs(), run.outputs())
+
+
+@pytest.mark.parametrize(
+    "content",
+    [{"important.txt": "precious"}, {"manifest.json": json.dumps({"format": "another-tool"})}],
+)
+def test_save_refuses_a_directory_that_is_not_a_checkpoint(
+    tmp_path: Path, content: dict[str, str]
+) -> None:
+    run = Run()
+    project = tmp_path / "project"
+    project.mkdir()
+    for name, text in content.items():
+        (project / name).write_text(text)
+    with pytest.raises(CheckpointError, match=re.escape(f"`directory` {project} exists")) as info:
+        run.save(project)
+    assert "not an rl-adapters checkpoint" in str(info.value)
+    assert "choose another directory or delete it" in str(info.value)
+    assert {n: (project / n).read_text() for n in content} == content
+    assert sorted(p.name for p in project.iterdir()) == sorted(content)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project"]  # no temp dir left
+
+
+def test_save_refuses_a_file(tmp_path: Path) -> None:
+    target = tmp_path / "afile"
+    target.write_text("data")
+    with pytest.raises(CheckpointError, match=re.escape(f"`directory` {target} exists")):
+        Run().save(target)
+    assert target.read_text() == "data"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # no backup or temp left
+
+
+def test_save_into_an_empty_directory(tmp_path: Path) -> None:
+    run = Run()
+    (tmp_path / "ckpt").mkdir()
+    directory = run.save(tmp_path / "ckpt")
+    assert Run().load(directory) == STATE
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
 # --------------------------------------------------------------------------- atomicity
@@ -477,3 +523,95 @@ def test_mode_mismatch_is_a_value_error(tmp_path: Path) -> None:
     _, directory = _saved(tmp_path, critic=False)
     with pytest.raises(ValueError, match=r"(?i)lora|full|model|mode"):
         Run(full_finetune=True, reference="copy", critic=False).load(directory)
+
+
+# --------------------------------------------------------------------------- other base shapes
+
+
+def _untouched(run: Run, before: dict[str, torch.Tensor]) -> None:
+    after = run.policy.state_dict()
+    assert after.keys() == before.keys()
+    # bit-exact: a refused load writes no tensor, so every one keeps its bits
+    assert [k for k, v in before.items() if not torch.equal(v, after[k])] == []
+
+
+_OTHER_BASES = [
+    ({"num_hidden_layers": 3}, "num_hidden_layers"),
+    ({"num_attention_heads": 8, "num_key_value_heads": 8}, "num_attention_heads"),
+    ({"num_key_value_heads": 4}, "num_key_value_heads"),
+    ({"intermediate_size": 256}, "intermediate_size"),
+]
+
+
+@pytest.mark.parametrize(("base", "field"), _OTHER_BASES)
+def test_other_base_shape_names_the_field(tmp_path: Path, base: dict[str, Any], field: str) -> None:
+    _, directory = _saved(tmp_path)  # trained: a partial load would change the adapters
+    other = Run(base=base)
+    before = tl.snapshot(other.policy.state_dict())
+    with pytest.raises(CheckpointError, match=rf"different base architecture: {field} = ") as info:
+        other.load(directory)
+    assert re.search(rf"{field} = \d+ in the checkpoint, \d+ in this model", str(info.value))
+    _untouched(other, before)
+
+
+def _as_old_manifest(directory: Path) -> None:
+    """Drop the fields older manifests lack (the manifest is not listed in itself)."""
+    path = directory / "manifest.json"
+    manifest = json.loads(path.read_text())
+    for key in (
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+    ):
+        del manifest[key]
+    path.write_text(json.dumps(manifest))
+
+
+_FULL = {"full_finetune": True, "reference": "copy", "critic": False}
+
+
+@pytest.mark.parametrize("mode", [{}, _FULL], ids=["lora", "full"])
+@pytest.mark.parametrize(
+    ("base", "expected"),
+    [
+        ({"num_hidden_layers": 3}, r"missing keys: \S*layers\.2\."),
+        ({"num_attention_heads": 8, "num_key_value_heads": 8}, r"shapes: \S*k_proj\S* \["),
+    ],
+)
+def test_old_manifest_other_shape_names_the_keys(
+    tmp_path: Path, mode: dict[str, Any], base: dict[str, Any], expected: str
+) -> None:
+    run = Run(**mode)
+    run.train(steps=2, sync=not mode)
+    directory = run.save(tmp_path / "ckpt")
+    _as_old_manifest(directory)
+    assert Run(**mode).load(directory) == STATE  # an older checkpoint still loads
+    other = Run(base=base, **mode)
+    before = tl.snapshot(other.policy.state_dict())
+    with pytest.raises(CheckpointError, match=expected) as info:
+        other.load(directory)
+    file = "model.safetensors" if mode else "actor/adapter_model.safetensors"
+    assert f"checkpoint file {file} does not fit this model" in str(info.value)
+    assert re.search(r" and \d+ more", str(info.value))  # a few shown, then a count
+    _untouched(other, before)
+
+
+def test_value_head_that_does_not_fit_changes_nothing(tmp_path: Path) -> None:
+    _, directory = _saved(tmp_path)
+    save_file(
+        {
+            "linear.weight": torch.zeros(1, 32),
+            "linear.bias": torch.zeros(1),
+            "extra": torch.ones(2),
+        },
+        str(directory / "value_head.safetensors"),
+    )
+    tl.set_manifest_entry(directory, "value_head.safetensors")
+    fresh = Run()
+    before = tl.snapshot(fresh.policy.state_dict())
+    with pytest.raises(CheckpointError, match=r"value_head\.safetensors does not fit") as info:
+        fresh.load(directory)
+    assert "unexpected keys: extra" in str(info.value)
+    assert "linear.weight [1, 32] saved, [1, 64] in the model" in str(info.value)
+    _untouched(fresh, before)

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 __all__ = ["CheckpointError"]
 
 
 class CheckpointError(ValueError):
-    """A checkpoint is incomplete, corrupted or does not fit the model."""
+    """A checkpoint is incomplete, corrupted or does not fit the model, or a path is not one."""
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -74,6 +75,22 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
     """Read a safetensors file; any failure is a :class:`CheckpointError` naming the file."""
     try:
         return load_file(str(path))
+    except Exception as exc:
+        raise CheckpointError(
+            f"checkpoint file {path.name} is not valid safetensors: {exc}"
+        ) from exc
+
+
+def _tensor_shapes(path: Path) -> dict[str, list[int]]:
+    """Names and shapes of a safetensors file's tensors, read from its header (no tensor data).
+
+    Raises:
+        CheckpointError: The file is not valid safetensors; the message names it.
+    """
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            names = f.keys()
+            return {key: list(f.get_slice(key).get_shape()) for key in names}
     except Exception as exc:
         raise CheckpointError(
             f"checkpoint file {path.name} is not valid safetensors: {exc}"

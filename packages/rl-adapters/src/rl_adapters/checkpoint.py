@@ -14,9 +14,10 @@ A checkpoint is a directory::
 
 It is written into a temporary sibling directory and renamed into place, so a crash while
 saving never leaves a half-written directory under the checkpoint's name and never touches
-the previous checkpoint until the new one is complete. Loading verifies the manifest before
-reading anything and reads only safetensors and JSON: ``torch.load`` is never called, so a
-planted pickle cannot execute.
+the previous checkpoint until the new one is complete; only a previous checkpoint (or an empty
+directory) is ever replaced. Loading verifies the manifest before reading anything, compares
+the saved tensors' names and shapes with the model's before restoring any, and reads only
+safetensors and JSON: ``torch.load`` is never called, so a planted pickle cannot execute.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from rl_adapters._checkpoint_read import (
     _load_structured,
     _load_tensors,
     _read_json,
+    _tensor_shapes,
 )
 from rl_adapters.lora import comparable_lora_config
 from rl_adapters.policy import PolicyModel
@@ -55,6 +57,19 @@ __all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "load_checkpoint", "save_chec
 CHECKPOINT_FORMAT = "rl-adapters-checkpoint"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+#: Config fields that fix the base's tensor shapes, compared on load when the manifest has them.
+_ARCH_FIELDS = (
+    "model_class",
+    "model_type",
+    "hidden_size",
+    "vocab_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+)
+#: Those every manifest has; the others were added later and are skipped when absent.
+_ARCH_FIELDS_ALWAYS = {"model_class", "model_type", "hidden_size", "vocab_size"}
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -126,6 +141,10 @@ def _describe(policy: PolicyModel) -> dict[str, Any]:
         "model_type": getattr(config, "model_type", None),
         "hidden_size": getattr(config, "hidden_size", None),
         "vocab_size": getattr(config, "vocab_size", None),
+        "num_hidden_layers": getattr(config, "num_hidden_layers", None),
+        "num_attention_heads": getattr(config, "num_attention_heads", None),
+        "num_key_value_heads": getattr(config, "num_key_value_heads", None),
+        "intermediate_size": getattr(config, "intermediate_size", None),
         "full_finetune": policy.full_finetune,
         "reference": policy.reference_mode,
         "critic": policy.has_critic,
@@ -181,8 +200,8 @@ def save_checkpoint(
 
     Args:
         policy: The :class:`PolicyModel`.
-        directory: Target directory; an existing checkpoint there is replaced only once the new
-            one is complete.
+        directory: Target directory: absent, empty, or an existing checkpoint, which is
+            replaced only once the new one is complete.
         optimizer: Optimizer whose state to save, or None.
         scheduler: LR scheduler (``state_dict()`` of JSON types and tensors), or None.
         state: JSON-serialisable caller state (step counters, hyperparameters), or None.
@@ -195,6 +214,8 @@ def save_checkpoint(
 
     Raises:
         TypeError: If ``state`` is not JSON-serialisable (nothing is written).
+        CheckpointError: ``directory`` is a file, or a non-empty directory that is not an
+            rl-adapters checkpoint (nothing is written or removed).
     """
     target = Path(directory)
     if state is not None:
@@ -206,6 +227,7 @@ def save_checkpoint(
     _check_head_names(heads)
     target.parent.mkdir(parents=True, exist_ok=True)
     _recover_interrupted_swap(target)
+    _check_target(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         _write_checkpoint(policy, tmp, optimizer, scheduler, state, heads)
@@ -222,6 +244,31 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def _is_checkpoint(directory: Path) -> bool:
+    """Whether ``directory`` holds a manifest of this format (what :func:`_verify` requires)."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == CHECKPOINT_FORMAT
+
+
+def _check_target(target: Path) -> None:
+    """Refuse a save target that holds anything but a checkpoint (or an empty directory)."""
+    if target.is_dir():
+        if _is_checkpoint(target) or not any(target.iterdir()):
+            return
+        raise CheckpointError(
+            f"`directory` {target} exists and is not an rl-adapters checkpoint (it has no "
+            f"{MANIFEST} of format {CHECKPOINT_FORMAT!r}); choose another directory or delete it"
+        )
+    if target.exists() or target.is_symlink():
+        raise CheckpointError(
+            f"`directory` {target} exists and is not an rl-adapters checkpoint (it is a file or a "
+            "broken link, not a directory); choose another directory or delete it"
+        )
 
 
 def _write_checkpoint(
@@ -381,7 +428,9 @@ def _pad_to(
 
 def _check_fits(policy: PolicyModel, manifest: dict[str, Any], merge: bool = False) -> None:
     mine = _describe(policy)
-    for key in ("model_class", "model_type", "hidden_size", "vocab_size"):
+    for key in _ARCH_FIELDS:
+        if key not in _ARCH_FIELDS_ALWAYS and key not in manifest:
+            continue  # a manifest written before the field was recorded
         if manifest.get(key) != mine[key]:
             raise CheckpointError(
                 f"checkpoint is for a different base architecture: {key} = {manifest.get(key)!r} "
@@ -423,12 +472,89 @@ def _check_heads_fit(heads: Mapping[str, nn.Module], manifest: dict[str, Any]) -
 
 def _load_heads(heads: Mapping[str, nn.Module], root: Path) -> None:
     for name, module in heads.items():
-        path = root / f"{name}.safetensors"
-        tensors = _load_tensors(path)
-        mine = module.state_dict()
-        if set(tensors) != set(mine) or any(tensors[k].shape != mine[k].shape for k in mine):
-            raise CheckpointError(f"head {name!r}: {path.name} does not match its module")
+        tensors = _load_tensors(root / f"{name}.safetensors")  # checked by _check_weights
         module.load_state_dict(tensors)  # copies into the existing tensors: requires_grad kept
+
+
+def _few(items: list[str], shown: int = 3) -> str:
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return ", ".join(items[:shown]) + more
+
+
+def _check_tensors(
+    name: str,
+    saved: Mapping[str, list[int]],
+    expected: Mapping[str, list[int]],
+    padded: bool = False,
+) -> None:
+    """Raise unless the tensors of checkpoint file ``name`` are the ones the model holds.
+
+    With ``padded`` (a merged LoRA config) the model may hold more tensors and larger ones: the
+    saved weights are zero-padded into them.
+    """
+    missing = [] if padded else sorted(expected.keys() - saved.keys())
+    unexpected = sorted(saved.keys() - expected.keys())
+    shapes = [
+        f"{key} {saved[key]} saved, {expected[key]} in the model"
+        for key in sorted(saved.keys() & expected.keys())
+        if saved[key] != expected[key]
+        and not (
+            padded
+            and len(saved[key]) == len(expected[key])
+            and all(s <= e for s, e in zip(saved[key], expected[key], strict=True))
+        )
+    ]
+    found = (("missing keys", missing), ("unexpected keys", unexpected), ("shapes", shapes))
+    problems = [f"{label}: {_few(items)}" for label, items in found if items]
+    if problems:
+        raise CheckpointError(
+            f"checkpoint file {name} does not fit this model ({'; '.join(problems)}); load it "
+            "into a model built like the saved one (same base architecture, LoRA config, roles)"
+        )
+
+
+def _shapes(state: Mapping[str, torch.Tensor]) -> dict[str, list[int]]:
+    return {key: list(value.shape) for key, value in state.items()}
+
+
+def _full_model_shapes(model: nn.Module, saved: Mapping[str, Any]) -> dict[str, list[int]]:
+    """The model's tensor shapes under the names ``load_model`` reads them by.
+
+    One name per group of tied tensors: the saved one where there is one, else the first (the
+    one :func:`_dedup_state` keeps).
+    """
+    state = model.state_dict(keep_vars=True)
+    groups: dict[int, list[str]] = {}
+    for key, tensor in state.items():
+        groups.setdefault(id(tensor), []).append(key)
+    chosen = [next((k for k in keys if k in saved), keys[0]) for keys in groups.values()]
+    return {key: list(state[key].shape) for key in chosen}
+
+
+def _check_weights(
+    policy: PolicyModel, root: Path, heads: Mapping[str, nn.Module], merged: bool
+) -> None:
+    """Compare every saved tensor's name and shape (from the file headers) with the model's.
+
+    Runs before anything is restored, so a checkpoint that does not fit changes nothing.
+    """
+    if policy.peft is not None:
+        from peft import get_peft_model_state_dict
+
+        for role in policy.adapter_roles:
+            weights = root / role / "adapter_model.safetensors"
+            if not weights.is_file():
+                raise CheckpointError(f"adapter directory {root / role} is missing its weights")
+            mine = get_peft_model_state_dict(policy.peft, adapter_name=role)
+            saved = _tensor_shapes(weights)
+            _check_tensors(f"{role}/{weights.name}", saved, _shapes(mine), padded=merged)
+    else:
+        saved = _tensor_shapes(root / "model.safetensors")
+        _check_tensors("model.safetensors", saved, _full_model_shapes(policy.causal_lm, saved))
+    modules = {"value_head": policy.value_head} if policy.value_head is not None else {}
+    for name, module in {**modules, **heads}.items():
+        saved = _tensor_shapes(root / f"{name}.safetensors")
+        _check_tensors(f"{name}.safetensors", saved, _shapes(module.state_dict()))
 
 
 def load_checkpoint(
@@ -443,9 +569,11 @@ def load_checkpoint(
     """Load a checkpoint written by :func:`save_checkpoint` into ``policy`` (and the rest).
 
     The manifest is verified first (every file present, right size and sha256, only
-    safetensors/JSON), then the base architecture, the roles and the LoRA config are compared
-    with ``policy``; any mismatch raises :class:`CheckpointError` (a ``ValueError``) showing
-    both sides. Nothing is unpickled.
+    safetensors/JSON), then the base architecture (class, type, hidden and vocabulary sizes,
+    layers, attention and key/value heads, MLP size), the roles and the LoRA config are
+    compared with ``policy``, then the names and shapes of every saved tensor with the ones
+    ``policy`` holds; any mismatch raises :class:`CheckpointError` (a ``ValueError``) showing
+    both sides, before any weight is restored. Nothing is unpickled.
 
     Args:
         policy: A :class:`PolicyModel` built like the saved one (same base architecture).
@@ -470,7 +598,10 @@ def load_checkpoint(
             a JSON file of it (``manifest.json``, ``state.json``, ``optimizer.json``,
             ``scheduler.json``, ``rng.json``) that cannot be read, is not JSON (e.g.
             truncated) or holds the wrong type is named by its path. JSON files are read
-            before anything is restored, so such a failure leaves ``policy`` untouched.
+            before anything is restored, so such a failure leaves ``policy`` untouched, as
+            does a base architecture or a set of saved tensors (names, shapes) that does not
+            fit ``policy``. (With ``merge_lora_config`` the adapters are rebuilt before the
+            tensors are compared.)
     """
     root = Path(directory)
     _recover_interrupted_swap(root)
@@ -496,21 +627,16 @@ def load_checkpoint(
             "the LoRA config was merged, so the optimizer's parameters no longer exist; load "
             "without `optimizer` and build a new one over policy.trainable_parameters()"
         )
+    _check_weights(policy, root, heads, merged)
     if policy.peft is not None:
         from peft import get_peft_model_state_dict, set_peft_model_state_dict
 
         for role in policy.adapter_roles:
-            weights = root / role / "adapter_model.safetensors"
-            if not weights.is_file():
-                raise CheckpointError(f"adapter directory {root / role} is missing its weights")
-            saved = _load_tensors(weights)
+            saved = _load_tensors(root / role / "adapter_model.safetensors")
             if merged:
                 current = get_peft_model_state_dict(policy.peft, adapter_name=role)
                 saved = _pad_to(saved, {k: v.shape for k, v in current.items()})
-            result = set_peft_model_state_dict(policy.peft, saved, adapter_name=role)
-            unexpected = getattr(result, "unexpected_keys", [])
-            if unexpected:
-                raise CheckpointError(f"adapter {role}: unexpected keys {unexpected[:5]}")
+            set_peft_model_state_dict(policy.peft, saved, adapter_name=role)
     else:
         load_model(policy.causal_lm, str(root / "model.safetensors"))
     if policy.value_head is not None:
