@@ -549,7 +549,8 @@ def ref_pass_at_k(
         second = max(r[i] for i in idx if i != best)
         a = r[best] - second
         if scale == "group":
-            a = a / (_std([r[i] for i in idx], unbiased) + eps)
+            s = _std([r[i] for i in idx], unbiased)
+            a = a / (s + eps) if s > 0 else 0.0  # all valid equal: the gap is 0 (eps = 0 too)
         elif scale != "none":
             raise ValueError(scale)
         out[best] = a

@@ -113,6 +113,10 @@ LENGTH_MISMATCHES: dict[str, tuple[Callable[[], Any], str]] = {
         lambda: ra.dynamic_sampling_mask(rewards=ones(4), group_size=2, mask=bmask(6)),
         "mask",
     ),
+    "gdpo_mask": (
+        lambda: ra.gdpo(rewards=ones(4, 2), group_size=2, mask=bmask(6)),
+        "mask",
+    ),
     "opo_lengths": (
         lambda: ra.opo(rewards=ones(4), lengths=torch.ones(6, dtype=torch.long), group_size=2),
         "lengths",

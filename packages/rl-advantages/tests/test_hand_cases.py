@@ -467,6 +467,9 @@ def test_pass_at_k_by_hand(api: Any) -> None:
     # masked: the invalid 10 is not the best; group [0, (10), 1] -> best 1, second 0
     out = api.pass_at_k(rewards=t([0.0, 10.0, 1.0]), group_size=3, scale="none", mask=b([T, F, T]))
     close(out, [0.0, 0.0, 1.0])
+    # eps = 0: the all-equal group [1, 1, 1] gives 0, not 0 / 0; [0, 2, 1] has std 1 -> A = 1
+    out = api.pass_at_k(rewards=t([1.0, 1.0, 1.0, 0.0, 2.0, 1.0]), group_size=3, eps=0.0)
+    close(out, [0.0, 0.0, 0.0, 0.0, 1.0, 0.0])
 
 
 @API

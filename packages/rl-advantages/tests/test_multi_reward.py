@@ -119,6 +119,19 @@ def test_linear_in_weights_and_blind_to_a_reward_scale(
     )
 
 
+@settings(max_examples=60, deadline=None)
+@given(a=COLUMN, b=COLUMN, unbiased=st.booleans())
+def test_batch_scale_with_eps_zero_is_never_nan(a: list[float], b: list[float], unbiased: bool):
+    """eps = 0 divides by the batch std only where it is positive: a batch whose sums are all
+    equal (every group degenerate) gives 0, as ``group_relative`` and ``whiten`` do."""
+    r = torch.tensor([a, b], dtype=F64).T
+    got = ra.gdpo(r, 2, eps=0.0, unbiased=unbiased, batch_scale=True)
+    assert torch.isfinite(got).all()
+    total = ra.gdpo(r, 2, eps=0.0)
+    if bool((total == total[0]).all()):
+        assert got.tolist() == [0.0] * 4
+
+
 def ref_trl_normalize_then_sum(
     rewards: list[list[float]], g: int, weights: list[float]
 ) -> list[float]:
@@ -173,3 +186,27 @@ def test_batch_scale_hand_case_and_mask() -> None:
     assert masked.tolist() == pytest.approx([1.0, -1.0, 0.0, 0.0])
     one = torch.tensor([True, False, False, False])
     assert ra.gdpo(r, 2, mask=one, batch_scale=True).tolist() == [0.0] * 4  # no statistics
+
+
+def test_batch_scale_eps_zero_on_a_constant_batch() -> None:
+    # every group degenerate in every reward: the sums are all 0, their std 0 -> 0, not 0/0
+    got = ra.gdpo(torch.ones(4, 2, dtype=F64), 2, eps=0.0, batch_scale=True)
+    assert got.tolist() == [0.0] * 4
+
+
+def test_integer_and_float_masks() -> None:
+    """A 0/1 integer or float mask is the bool mask (with ``batch_scale`` and ``nonfinite``)."""
+    r = torch.tensor([[1.0, 0.0], [0.0, 0.0], [3.0, 1.0], [2.0, float("inf")]], dtype=F64)
+    m = torch.tensor([True, True, True, False])
+    # pair 0: column 0 [1, 0] gives +-a (unbiased std sqrt(1/2)), column 1 is degenerate (0);
+    # pair 1 has one valid member: 0. Valid sums [a, -a, 0]: mean 0, unbiased std a.
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)
+    z = a / (a + 1e-6)
+    want = ra.gdpo(r, 2, mask=m, batch_scale=True, nonfinite="mask")
+    tolerance.assert_close(want, torch.tensor([z, -z, 0.0, 0.0], dtype=F64), reduction=3, stages=4)
+    for other in (m.long(), m.double()):
+        got = ra.gdpo(r, 2, mask=other, batch_scale=True, nonfinite="mask")
+        # bit-exact: the 0/1 mask becomes the same bool mask at entry
+        assert torch.equal(got, want)
+    got = ra.gdpo(r, 2, mask=torch.tensor([1, 1, 1, 0]), nonfinite="mask")
+    tolerance.assert_close(got, torch.tensor([a, -a, 0.0, 0.0], dtype=F64), reduction=2, stages=2)

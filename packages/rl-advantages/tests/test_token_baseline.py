@@ -100,3 +100,78 @@ def test_identical_rows_have_zero_advantage(rewards: list[float]) -> None:
     spi = torch.full((3, 4), 0.3, dtype=F64)
     out = ra.optimal_token_baseline(r, m, lp, spi, 3, eps=0.0)
     tolerance.assert_close(out.advantages, torch.zeros(3, 4, dtype=F64), reduction=4, stages=3)
+
+
+def _hand_inputs() -> tuple[torch.Tensor, ...]:
+    r = torch.tensor([[0.0, 1.0, 0.0, 2.0], [1.0, 0.0, 0.0, 0.0]], dtype=F64)
+    m = torch.tensor([[True, False, True, True], [True, True, False, False]])
+    lp = torch.full((2, 4), -1.0, dtype=F64)
+    spi = torch.full((2, 4), 0.2, dtype=F64)
+    return r, m, lp, spi
+
+
+def test_returns_are_zero_at_invalid_steps() -> None:
+    # row 0 valid rewards 0, (1), 0, 2: suffix sums 2, -, 2, 2; row 1 valid 1, 0: 1, 0
+    r, m, lp, spi = _hand_inputs()
+    out = ra.optimal_token_baseline(r, m, lp, spi, 2)
+    assert out.returns.tolist() == [[2.0, 0.0, 2.0, 2.0], [1.0, 0.0, 0.0, 0.0]]
+    assert out.advantages[~m].tolist() == [0.0] * 3
+
+
+def test_bad_inputs_are_named() -> None:
+    r, m, lp, spi = _hand_inputs()
+    with pytest.raises(TypeError, match=r"`token_rewards` must be a torch\.Tensor"):
+        ra.optimal_token_baseline(r.tolist(), m, lp, spi, 2)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"`logprobs` must be a torch\.Tensor"):
+        ra.optimal_token_baseline(r, m, lp.tolist(), spi, 2)  # type: ignore[arg-type]
+    bad = r.clone()
+    bad[1, 1] = float("nan")
+    with pytest.raises(ValueError, match="`token_rewards` has 1 non-finite"):
+        ra.optimal_token_baseline(bad, m, lp, spi, 2)
+    for name in ("logprobs", "sum_pi_squared", "is_weights"):
+        kwargs = {"logprobs": lp, "sum_pi_squared": spi, "is_weights": torch.ones_like(lp)}
+        x = kwargs[name].clone()
+        x[0, 2] = float("inf")
+        kwargs[name] = x
+        with pytest.raises(ValueError, match=f"`{name}` holds non-finite values at valid"):
+            ra.optimal_token_baseline(r, m, group_size=2, **kwargs)
+    half = m.double()
+    half[0, 0] = 0.5
+    with pytest.raises(ValueError, match=r"masks are bool.*`is_weights`"):
+        ra.optimal_token_baseline(r, half, lp, spi, 2)
+
+
+def test_nonfinite_mask_equals_explicit_mask_and_zero_one_masks_work() -> None:
+    r, m, lp, spi = _hand_inputs()
+    bad = r.clone()
+    bad[0, 3] = float("inf")
+    got = ra.optimal_token_baseline(bad, m, lp, spi, 2, nonfinite="mask")
+    fixed = m.clone()
+    fixed[0, 3] = False
+    want = ra.optimal_token_baseline(torch.where(fixed, r, 0.0), fixed, lp, spi, 2)
+    for g, w in zip(got, want, strict=True):
+        # bit-exact: the same mask reaches the same ops on the same values
+        assert torch.equal(g, w)
+    plain = ra.optimal_token_baseline(r, m, lp, spi, 2)
+    for other in (m.long(), m.double()):
+        for g, w in zip(ra.optimal_token_baseline(r, other, lp, spi, 2), plain, strict=True):
+            # bit-exact: a 0/1 mask becomes the same bool mask at entry
+            assert torch.equal(g, w)
+
+
+FILLS = st.sampled_from([float("nan"), float("inf"), float("-inf"), 1e9])
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), fill=FILLS, which=st.sets(st.sampled_from(range(4)), min_size=1))
+def test_invalid_positions_never_matter(seed: int, fill: float, which: set[int]) -> None:
+    """NaN / inf / 1e9 at the invalid steps of any input changes no output."""
+    r, m, lp, spi, rho = _inputs(seed, 3)
+    clean = [torch.where(m, x, 0.0) for x in (r, lp, spi, rho)]
+    dirty = [torch.where(m, x, fill) if i in which else x for i, x in enumerate(clean)]
+    got = ra.optimal_token_baseline(dirty[0], m, dirty[1], dirty[2], 3, is_weights=dirty[3])
+    want = ra.optimal_token_baseline(clean[0], m, clean[1], clean[2], 3, is_weights=clean[3])
+    for g, w in zip(got, want, strict=True):
+        assert not g.isnan().any()
+        # bit-exact: the invalid steps are zero-filled at entry, so the same values flow
+        assert torch.equal(g, w)

@@ -2,8 +2,13 @@
 
 Shapes use one glossary: ``B`` prompts, ``G`` samples per prompt, ``N = B*G`` sequences, ``T``
 tokens, ``K`` turns. ``mask`` is True where an element counts; values at masked positions never
-influence a result. Device and dtype follow the inputs. See the README for the conventions
-table (our defaults against AgileRL, TRL, verl and OpenRLHF).
+influence a result. A mask is bool; a 0/1 integer or float mask is accepted, any other value
+raises (a mask is not a weight). Device follows the inputs. Dtype, one rule for every function:
+integer and bool rewards, scores and values are promoted to torch's default float dtype (0/1
+correctness rewards are valid input), and inputs of different float dtypes (float32 rewards with
+float64 values, bfloat16 scores with a float32 KL) compute in their ``torch.promote_types``,
+which is the dtype of the result. See the README for the conventions table (our defaults against
+AgileRL, TRL, verl and OpenRLHF).
 """
 
 from importlib.metadata import version as _version

@@ -36,15 +36,61 @@ def check_same_shape(name: str, x: torch.Tensor, ref_name: str, ref: torch.Tenso
         )
 
 
+def float_dtype(*xs: torch.Tensor | None) -> torch.dtype:
+    """The dtype the estimators compute in for the value tensors ``xs`` (None entries skipped).
+
+    The package's one dtype rule: an integer or bool tensor counts as torch's default float
+    dtype (0/1 correctness rewards are valid input), and the float dtypes combine with
+    ``torch.promote_types`` (float32 rewards with float64 values compute in float64).
+    """
+    dtype: torch.dtype | None = None
+    for x in xs:
+        if x is None:
+            continue
+        d = x.dtype if x.is_floating_point() else torch.get_default_dtype()
+        dtype = d if dtype is None else torch.promote_types(dtype, d)
+    return torch.get_default_dtype() if dtype is None else dtype
+
+
+def as_float(x: torch.Tensor, *others: torch.Tensor | None) -> torch.Tensor:
+    """``x`` in :func:`float_dtype` of itself and ``others`` (``x`` itself when already so)."""
+    return x.to(float_dtype(x, *others))
+
+
+def bool_mask(name: str, mask: torch.Tensor, weights: str | None = None) -> torch.Tensor:
+    """``mask`` as bool: a bool mask as is, a 0/1 integer or float mask converted.
+
+    Any other value (0.5, -1, NaN) raises: a mask is not a weight. ``weights`` names the
+    function's weight argument for the message, if it has one.
+    """
+    if mask.dtype == torch.bool:
+        return mask
+    bad = (mask != 0) & (mask != 1)
+    if bool(bad.any()):
+        fix = f"pass weights as `{weights}`" if weights else "weight the rewards instead"
+        raise ValueError(
+            f"`{name}` holds {mask[bad].flatten()[0].item()}, but masks are bool: True where the "
+            f"element counts (0/1 integers or floats are accepted); {fix}"
+        )
+    return mask != 0
+
+
 def as_mask(
-    name: str, mask: torch.Tensor | None, like_name: str, like: torch.Tensor
+    name: str,
+    mask: torch.Tensor | None,
+    like_name: str,
+    like: torch.Tensor,
+    weights: str | None = None,
 ) -> torch.Tensor:
-    """A bool mask of ``like``'s shape (all True when ``mask`` is None); True = counts."""
+    """A bool mask of ``like``'s shape (all True when ``mask`` is None); True = counts.
+
+    A non-bool ``mask`` must hold only 0 and 1 (:func:`bool_mask`).
+    """
     if mask is None:
         return torch.ones(like.shape, dtype=torch.bool, device=like.device)
     check_tensor(name, mask)
     check_same_shape(name, mask, like_name, like)
-    return mask if mask.dtype == torch.bool else mask != 0
+    return bool_mask(name, mask, weights)
 
 
 def check_finite_values(

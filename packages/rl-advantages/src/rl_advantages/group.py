@@ -18,6 +18,7 @@ import torch
 
 from rl_advantages._checks import (
     NonFinite,
+    as_float,
     as_mask,
     check_finite_values,
     check_group_size,
@@ -25,6 +26,7 @@ from rl_advantages._checks import (
     check_nonnegative,
     check_same_shape,
     check_tensor,
+    float_dtype,
 )
 from rl_advantages.returns import AdvantagesReturns, discount, steps
 from rl_advantages.stats import masked_mean, masked_sum, masked_var
@@ -51,13 +53,14 @@ def _grouped(
     nonfinite: NonFinite,
     name: str = "rewards",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate [N] rewards; return zero-filled rewards and mask, both [B, G]."""
+    """Validate [N] rewards; return float zero-filled rewards and the mask, both [B, G]."""
     check_tensor(name, rewards)
     check_ndim(name, rewards, 1, "[N]")
     b = check_group_size(name, rewards.shape[0], group_size)
     m = as_mask("mask", mask, name, rewards)
     m = check_finite_values(name, rewards, m, nonfinite)
-    r = torch.where(m, rewards, torch.zeros((), dtype=rewards.dtype, device=rewards.device))
+    x = as_float(rewards)
+    r = torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
     return r.view(b, group_size), m.view(b, group_size)
 
 
@@ -198,16 +201,23 @@ def group_relative_per_turn(
         raise ValueError(f"`scale` must be 'group' or 'none' per turn, got {scale!r}")
     n, k = rewards.shape
     b = check_group_size("rewards", n, group_size)
-    zero = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
-    r = torch.where(m, rewards, zero).view(b, group_size, k)
-    mg = m.view(b, group_size, k)
-    adv = _group_normalise(r, mg, 1, scale, unbiased, eps)
     if fallback is not None:
         check_tensor("fallback", fallback)
         if fallback.shape != (n,):
             raise ValueError(f"`fallback` must have shape [N] = [{n}], got {list(fallback.shape)}")
+        if not bool(torch.isfinite(fallback).all()):
+            raise ValueError(
+                "`fallback` holds non-finite values; pass finite advantages (e.g. "
+                "`group_relative` of the trajectory rewards) or None for 0"
+            )
+    dtype = float_dtype(rewards, fallback)
+    zero = torch.zeros((), dtype=dtype, device=rewards.device)
+    r = torch.where(m, rewards.to(dtype), zero).view(b, group_size, k)
+    mg = m.view(b, group_size, k)
+    adv = _group_normalise(r, mg, 1, scale, unbiased, eps)
+    if fallback is not None:
         lonely = mg & (mg.sum(dim=1, keepdim=True) < 2)
-        fb = fallback.to(rewards.dtype).view(b, group_size, 1).expand_as(adv)
+        fb = fallback.to(dtype).view(b, group_size, 1).expand_as(adv)
         adv = torch.where(lonely, fb, adv)
     return adv.reshape(n, k)
 
@@ -447,7 +457,8 @@ def pass_at_k(
     top = ranked.topk(2, dim=1).values
     gap = top[:, :1] - top[:, 1:]
     if scale == "group":
-        gap = gap / (masked_var(r, m, dim=1, keepdim=True, unbiased=unbiased).sqrt() + eps)
+        std = masked_var(r, m, dim=1, keepdim=True, unbiased=unbiased).sqrt()
+        gap = torch.where(std > 0, gap / (std + eps), 0.0)
     best = torch.zeros_like(m).scatter(1, ranked.argmax(dim=1, keepdim=True), True)
     keep = best & m & (m.sum(dim=1, keepdim=True) >= 2)
     return torch.where(keep, gap.expand_as(r), 0.0).reshape(-1)
@@ -483,7 +494,6 @@ def remax(
         ``AdvantagesReturns(advantages [N, T], returns [N, T])``, 0 at invalid tokens.
     """
     r, m = steps(token_rewards, mask, nonfinite, name="token_rewards")
-    returns = discount(r, m, 1.0)
     check_tensor("baselines", baselines)
     if baselines.shape != (token_rewards.shape[0],):
         raise ValueError(
@@ -492,7 +502,9 @@ def remax(
         )
     if not bool(torch.isfinite(baselines).all()):
         raise ValueError("`baselines` holds non-finite values")
-    adv = torch.where(m, returns - baselines[:, None].to(returns.dtype), 0.0)
+    dtype = float_dtype(r, baselines)
+    returns = discount(r.to(dtype), m, 1.0)
+    adv = torch.where(m, returns - baselines[:, None].to(dtype), 0.0)
     return AdvantagesReturns(adv, returns)
 
 

@@ -11,7 +11,14 @@ from collections.abc import Sequence
 
 import torch
 
-from rl_advantages._checks import NonFinite, check_ndim, check_tensor
+from rl_advantages._checks import (
+    NonFinite,
+    as_float,
+    bool_mask,
+    check_ndim,
+    check_tensor,
+    shape_str,
+)
 from rl_advantages.group import GroupScale, group_relative
 
 __all__ = ["gdpo"]
@@ -73,6 +80,15 @@ def gdpo(
     n, r = rewards.shape
     if r == 0:
         raise ValueError("`rewards` has R = 0 columns: pass at least one reward per sample")
+    if mask is not None:
+        check_tensor("mask", mask)
+        if mask.shape != (n,):
+            raise ValueError(
+                f"`mask` must have shape [N] = [{n}] like the rows of `rewards` "
+                f"{shape_str(rewards)}, got {shape_str(mask)}"
+            )
+        mask = bool_mask("mask", mask)
+    rewards = as_float(rewards, weights if isinstance(weights, torch.Tensor) else None)
     if weights is None:
         w = torch.ones(r, dtype=rewards.dtype, device=rewards.device)
     else:
@@ -99,5 +115,5 @@ def gdpo(
         return torch.zeros_like(total)
     x = total[valid]
     std = x.std(unbiased=unbiased)
-    scaled = (total - x.mean()) / (std + eps)
+    scaled = torch.where(std > 0, (total - x.mean()) / (std + eps), 0.0)
     return torch.where(valid, scaled, torch.zeros_like(scaled))

@@ -6,12 +6,15 @@ import torch
 
 from rl_advantages._checks import (
     NonFinite,
+    as_float,
+    bool_mask,
     check_finite_values,
     check_group_size,
     check_ndim,
     check_same_shape,
     check_tensor,
     check_unit_interval,
+    float_dtype,
     shape_str,
 )
 from rl_advantages.returns import AdvantagesReturns, Gap, discount, steps
@@ -75,18 +78,21 @@ def kl_in_reward(
             f"`scores` has shape {shape_str(scores)} but `mask` has shape {shape_str(mask)}; "
             "they must have the same number of rows N"
         )
-    m = mask if mask.dtype == torch.bool else mask != 0
+    m = bool_mask("mask", mask)
     row_ok = check_finite_values(
         "scores", scores, torch.ones_like(scores, dtype=torch.bool), nonfinite
     )
     if not float(beta) >= 0:
         raise ValueError(f"`beta` must be >= 0, got {beta}")
-    zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
-    rewards = torch.zeros(m.shape, dtype=scores.dtype, device=scores.device)
     if kl is not None:
         check_tensor("kl", kl)
         check_same_shape("kl", kl, "mask", m)
-        penalty = torch.where(m, kl.to(scores.dtype), zero)
+    dtype = float_dtype(scores, kl)
+    scores = scores.to(dtype)
+    zero = torch.zeros((), dtype=dtype, device=scores.device)
+    rewards = torch.zeros(m.shape, dtype=dtype, device=scores.device)
+    if kl is not None:
+        penalty = torch.where(m, kl.to(dtype), zero)
         if not bool(torch.isfinite(penalty).all()):
             raise ValueError("`kl` holds non-finite values at valid tokens")
         rewards = rewards - beta * penalty
@@ -200,12 +206,13 @@ def reinforce_plus_plus_baseline(
     row_ok = check_finite_values(
         "scores", scores, torch.ones_like(scores, dtype=torch.bool), nonfinite
     )
+    scores = as_float(scores)
     zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
     s = torch.where(row_ok, scores, zero).view(b, group_size)
     ok = row_ok.view(b, group_size)
     centred = torch.where(ok, s - masked_mean(s, ok, dim=1, keepdim=True), zero).reshape(-1)
     check_tensor("mask", mask)
     check_ndim("mask", mask, 2, "[N, T]")
-    token_mask = (mask if mask.dtype == torch.bool else mask != 0) & row_ok[:, None]
+    token_mask = bool_mask("mask", mask) & row_ok[:, None]
     rewards = kl_in_reward(centred, token_mask, kl, beta)
     return reinforce_plus_plus(rewards, token_mask, gamma, unbiased=unbiased, eps=eps)

@@ -22,6 +22,7 @@ import torch
 
 from rl_advantages._checks import (
     NonFinite,
+    as_float,
     as_mask,
     check_finite_values,
     check_ndim,
@@ -29,6 +30,7 @@ from rl_advantages._checks import (
     check_same_shape,
     check_tensor,
     check_unit_interval,
+    float_dtype,
     shape_str,
 )
 from rl_advantages.stats import masked_mean, masked_var
@@ -51,12 +53,13 @@ class AdvantagesReturns(NamedTuple):
 def steps(
     rewards: torch.Tensor, mask: torch.Tensor, nonfinite: NonFinite, name: str = "rewards"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Validate per-step rewards; return them zero-filled at invalid steps, and the mask."""
+    """Validate per-step rewards; return them as float, zero-filled at invalid steps; the mask."""
     check_tensor(name, rewards)
     check_ndim(name, rewards, 2, "[N, K] (or [N, T])")
     m = as_mask("mask", mask, name, rewards)
     m = check_finite_values(name, rewards, m, nonfinite)
-    return torch.where(m, rewards, torch.zeros((), dtype=rewards.dtype, device=rewards.device)), m
+    r = as_float(rewards)
+    return torch.where(m, r, torch.zeros((), dtype=r.dtype, device=r.device)), m
 
 
 def gap_steps(m: torch.Tensor, gap: Gap) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,6 +81,7 @@ def gap_steps(m: torch.Tensor, gap: Gap) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _bootstrap(bootstrap: torch.Tensor | None, rewards: torch.Tensor) -> torch.Tensor:
+    """Validated [N] bootstrap values as float (zeros in ``rewards``' dtype when None)."""
     n = rewards.shape[0]
     if bootstrap is None:
         return rewards.new_zeros(n)
@@ -89,7 +93,7 @@ def _bootstrap(bootstrap: torch.Tensor | None, rewards: torch.Tensor) -> torch.T
         )
     if not bool(torch.isfinite(bootstrap).all()):
         raise ValueError("`bootstrap` holds non-finite values; pass 0 for terminated rows")
-    return bootstrap.to(rewards.dtype)
+    return as_float(bootstrap)
 
 
 def discounted_returns(
@@ -153,6 +157,8 @@ def discount(
     check_unit_interval("gamma", gamma)
     carry, clear = gap_steps(m, gap)
     nxt = _bootstrap(bootstrap, r)
+    dtype = float_dtype(r, nxt)
+    r, nxt = r.to(dtype), nxt.to(dtype)
     out = torch.zeros_like(r)
     for j in range(r.shape[1] - 1, -1, -1):
         g = r[:, j] + gamma * nxt
@@ -220,10 +226,12 @@ def gae(
     check_unit_interval("gamma", gamma)
     check_unit_interval("lmbda", lmbda)
     carry, clear = gap_steps(m, gap)
-    v = torch.where(m, values.to(r.dtype), 0.0)
+    next_value = _bootstrap(bootstrap, r)
+    dtype = float_dtype(r, values, next_value)
+    r, next_value = r.to(dtype), next_value.to(dtype)
+    v = torch.where(m, values.to(dtype), 0.0)
     if not bool(torch.isfinite(v).all()):
         raise ValueError("`values` holds non-finite values at valid steps")
-    next_value = _bootstrap(bootstrap, r)
     next_adv = torch.zeros_like(next_value)
     adv = torch.zeros_like(r)
     for j in range(r.shape[1] - 1, -1, -1):
@@ -268,7 +276,7 @@ def rebn(
     check_ndim("returns", returns, 2, "[N, K]")
     m = as_mask("mask", mask, "returns", returns)
     check_nonnegative("eps", eps)
-    g = torch.where(m, returns, 0.0)
+    g = torch.where(m, as_float(returns), 0.0)
     if not bool(torch.isfinite(g).all()):
         raise ValueError("`returns` holds non-finite values at valid cells")
     mean = masked_mean(g, m)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_advantages._checks import check_ndim, check_tensor
+from rl_advantages._checks import as_float, check_ndim, check_tensor
 
 __all__ = ["overlong_penalty"]
 
@@ -42,7 +42,8 @@ def overlong_penalty(
         penalty_factor: Scale of the penalty (>= 0).
 
     Returns:
-        [N] penalties in ``[-penalty_factor, 0]``, float (float32 for integer lengths).
+        [N] penalties in ``[-penalty_factor, 0]``, in ``lengths``' float dtype (torch's
+        default float dtype for integer lengths).
     """
     check_tensor("lengths", lengths)
     check_ndim("lengths", lengths, 1, "[N]")
@@ -52,8 +53,7 @@ def overlong_penalty(
         )
     if not penalty_factor >= 0:
         raise ValueError(f"`penalty_factor` must be >= 0, got {penalty_factor}")
-    dtype = lengths.dtype if lengths.is_floating_point() else torch.float32
-    length = lengths.to(dtype)
+    length = as_float(lengths)
     start = max_length - buffer_length
     ramp = (start - length) / buffer_length
     penalty = torch.where(length <= start, 0.0, torch.where(length <= max_length, ramp, -1.0))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from rl_advantages._checks import as_mask, check_nonnegative, check_tensor
+from rl_advantages._checks import as_float, as_mask, check_nonnegative, check_tensor
 
 __all__ = ["masked_mean", "masked_sum", "masked_var", "whiten"]
 
@@ -23,6 +23,7 @@ def _reduce_sum(x: torch.Tensor, dim: int | None, keepdim: bool) -> torch.Tensor
 def _prepare(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     check_tensor("x", x)
     m = as_mask("mask", mask, "x", x)
+    x = as_float(x)
     return torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device)), m
 
 

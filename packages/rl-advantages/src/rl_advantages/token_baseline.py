@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from rl_advantages._checks import as_mask, check_group_size, check_ndim, check_same_shape
+from rl_advantages._checks import (
+    NonFinite,
+    as_mask,
+    check_finite_values,
+    check_group_size,
+    check_ndim,
+    check_same_shape,
+    check_tensor,
+    float_dtype,
+)
 from rl_advantages.returns import AdvantagesReturns
 
 __all__ = ["optimal_token_baseline"]
@@ -19,6 +28,8 @@ def optimal_token_baseline(
     is_weights: torch.Tensor | None = None,
     zero_tail: bool = True,
     eps: float = 1e-8,
+    *,
+    nonfinite: NonFinite = "raise",
 ) -> AdvantagesReturns:
     r"""Optimal token baseline (verl#4678): a per-step, variance-weighted group baseline.
 
@@ -50,30 +61,46 @@ def optimal_token_baseline(
 
     Args:
         token_rewards: [N, T] rewards per step, groups of G contiguous rows.
-        mask: [N, T] bool, True at valid steps.
-        logprobs: [N, T] log-probabilities of the sampled tokens (the behaviour policy's).
-        sum_pi_squared: [N, T] :math:`\sum_v \pi_t(v)^2` per step.
+        mask: [N, T] bool, True at valid steps (weights go in ``is_weights``, not here).
+        logprobs: [N, T] log-probabilities of the sampled tokens (the behaviour policy's);
+            finite at valid steps (anything, NaN included, at invalid ones).
+        sum_pi_squared: [N, T] :math:`\sum_v \pi_t(v)^2` per step; finite at valid steps.
         group_size: G >= 2.
-        is_weights: [N, T] rollout-correction weights :math:`\rho`, or None.
+        is_weights: [N, T] rollout-correction weights :math:`\rho`, or None; finite at valid
+            steps.
         zero_tail: Zero the baseline on a lone longest row's unshared tail.
         eps: :math:`\epsilon` in the denominator.
+        nonfinite: ``"raise"`` on a NaN/inf reward at a valid step, or ``"mask"`` to drop it.
 
     Returns:
-        :class:`AdvantagesReturns`: advantages (0 at invalid steps) and the returns :math:`G`.
+        :class:`AdvantagesReturns`: advantages and the returns :math:`G`, both 0 at invalid
+        steps.
     """
+    check_tensor("token_rewards", token_rewards)
     check_ndim("token_rewards", token_rewards, 2, "[N, T]")
     n, t = token_rewards.shape
     b = check_group_size("token_rewards", n, group_size)
-    m = as_mask("mask", mask, "token_rewards", token_rewards)
-    for name, x in (("logprobs", logprobs), ("sum_pi_squared", sum_pi_squared)):
+    m = as_mask("mask", mask, "token_rewards", token_rewards, weights="is_weights")
+    m = check_finite_values("token_rewards", token_rewards, m, nonfinite)
+    others = {"logprobs": logprobs, "sum_pi_squared": sum_pi_squared, "is_weights": is_weights}
+    for name, x in others.items():
+        if x is None:
+            continue
+        check_tensor(name, x)
         check_same_shape(name, x, "token_rewards", token_rewards)
-    mf = m.to(token_rewards.dtype)
+        if x.is_floating_point() and bool((m & ~torch.isfinite(x)).any()):
+            raise ValueError(f"`{name}` holds non-finite values at valid steps")
+    dtype = float_dtype(token_rewards, logprobs, sum_pi_squared, is_weights)
+    zero = torch.zeros((), dtype=dtype, device=token_rewards.device)
+    r, lp, spi = (
+        torch.where(m, x.to(dtype), zero) for x in (token_rewards, logprobs, sum_pi_squared)
+    )
+    mf = m.to(dtype)
     with torch.no_grad():
-        returns = (token_rewards * mf).flip(-1).cumsum(-1).flip(-1)
-        w = 1 - 2 * torch.exp(logprobs) + sum_pi_squared
+        returns = (r * mf).flip(-1).cumsum(-1).flip(-1)
+        w = 1 - 2 * torch.exp(lp) + spi
         if is_weights is not None:
-            check_same_shape("is_weights", is_weights, "token_rewards", token_rewards)
-            w = w * is_weights**2
+            w = w * torch.where(m, is_weights.to(dtype), zero) ** 2
         cum = (w * mf).cumsum(-1)
         g_ret, g_cum, g_m = (x.view(b, group_size, t) for x in (returns, cum, mf))
         num = (g_ret * g_cum * g_m).sum(1, keepdim=True)
@@ -86,5 +113,5 @@ def optimal_token_baseline(
                 longest = (lengths[k] == top2[k, 0]).nonzero()
                 if len(longest) == 1 and top2[k, 0] > top2[k, 1]:
                     base[k, int(longest[0]), int(top2[k, 1]) :] = 0.0
-        adv = (returns - base.reshape(n, t)) * mf
-    return AdvantagesReturns(adv, returns)
+        adv = torch.where(m, returns - base.reshape(n, t), zero)
+    return AdvantagesReturns(adv, torch.where(m, returns, zero))

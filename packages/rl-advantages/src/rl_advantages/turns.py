@@ -12,7 +12,7 @@ from typing import Literal, NamedTuple
 
 import torch
 
-from rl_advantages._checks import check_ndim, check_tensor, shape_str
+from rl_advantages._checks import as_float, check_ndim, check_tensor, shape_str
 
 __all__ = ["TurnValues", "broadcast_to_tokens", "pool_to_turns", "turn_mask_from_ids"]
 
@@ -106,6 +106,7 @@ def pool_to_turns(
     if reduction not in ("sum", "mean", "final"):
         raise ValueError(f"`reduction` must be 'sum', 'mean' or 'final', got {reduction!r}")
     n = values.shape[0]
+    values = as_float(values)
     valid = turn_ids >= 0
     idx = turn_ids.clamp(min=0)
     zero = torch.zeros((), dtype=values.dtype, device=values.device)
@@ -151,6 +152,7 @@ def broadcast_to_tokens(
         )
     if placement not in ("all", "last"):
         raise ValueError(f"`placement` must be 'all' or 'last', got {placement!r}")
+    turn_values = as_float(turn_values)
     valid = turn_ids >= 0
     zero = torch.zeros((), dtype=turn_values.dtype, device=turn_values.device)
     if k == 0:
