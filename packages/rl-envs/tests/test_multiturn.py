@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import threading
 from typing import Any
 
 import pytest
 import torch
 from envs_testlib import encode, tok
+from rl_envs import EnvTimeoutError
 from rl_envs.multiturn import SyncMultiTurnVecEnv, TokenObservationWrapper, TrajectoryBatch
 
 PAD, EOS, USER, ASSISTANT = 0, 2, 5, 6
@@ -138,6 +141,138 @@ def test_bad_actions_and_arguments() -> None:
     long_first = wrap(Scripted(first="x" * 40), max_model_len=30, max_output_tokens=6)
     with pytest.raises(ValueError, match="exceeds max_model_len=30"):
         long_first.reset()
+
+
+class Faulty(Scripted):
+    """Scripted, but ``step`` returns ``bad`` (or raises it, for an exception) on its first call."""
+
+    def __init__(self, bad: Any) -> None:
+        super().__init__(length=3)
+        self.bad, self.failed = bad, False
+
+    def step(self, action: str) -> Any:
+        if not self.failed:
+            self.failed = True
+            if isinstance(self.bad, BaseException):
+                raise self.bad
+            return self.bad
+        return super().step(action)
+
+
+def state(w: TokenObservationWrapper) -> tuple[list[Any], ...]:
+    t = w.trajectory()
+    return (t.input_ids.tolist(), t.action_mask.tolist(), t.turn_ids.tolist(),
+            t.turn_rewards.tolist(), list(w._messages))  # fmt: skip
+
+
+def test_an_env_that_raises_leaves_the_episode_as_it_was() -> None:
+    w = wrap(Faulty(RuntimeError("env died")))
+    w.reset(seed=1)
+    w.env.failed = True  # the first turn goes through
+    w.step([*encode("ab"), EOS])
+    w.env.failed = False  # the second raises
+    before = state(w)
+    with pytest.raises(RuntimeError, match="env died"):
+        w.step([*encode("cd"), EOS])
+    assert state(w) == before  # no action tokens without their reply, no reward
+    assert not w.done
+    w.step([*encode("ef"), EOS])  # a retry continues the episode as if the failure never was
+    clean = wrap(Scripted(length=3))
+    clean.reset(seed=1)
+    clean.step([*encode("ab"), EOS])
+    clean.step([*encode("ef"), EOS])
+    assert state(w) == state(clean)
+
+
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        (
+            ("obs", 1.0, False, {}),
+            r"Faulty\.step returned a 4-tuple; it must return \(observation, reward, terminated, truncated, info\), Gymnasium's five-tuple",
+        ),
+        (None, r"Faulty\.step returned a NoneType; it must return \(observation, reward"),
+        (
+            ("obs", math.nan, False, False, {}),
+            r"Faulty\.step returned the reward nan;.*a finite number as reward",
+        ),
+        (("obs", None, False, False, {}), r"Faulty\.step returned the reward None;"),
+        (("obs", "1.0", False, False, {}), r"Faulty\.step returned the reward '1\.0';"),
+        (
+            (None, 0.0, False, False, {}),
+            r"Faulty\.step returned the observation None \(NoneType\);.*the observation a str",
+        ),
+        (
+            ("obs", 0.0, False, False, None),
+            r"Faulty\.step returned info is a NoneType;.*info a dict",
+        ),
+    ],
+)
+def test_a_wrong_step_return_names_the_env_and_the_form(bad: Any, match: str) -> None:
+    w = wrap(Faulty(bad))
+    w.reset()
+    before = state(w)
+    with pytest.raises(ValueError, match=match):
+        w.step([*encode("ab"), EOS])
+    assert state(w) == before
+
+
+def test_step_timeout_names_the_env_the_turn_and_the_option() -> None:
+    release = threading.Event()
+
+    class Stuck(Scripted):
+        def __init__(self) -> None:
+            super().__init__(length=3)
+            self.stuck_at_reset = False
+
+        def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
+            if self.stuck_at_reset:
+                release.wait()
+            return super().reset(seed)
+
+        def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+            if action == "stuck":
+                release.wait()
+            return super().step(action)
+
+    env = Stuck()
+    w = wrap(env, step_timeout=0.2)
+    w.reset(seed=0)
+    w.step([*encode("ab"), EOS])
+    before = state(w)
+    try:
+        with pytest.raises(
+            EnvTimeoutError,
+            match=r"^Stuck\.step did not return within 0\.2 s \(step_timeout\) on turn 1; raise step_timeout or fix the environment$",
+        ):
+            w.step([*encode("stuck"), EOS])
+        assert state(w) == before
+        env.stuck_at_reset = True
+        with pytest.raises(EnvTimeoutError, match=r"^Stuck\.reset did not return within 0\.2 s \(step_timeout\) on reset \(seed=3\)"):  # fmt: skip
+            w.reset(seed=3)
+    finally:
+        release.set()
+
+
+def test_without_step_timeout_the_env_runs_on_the_calling_thread() -> None:
+    threads: list[threading.Thread] = []
+
+    class Where(Scripted):
+        def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+            threads.append(threading.current_thread())
+            return super().step(action)
+
+    w = wrap(Where())
+    w.reset()
+    w.step(encode("a"))
+    assert threads == [threading.current_thread()]
+    w = wrap(Where(), step_timeout=10.0)
+    w.reset()
+    w.step(encode("a"))
+    assert threads[1] is not threading.current_thread() and threads[1].daemon
+    for bad in (0, -1.0, math.nan, "1"):
+        with pytest.raises(ValueError, match="`step_timeout` must be a finite number of seconds > 0"):  # fmt: skip
+            wrap(Scripted(), step_timeout=bad)
 
 
 def test_vec_env_groups_share_seeds_and_collate() -> None:

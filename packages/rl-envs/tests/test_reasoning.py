@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -356,6 +357,54 @@ def test_reward_fn_that_raises_names_the_sample_and_text() -> None:
         env.step([["a", "b"], ["c", "d"], ["e", "boom"], ["f", "g"]])
 
 
+def test_a_hung_reward_fn_times_out_with_reward_timeout() -> None:
+    release = threading.Event()
+
+    def slow(c: str, a: str, q: str) -> float:
+        if c == "stuck":
+            release.wait()
+        return 1.0
+
+    env = gym(reward_fn=slow, reward_timeout=0.2)
+    env.reset()
+    try:
+        with pytest.raises(
+            RewardFunctionError,
+            match=r"^reward function slow did not return within 0\.2 s \(reward_timeout\) on sample 3 \(prompt 1, completion 1\); raise reward_timeout or fix the function$",
+        ):
+            env.step([["a", "b"], ["c", "stuck"], ["e", "f"], ["g", "h"]])
+    finally:
+        release.set()
+
+
+def test_a_reward_that_overflows_float32_names_the_function() -> None:
+    env = gym(reward_fn=lambda c, a, q: 1e39)  # finite in float64: passes the finiteness check
+    env.reset()
+    with pytest.raises(ValueError, match=r"reward function <lambda> returned 1e\+39 for sample 0 .*overflows the float32 rewards"):  # fmt: skip
+        env.step([["x"]] * 4)
+
+
+def test_none_answers_name_the_split_row_and_column() -> None:
+    def exact(c: str, a: str, q: str) -> float:
+        return float(c == a)
+
+    test = Dataset.from_dict({"question": ["q0", "q1"], "answer": ["a0", None]})
+    with pytest.raises(ValueError, match=r"^row 1 of the test dataset has no answer \(None in column 'answer'\), which reward function exact would score against the text 'None'"):  # fmt: skip
+        ReasoningGym(qa_dataset(4), test, tok(), exact, TEMPLATE, 2)
+    # a TRL-style function reads the raw column (None stays None): nothing to refuse
+    seen: list[list[object]] = []
+
+    def trl(completions: list[str], answer: list[object], **kwargs: object) -> list[float]:
+        seen.append(answer)
+        return [0.0] * len(completions)
+
+    env = ReasoningGym(qa_dataset(4), test, tok(), trl, TEMPLATE, 2, shuffle=False)
+    with env.eval_mode():
+        env.reset()
+        env.step([["x"], ["y"]])
+    assert seen == [["a0", None]]
+
+
 def test_wrong_number_of_completions() -> None:
     env = gym()
     env.reset()
@@ -382,6 +431,16 @@ def test_step_before_reset_and_tokens_without_their_prompt() -> None:
         ({"data_batch_size_per_gpu": 0}, "`data_batch_size_per_gpu` must be >= 1"),
         ({"reward_fn": []}, "`reward_fn` must be a callable"),
         ({"reward_weights": [1.0, 2.0]}, "`reward_weights` has 2 entries for 1 reward"),
+        (
+            {"reward_weights": [math.nan]},
+            r"`reward_weights` must be finite numbers, one per reward function; entry 0 is nan",
+        ),
+        (
+            {"reward_weights": [math.inf]},
+            r"`reward_weights` must be finite numbers.*entry 0 is inf",
+        ),
+        ({"reward_weights": ["a"]}, r"`reward_weights` must be finite numbers.*entry 0 is 'a'"),
+        ({"reward_timeout": 0}, r"`reward_timeout` must be a finite number of seconds > 0"),
         ({"conversation_template": []}, "`conversation_template` must be a non-empty list"),
         (
             {"conversation_template": [{"role": "user", "content": "{question} -> {answer}"}]},

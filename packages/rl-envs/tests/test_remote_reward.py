@@ -226,6 +226,79 @@ def test_silent_server_fails_within_the_timeout(silent_server: str) -> None:
     assert elapsed >= 1.4  # the whole budget was waited
 
 
+@pytest.fixture
+def trickling_server() -> Iterator[tuple[str, list[int]]]:
+    """A real socket server that sends the headers of a reply, then its body a byte at a time,
+    waiting on an Event between bytes (each read gets a byte long before any timeout).
+
+    Yields the URL and, per connection, the bytes of the body it sent.
+    """
+    body = b'{"status": "ok"' + b" " * 100 + b"}"  # sent in >= 6 s: 0.05 s a byte at least
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    stop = threading.Event()
+    sent: list[int] = []
+    workers: list[threading.Thread] = []
+
+    def trickle(conn: socket.socket, index: int) -> None:
+        with conn:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += conn.recv(65536)
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            )
+            for byte in body:
+                if stop.wait(0.05):
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:  # the client gave up and closed
+                    return
+                sent[index] += 1
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            sent.append(0)
+            worker = threading.Thread(target=trickle, args=(conn, len(sent) - 1), daemon=True)
+            workers.append(worker)
+            worker.start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}", sent
+    finally:
+        stop.set()
+        thread.join()
+        for worker in workers:
+            worker.join()
+        listener.close()
+
+
+def test_a_trickling_reply_is_cut_off_at_the_call_deadline(
+    trickling_server: tuple[str, list[int]],
+) -> None:
+    url, sent = trickling_server
+    remote = RemoteReward(url, timeout=1.0, retries=3, backoff=0.01)
+    with pytest.raises(RewardServerError) as info:
+        remote.health()
+    message = str(info.value)
+    assert (
+        f"the reward server at {url}/health did not reply in full within timeout=1.0 s" in message
+    )
+    assert "(the reply was not complete; 1 attempt in " in message
+    # the deadline ended the call (no time left for the 3 retries), the body mid-way
+    assert len(sent) == 1 and 0 < sent[0] < 116
+
+
 def test_retry_reaches_a_server_that_starts_late() -> None:
     port = _free_port()
     server = RewardServer(lambda completion, answer, question: 0.5, port=port)

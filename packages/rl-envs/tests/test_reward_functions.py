@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 from typing import Any
 
 import pytest
@@ -328,6 +329,126 @@ def test_raising_functions_are_named() -> None:
         score_samples([broken], [1.0], ["trl"], samples(4))
     with pytest.raises(RewardFunctionError, match=r"reward function broken_async raised RuntimeError\('server down'\)"):  # fmt: skip
         score_samples([broken_async], [1.0], ["trl"], samples(4))
+
+
+# -- reward_timeout -------------------------------------------------------------------------------
+
+
+def test_reward_timeout_names_the_hung_function_and_the_sample() -> None:
+    release = threading.Event()
+
+    def fine(completion: str, answer: str, question: str) -> float:
+        return 1.0
+
+    def hung_on_sample_2(completion: str, answer: str, question: str) -> float:
+        if completion == "c2":
+            release.wait()
+        return 1.0
+
+    def hung_batch(completions: list[str], **kwargs: Any) -> list[float]:
+        release.wait()
+        return [1.0] * len(completions)
+
+    try:
+        with pytest.raises(
+            RewardFunctionError,
+            match=r"^reward function hung_on_sample_2 did not return within 0\.2 s \(reward_timeout\) on sample 2 \(prompt 1, completion 0\); raise reward_timeout or fix the function$",
+        ):
+            score_samples([fine, hung_on_sample_2], [1.0, 1.0], ["agilerl"] * 2, samples(4), reward_timeout=0.2)  # fmt: skip
+        with pytest.raises(
+            RewardFunctionError,
+            match=r"reward function hung_batch did not return within 0\.2 s \(reward_timeout\) on the batch of 4 samples",
+        ):
+            score_samples([hung_batch], [1.0], ["trl"], samples(4), reward_timeout=0.2)
+    finally:
+        release.set()
+    # the abandoned worker does not block the next call: a fresh one scores it
+    scores = score_samples([fine], [1.0], ["agilerl"], samples(4), reward_timeout=5.0)
+    assert scores.total.tolist() == [1.0] * 4
+
+
+def test_reward_timeout_cancels_hung_async_functions() -> None:
+    release, cancelled = threading.Event(), threading.Event()
+
+    async def quick(completions: list[str], **kwargs: Any) -> list[float]:
+        return [0.5] * len(completions)
+
+    async def hung(completion: str, answer: str, question: str) -> float:
+        try:
+            while completion == "c3" and not release.is_set():
+                await asyncio.sleep(0.01)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return 1.0
+
+    try:
+        with pytest.raises(
+            RewardFunctionError,
+            match=r"reward function hung did not return within 0\.2 s \(reward_timeout\) on sample 3 \(prompt 1, completion 1\)",
+        ):
+            score_samples([quick, hung], [1.0, 1.0], ["trl", "agilerl"], samples(4), reward_timeout=0.2)  # fmt: skip
+        assert cancelled.wait(timeout=30)  # hang guard only: cancelled on the loop, not left
+    finally:
+        release.set()
+
+
+def test_without_reward_timeout_functions_run_on_the_calling_thread() -> None:
+    threads: list[threading.Thread] = []
+
+    def where(completion: str, answer: str, question: str) -> float:
+        threads.append(threading.current_thread())
+        return 0.0
+
+    score_samples([where], [1.0], ["agilerl"], samples(2))
+    assert threads == [threading.current_thread()] * 2  # e.g. math_verify's signals need it
+    score_samples([where], [1.0], ["agilerl"], samples(2), reward_timeout=10.0)
+    assert threads[2] is threads[3] is not threading.current_thread()  # one reused worker
+    assert threads[2].daemon
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, True, "2"])
+def test_reward_timeout_is_checked(bad: Any) -> None:
+    with pytest.raises(ValueError, match=r"`reward_timeout` must be a finite number of seconds > 0, or None"):  # fmt: skip
+        score_samples([lambda c, a, q: 0.0], [1.0], ["agilerl"], samples(2), reward_timeout=bad)
+    with pytest.raises(ValueError, match=r"`reward_timeout` must be"):
+        prompt_gym([{"prompt": "p"}] * 2, lambda c, a, q: 0.0, reward_timeout=bad)
+
+
+# -- float32 overflow -----------------------------------------------------------------------------
+
+
+def test_rewards_that_overflow_float32_name_the_function_or_the_weight() -> None:
+    def huge(completion: str, answer: str, question: str) -> float:
+        return 1e39 if completion == "c1" else 0.0  # finite in float64, inf in float32
+
+    def big(completions: list[str], **kwargs: Any) -> list[float]:
+        return [3e38] * len(completions)  # fits float32; twice it does not
+
+    with pytest.raises(ValueError, match=r"reward function huge returned 1e\+39 for sample 1 \(prompt 0, completion 1\): it overflows the float32 rewards"):  # fmt: skip
+        score_samples([huge], [1.0], ["agilerl"], samples(4))
+    with pytest.raises(ValueError, match=r"reward function big's 3e\+38 times its weight 2\.0 \(reward_weights\[0\]\) overflows the float32 rewards on sample 0"):  # fmt: skip
+        score_samples([big], [2.0], ["trl"], samples(4))
+    with pytest.raises(ValueError, match=r"the weighted sum of the rewards overflows float32 on sample 0"):  # fmt: skip
+        score_samples([big, big], [1.0, 1.0], ["trl", "trl"], samples(4))
+    with pytest.raises(ValueError, match=r"`weights` must be finite numbers; weight 1 \(of big\) is nan"):  # fmt: skip
+        score_samples([big, big], [1.0, math.nan], ["trl", "trl"], samples(4))
+    assert (
+        score_samples([big], [1.0], ["trl"], samples(4)).total.tolist() == [pytest.approx(3e38)] * 4
+    )
+
+
+# -- prompt data rows -----------------------------------------------------------------------------
+
+
+def test_an_empty_prompt_names_the_split_and_the_row() -> None:
+    def trl(completions: list[str], **kwargs: Any) -> list[float]:
+        return [0.0] * len(completions)
+
+    train = Dataset.from_list([{"prompt": "a"}, {"prompt": "b"}])
+    test = Dataset.from_list([{"prompt": "a"}, {"prompt": ""}])
+    with pytest.raises(ValueError, match=r"^row 1 of the test dataset renders to an empty prompt \(0 tokens; ''\): fill its 'prompt' column or drop the row"):  # fmt: skip
+        ReasoningGym(train, test, tok(), trl, None, data_batch_size_per_gpu=1)
 
 
 # -- verl -----------------------------------------------------------------------------------------

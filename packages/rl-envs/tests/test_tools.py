@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import string
+import threading
 from functools import cache
 from typing import Any
 
 import pytest
 import torch
-from rl_envs import SyncMultiTurnVecEnv
+from rl_envs import EnvTimeoutError, SyncMultiTurnVecEnv
 from rl_envs.tools import (
     TINY_TOOL_CHAT_TEMPLATE,
     SecretDigitEnv,
@@ -289,6 +291,40 @@ def test_bad_arguments_name_the_fix() -> None:
 
     with pytest.raises(ValueError, match="tool 'mul' needs a docstring"):
         wrap(Undocumented())
+
+
+def test_a_hung_tool_times_out_with_tool_timeout_and_the_episode_is_kept() -> None:
+    release = threading.Event()
+
+    class Slow(Calculator):
+        def wait(self, seconds: int) -> str:
+            """Wait for the operator.
+
+            Args:
+                seconds: How long.
+            """
+            release.wait()
+            return "done"
+
+    w = wrap(Slow(), tool_timeout=0.2, max_model_len=4096)
+    w.reset(seed=0)
+    assert act(w, call("add", a=1, b=2))[4] == {"tool_calls": 1, "tool_errors": 0}
+    before = (w.trajectory().input_ids.tolist(), w.trajectory().action_mask.tolist(), w.messages)
+    try:
+        with pytest.raises(
+            EnvTimeoutError,
+            match=r"^tool wait of Slow did not return within 0\.2 s \(tool_timeout\) on turn 1; raise tool_timeout or fix the tool$",
+        ):
+            act(w, call("wait", seconds=5))
+    finally:
+        release.set()
+    after = (w.trajectory().input_ids.tolist(), w.trajectory().action_mask.tolist(), w.messages)
+    assert after == before
+    # the episode goes on, and the timed-out call is not counted
+    assert act(w, call("add", a=2, b=2))[4] == {"tool_calls": 2, "tool_errors": 0}
+    for bad in (0, -1.0, math.inf):
+        with pytest.raises(ValueError, match="`tool_timeout` must be a finite number of seconds > 0"):  # fmt: skip
+            wrap(tool_timeout=bad)
 
 
 def test_hermes_parser() -> None:

@@ -16,6 +16,7 @@ from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from rl_envs._timeout import EnvTimeoutError
     from rl_envs.multiturn import (
         SyncMultiTurnVecEnv,
         TextEnv,
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 # Public name -> (submodule, attribute): loaded on first access (PEP 562), so importing the
 # package (or a light submodule of it) does not import torch or the model libraries.
 _LAZY: dict[str, tuple[str, str]] = {
+    "EnvTimeoutError": ("rl_envs._timeout", "EnvTimeoutError"),
     "OpenEnvTextEnv": ("rl_envs.openenv", "OpenEnvTextEnv"),
     "OpenEnvWrapper": ("rl_envs.openenv", "OpenEnvWrapper"),
     "PromptBatch": ("rl_envs.reasoning", "PromptBatch"),
@@ -54,6 +56,7 @@ _LAZY: dict[str, tuple[str, str]] = {
 __version__: str = _version("rl-envs")
 
 __all__ = [
+    "EnvTimeoutError",
     "OpenEnvTextEnv",
     "OpenEnvWrapper",
     "PromptBatch",

@@ -10,13 +10,17 @@ methods, and collates the episodes into padded tensors.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+
+from rl_envs import _timeout
 
 __all__ = [
     "SyncMultiTurnVecEnv",
@@ -159,7 +163,19 @@ class TokenObservationWrapper:
         strict_chat_template_boundary: Raise when the chat template is not prefix-stable
             (re-rendering the conversation changes earlier text); with False the new text is
             taken from the first differing character.
+        step_timeout: Seconds each call of the environment's ``reset`` and ``step`` may take,
+            after which :meth:`reset` / :meth:`step` raise
+            :class:`~rl_envs.EnvTimeoutError` naming the environment, the turn and the
+            timeout. None (default): no limit, and the environment runs on the calling thread.
+            When set, it runs on a daemon worker thread (a call that does not return in time is
+            abandoned there, still running).
+
+    Raises:
+        ValueError: An argument is invalid (the message names it).
     """
+
+    _observation_types: tuple[type, ...] = (str,)
+    """What the environment's observations are (subclasses whose envs speak messages: list)."""
 
     def __init__(
         self,
@@ -172,7 +188,9 @@ class TokenObservationWrapper:
         apply_chat_template: bool = True,
         system_prompt: str | None = None,
         strict_chat_template_boundary: bool = True,
+        step_timeout: float | None = None,
     ) -> None:
+        self.step_timeout = _timeout.check_timeout("step_timeout", step_timeout)
         if max_turns < 1:
             raise ValueError(f"`max_turns` must be >= 1, got {max_turns}")
         if max_output_tokens < 1:
@@ -203,6 +221,8 @@ class TokenObservationWrapper:
         self._done = True
         self._terminated = False
         self._truncated = False
+        self._step_tokens: list[int] = []
+        """The action tokens of the step in progress (for subclasses scoring inside env.step)."""
 
     @staticmethod
     def factory(
@@ -294,13 +314,72 @@ class TokenObservationWrapper:
             "text": str(self.tokenizer.decode(self._ids, skip_special_tokens=False)),
         }
 
+    def _env_name(self) -> str:
+        """The environment's name in error messages."""
+        return type(self.env).__name__
+
+    def _call_env(self, method: str, where: str, *args: Any, **kwargs: Any) -> Any:
+        """``env.<method>(...)``, within ``step_timeout``."""
+        try:
+            return _timeout.call(getattr(self.env, method), self.step_timeout, *args, **kwargs)
+        except _timeout.CallTimeoutError:
+            raise _timeout.EnvTimeoutError(
+                f"{self._env_name()}.{method} did not return within {self.step_timeout} s "
+                f"(step_timeout) on {where}; raise step_timeout or fix the environment"
+            ) from None
+
+    def _bad_return(self, method: str, out: Any, why: str | None = None) -> ValueError:
+        expected = (
+            "(observation, info)"
+            if method == "reset"
+            else "(observation, reward, terminated, truncated, info), Gymnasium's five-tuple"
+        )
+        kind = " or ".join(t.__name__ for t in self._observation_types)
+        got = why or (
+            f"a {len(out)}-tuple" if isinstance(out, tuple) else f"a {type(out).__name__}"
+        )
+        return ValueError(
+            f"{self._env_name()}.{method} returned {got}; it must return {expected}, with the "
+            f"observation a {kind}, a finite number as reward and info a dict"
+        )
+
+    def _check_observation(self, method: str, observation: Any) -> None:
+        if not isinstance(observation, self._observation_types):
+            raise self._bad_return(
+                method, None, f"the observation {observation!r:.80} ({type(observation).__name__})"
+            )
+
+    def _check_step(self, out: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        """``env.step``'s return, checked: Gymnasium's five-tuple with a finite reward."""
+        if not isinstance(out, tuple) or len(out) != 5:
+            raise self._bad_return("step", out)
+        observation, reward, terminated, truncated, info = out
+        self._check_observation("step", observation)
+        value = math.nan
+        if not isinstance(reward, str | bytes) and hasattr(reward, "__float__"):
+            with contextlib.suppress(TypeError, ValueError):  # e.g. a tensor of many values
+                value = float(reward)
+        if not math.isfinite(value):
+            raise self._bad_return("step", out, f"the reward {reward!r:.80}")
+        if not isinstance(info, Mapping):
+            raise self._bad_return("step", out, f"info is a {type(info).__name__}")
+        return observation, value, bool(terminated), bool(truncated), dict(info)
+
     def reset(self, seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """Start an episode; the observation is ``{"input_ids" [1, L], "attention_mask", "text"}``.
 
         Raises:
-            ValueError: the first prompt leaves less than ``max_output_tokens`` of room.
+            ValueError: the first prompt leaves less than ``max_output_tokens`` of room, or the
+                environment's ``reset`` did not return ``(observation, info)``.
+            EnvTimeoutError: the environment's ``reset`` did not return within ``step_timeout``.
         """
-        observation, info = self.env.reset(seed=seed)
+        out = self._call_env("reset", f"reset (seed={seed})", seed=seed)
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise self._bad_return("reset", out)
+        observation, info = out
+        self._check_observation("reset", observation)
+        if not isinstance(info, Mapping):
+            raise self._bad_return("reset", out, f"info is a {type(info).__name__}")
         self._messages = []
         if self.system_prompt is not None:
             self._messages.append({"role": "system", "content": self.system_prompt})
@@ -329,7 +408,15 @@ class TokenObservationWrapper:
         """Apply the policy's generated tokens ``[T]``; Gymnasium's five-tuple back.
 
         ``info["truncated_by"]`` says why a wrapper-side truncation happened (``"max_turns"``
-        or ``"max_model_len"``).
+        or ``"max_model_len"``). The environment steps first: when it raises (or returns a
+        wrong value), the episode is as it was before the call.
+
+        Raises:
+            RuntimeError: the episode is over.
+            ValueError: a bad ``action``, or the environment's ``step`` did not return
+                Gymnasium's five-tuple with an observation of the right type and a finite
+                reward (the message names the environment).
+            EnvTimeoutError: the environment's ``step`` did not return within ``step_timeout``.
         """
         if self._done:
             raise RuntimeError("the episode is over: call reset() first")
@@ -349,25 +436,30 @@ class TokenObservationWrapper:
         turn = len(self._rewards)
         ended_with_eos = tokens[-1] == self.eos_id
         text = str(self.tokenizer.decode(tokens, skip_special_tokens=True))
-        self._ids += tokens
-        self._action += [True] * len(tokens)
-        self._turns += [turn] * len(tokens)
-        observation, reward, terminated, truncated, info = self.env.step(text)
-        info = dict(info)
-        self._rewards.append(float(reward))
-        if not (terminated or truncated) and len(self._rewards) >= self.max_turns:
+        self._step_tokens = list(tokens)
+        out = self._call_env("step", f"turn {turn}", text)
+        observation, reward, terminated, truncated, info = self._check_step(out)
+        # the environment answered: only now does the episode change
+        if not (terminated or truncated) and turn + 1 >= self.max_turns:
             truncated, info["truncated_by"] = True, "max_turns"
+        reply: list[int] = []
         if not (terminated or truncated):
-            reply = self._reply_tokens(text, ended_with_eos, observation)
-            if len(self._ids) + len(reply) + self.max_output_tokens > self.max_model_len:
-                truncated, info["truncated_by"] = True, "max_model_len"
-            else:
-                self._ids += reply
-                self._action += [False] * len(reply)
-                self._turns += [-1] * len(reply)
+            before = len(self._messages)
+            try:
+                reply = self._reply_tokens(text, ended_with_eos, observation)
+            except BaseException:
+                del self._messages[before:]
+                raise
+            length = len(self._ids) + len(tokens) + len(reply)
+            if length + self.max_output_tokens > self.max_model_len:
+                truncated, info["truncated_by"], reply = True, "max_model_len", []
+        self._ids += tokens + reply
+        self._action += [True] * len(tokens) + [False] * len(reply)
+        self._turns += [turn] * len(tokens) + [-1] * len(reply)
+        self._rewards.append(reward)
         self._done = bool(terminated or truncated)
         self._terminated, self._truncated = bool(terminated), bool(truncated)
-        return self._observation(), float(reward), bool(terminated), bool(truncated), info
+        return self._observation(), reward, terminated, truncated, info
 
     @property
     def done(self) -> bool:

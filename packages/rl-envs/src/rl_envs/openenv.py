@@ -360,6 +360,9 @@ class OpenEnvWrapper(TokenObservationWrapper):
         max_output_tokens: Most tokens per action.
         apply_chat_template: Render the conversation with the tokenizer's chat template.
         system_prompt: An optional system message.
+        step_timeout: As for :class:`~rl_envs.multiturn.TokenObservationWrapper`: seconds each
+            ``reset`` and ``step`` may take (in-process environments; a server's calls are
+            bounded by ``timeout``).
         **kwargs: :class:`OpenEnvTextEnv`'s mapping arguments (``action``, ``observation``,
             ``reward``, ``action_cls``, ``observation_cls``, ``reset_kwargs``, ``timeout``).
     """
@@ -376,6 +379,7 @@ class OpenEnvWrapper(TokenObservationWrapper):
         max_output_tokens: int,
         apply_chat_template: bool = True,
         system_prompt: str | None = None,
+        step_timeout: float | None = None,
         **kwargs: Any,
     ) -> None:
         self.text_env = OpenEnvTextEnv(environment, url=url, **kwargs)
@@ -388,7 +392,11 @@ class OpenEnvWrapper(TokenObservationWrapper):
             max_output_tokens=max_output_tokens,
             apply_chat_template=apply_chat_template,
             system_prompt=system_prompt,
+            step_timeout=step_timeout,
         )
+
+    def _env_name(self) -> str:
+        return self.text_env.name
 
     def reset(self, seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """Start an episode (a server: a new session)."""

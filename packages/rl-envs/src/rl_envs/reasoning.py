@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 import random
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -11,6 +13,7 @@ from typing import Any
 
 import torch
 
+from rl_envs._timeout import check_timeout
 from rl_envs.reward_functions import (
     RewardFunctionError,
     RewardSamples,
@@ -140,19 +143,29 @@ class ReasoningGym:
         shuffle: Shuffle the train split each epoch (the test split is never shuffled).
         question_column: Name of the question column.
         answer_column: Name of the answer column.
-        reward_weights: One weight per reward function (default 1.0 each); the reward is
-            their weighted sum over the functions that did not return ``None`` (0 when all
+        reward_weights: One finite weight per reward function (default 1.0 each); the reward
+            is their weighted sum over the functions that did not return ``None`` (0 when all
             did, with a warning).
         completions_include_prompt: Token completions passed to :meth:`step` start with the
             prompt's ids (AgileRL's ``get_action`` output), which are cut off before decoding.
         reward_style: ``None``/``"auto"`` (read each function's signature), ``"agilerl"``,
             ``"trl"`` or ``"verl"``, or a list with one per function.
         prompt_column: The prompt column of prompt data (``conversation_template=None``).
+        reward_timeout: Seconds a reward function may take per call (one sample of an
+            AgileRL-style function, the batch of a TRL-style one; the ``async`` functions'
+            coroutines together), after which :meth:`step` raises
+            :class:`RewardFunctionError` naming the function and the sample. None (default):
+            no limit, and the functions run on the calling thread. When set, synchronous
+            functions run on a daemon worker thread, so signal-based verifiers (``math_verify``
+            needs the main thread) must keep None.
 
     Raises:
         ValueError: An argument is invalid, e.g. a dataset lacks the question or answer
-            column, or a ``{placeholder}`` of ``conversation_template`` names no column of a
-            dataset (the message names it, the columns, and the closest one).
+            column, a ``{placeholder}`` of ``conversation_template`` names no column of a
+            dataset (the message names it, the columns, and the closest one), a weight is not
+            a finite number, a row's prompt renders to no token, or a row's answer is None
+            while an AgileRL-style reward function needs it (the message names the split, the
+            row and the column).
     """
 
     def __init__(
@@ -175,6 +188,7 @@ class ReasoningGym:
         completions_include_prompt: bool = True,
         reward_style: str | Sequence[str] | None = None,
         prompt_column: str = "prompt",
+        reward_timeout: float | None = None,
     ) -> None:
         if data_batch_size_per_gpu < 1:
             raise ValueError(
@@ -183,11 +197,24 @@ class ReasoningGym:
         fns = list(reward_fn) if isinstance(reward_fn, Sequence) else [reward_fn]
         if not fns or not all(callable(f) for f in fns):
             raise ValueError("`reward_fn` must be a callable or a non-empty list of callables")
-        weights = [1.0] * len(fns) if reward_weights is None else [float(w) for w in reward_weights]
-        if len(weights) != len(fns):
+        given = [1.0] * len(fns) if reward_weights is None else list(reward_weights)
+        if len(given) != len(fns):
             raise ValueError(
-                f"`reward_weights` has {len(weights)} entries for {len(fns)} reward functions"
+                f"`reward_weights` has {len(given)} entries for {len(fns)} reward functions"
             )
+        weights = []
+        for k, w in enumerate(given):
+            value = math.nan
+            if not isinstance(w, str | bytes):
+                with contextlib.suppress(TypeError, ValueError):
+                    value = float(w)
+            if not math.isfinite(value):
+                raise ValueError(
+                    f"`reward_weights` must be finite numbers, one per reward function; entry "
+                    f"{k} is {w!r}"
+                )
+            weights.append(value)
+        self.reward_timeout = check_timeout("reward_timeout", reward_timeout)
         self.reward_style = reward_style
         self._styles = resolve_reward_styles(fns, reward_style)
         if conversation_template is not None:
@@ -253,6 +280,25 @@ class ReasoningGym:
                         "pass answer_column="
                     )
 
+    def _answer(self, name: str, index: int, row: dict[str, Any]) -> str:
+        """The row's answer as text (``""`` without an answer column)."""
+        if self.answer_column not in row:
+            return ""
+        answer = row[self.answer_column]
+        if answer is None:
+            needs = [
+                getattr(fn, "__name__", type(fn).__name__)
+                for fn, style in zip(self.reward_fns, self._styles, strict=True)
+                if style == "agilerl"
+            ]
+            if needs:
+                raise ValueError(
+                    f"row {index} of the {name} dataset has no answer (None in column "
+                    f"{self.answer_column!r}), which reward function {needs[0]} would score "
+                    "against the text 'None': fill the answer or drop the row (Dataset.filter)"
+                )
+        return str(answer)
+
     def _row(self, name: str, index: int, row: dict[str, Any]) -> dict[str, Any]:
         """One dataset row as the environment keeps it (prompt text and reward inputs)."""
         if self.conversation_template is None:
@@ -264,7 +310,7 @@ class ReasoningGym:
                 question = str(row[self.question_column])
             else:
                 question = prompt if isinstance(prompt, str) else str(prompt[-1]["content"])
-            answer = str(row[self.answer_column]) if self.answer_column in row else ""
+            answer = self._answer(name, index, row)
             columns = {k: v for k, v in row.items() if k != self.prompt_column}
             return {"prompt": prompt, "text": text, "question": question, "answer": answer,
                     "columns": columns}  # fmt: skip
@@ -272,7 +318,7 @@ class ReasoningGym:
         context["question"] = row[self.question_column]
         text = render_prompt(self.tokenizer, self.conversation_template, context)
         return {"prompt": text, "text": text, "question": str(row[self.question_column]),
-                "answer": str(row[self.answer_column]), "columns": dict(row)}  # fmt: skip
+                "answer": self._answer(name, index, row), "columns": dict(row)}  # fmt: skip
 
     def _make_split(self, name: str, dataset: Any, *, shuffle: bool, drop_last: bool) -> _Split:
         columns = list(getattr(dataset, "column_names", None) or [])
@@ -286,6 +332,17 @@ class ReasoningGym:
                 continue
             kept = self._row(name, index, row)
             ids = list(self.tokenizer(kept["text"], add_special_tokens=False)["input_ids"])
+            if not ids:
+                column = (
+                    self.prompt_column
+                    if self.conversation_template is None
+                    else self.question_column
+                )
+                raise ValueError(
+                    f"row {index} of the {name} dataset renders to an empty prompt (0 tokens; "
+                    f"{kept['text']!r}): fill its {column!r} column or drop the row "
+                    "(Dataset.filter)"
+                )
             if self.max_context_length is not None and len(ids) > self.max_context_length:
                 dropped += 1
                 continue
@@ -397,7 +454,8 @@ class ReasoningGym:
         Raises:
             RuntimeError: no batch is pending (call ``reset()`` first).
             ValueError: ``prompts`` is not the current batch, or the sizes differ.
-            RewardFunctionError: a reward function raised.
+            RewardFunctionError: a reward function raised, or did not return within
+                ``reward_timeout``.
         """
         batch = self._pending[self._mode]
         if batch is None:
@@ -483,7 +541,13 @@ class ReasoningGym:
             questions=each([p["question"] for p in batch]),
         )
         styles = resolve_reward_styles(self.reward_fns, self.reward_style)
-        scores = score_samples(self.reward_fns, self.reward_weights, styles, samples)
+        scores = score_samples(
+            self.reward_fns,
+            self.reward_weights,
+            styles,
+            samples,
+            reward_timeout=self.reward_timeout,
+        )
         self.last_reward_components = {k: v.reshape(B, G) for k, v in scores.components.items()}
         return scores.total.reshape(B, G)
 

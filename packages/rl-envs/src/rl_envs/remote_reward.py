@@ -20,8 +20,9 @@ Two kinds of reward function are served:
   only ``**kwargs``), called once as ``fn(prompts=..., completions=..., completion_ids=...,
   **columns) -> list[float | None]`` (without ``**kwargs``: only the arguments it names).
 
-The client has a time budget per call (``timeout``: connecting, every retry and the backoff
-between them included), retries with exponential backoff what may pass (connection refused or
+The client has a time budget per call (``timeout``: connecting, sending, reading the whole reply,
+every retry and the backoff between them included; a server that trickles its reply is cut
+off at it too), retries with exponential backoff what may pass (connection refused or
 reset, no reply in time, HTTP 502/503/504), and then raises :class:`RewardServerError` naming
 the URL, what failed and the fix. Errors of the reward function itself (HTTP 500) and bad
 requests (HTTP 400) are not retried.
@@ -62,6 +63,8 @@ __all__ = [
 ]
 
 _MAX_BODY = 1024**3
+#: Bytes asked of the socket per read of a reply (each read waits at most the time left).
+_CHUNK = 64 * 1024
 #: HTTP statuses a retry may cure (a proxy in front of a restarting server).
 _RETRY_STATUS = (502, 503, 504)
 _START_HINT = "start it with `rl-train reward-server --reward module:function --port PORT`"
@@ -304,9 +307,10 @@ class RemoteReward:
 
     Args:
         url: ``http://host:port`` of the server.
-        timeout: Seconds one call may take in all: connecting, waiting for the reply, every
-            retry and the backoff between them. A server that accepts and never answers fails
-            within it.
+        timeout: Seconds one call may take in all: connecting, sending, waiting for and reading
+            the whole reply, every retry and the backoff between them. A server that accepts
+            and never answers, or answers a byte at a time, fails within it; a retry is only
+            tried while time is left.
         retries: Further attempts after a failed one (connection refused or dropped, no reply,
             HTTP 502/503/504); 0: none.
         backoff: Seconds before the first retry, doubled before each next one.
@@ -425,9 +429,8 @@ class RemoteReward:
         delay, attempts, failure = self.backoff, 0, _RetryableError("no attempt")
         while True:
             attempts += 1
-            remaining = deadline - time.monotonic()
             try:
-                status, data = self._attempt(path, body, remaining)
+                status, data = self._attempt(path, body, deadline)
             except _RetryableError as exc:
                 failure = exc
             else:
@@ -445,7 +448,7 @@ class RemoteReward:
         tries = f"{attempts} attempt{'s' if attempts > 1 else ''} in {took:.1f} s"
         if failure.timed_out:
             raise RewardServerError(
-                f"no reply from the reward server at {url} within timeout={self.timeout} s "
+                f"the reward server at {url} did not reply in full within timeout={self.timeout} s "
                 f"({failure.what}; {tries}): the server is stuck or too slow; check its log, "
                 "or raise the timeout (data.reward_timeout)"
             )
@@ -454,12 +457,15 @@ class RemoteReward:
             f"{_START_HINT}, or check the URL (data.reward_url)"
         )
 
-    def _attempt(self, path: str, body: bytes | None, remaining: float) -> tuple[int, bytes]:
+    def _attempt(self, path: str, body: bytes | None, deadline: float) -> tuple[int, bytes]:
+        """One request, done by ``deadline`` (``time.monotonic()``) or a timed-out failure."""
+        remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise _RetryableError("the time budget was spent", timed_out=True)
         conn = http.client.HTTPConnection(
             self._host, self._port, timeout=min(self.connect_timeout, remaining)
         )
+        response: http.client.HTTPResponse | None = None
         try:
             try:
                 conn.connect()
@@ -467,8 +473,10 @@ class RemoteReward:
                 raise _RetryableError(f"connecting timed out: {exc}", timed_out=True) from exc
             except OSError as exc:
                 raise _RetryableError(f"cannot connect: {exc}") from exc
-            assert conn.sock is not None
-            conn.sock.settimeout(max(1e-3, remaining))
+            sock = conn.sock  # kept: the connection lets go of it once the reply has come
+            assert sock is not None
+            sock.settimeout(max(1e-3, remaining))
+            what = "no reply"
             try:
                 if body is None:
                     conn.request("GET", path)
@@ -476,12 +484,24 @@ class RemoteReward:
                     headers = {"Content-Type": "application/json"}
                     conn.request("POST", path, body=body, headers=headers)
                 response = conn.getresponse()
-                return response.status, response.read()
+                what = "the reply was not complete"
+                chunks: list[bytes] = []
+                while True:  # the body in chunks, each read waiting at most the time left
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError
+                    sock.settimeout(left)
+                    chunk = response.read1(_CHUNK)
+                    if not chunk:
+                        return response.status, b"".join(chunks)
+                    chunks.append(chunk)
             except TimeoutError as exc:
-                raise _RetryableError("no reply", timed_out=True) from exc
+                raise _RetryableError(what, timed_out=True) from exc
             except (OSError, http.client.HTTPException) as exc:
                 raise _RetryableError(f"the connection dropped: {exc!r}") from exc
         finally:
+            if response is not None:
+                response.close()  # the socket, when the connection has let go of it
             conn.close()
 
     def _decode(self, url: str, status: int, data: bytes) -> dict[str, Any]:

@@ -19,7 +19,8 @@ r"""Reward functions in the three conventions users bring: AgileRL, TRL and verl
 every function once per step (the coroutines of all ``async`` functions gathered together on
 one event loop, kept in a daemon thread, so it works from synchronous code and from inside a
 running loop alike), checks each return (an error names the function and the sample) and
-combines them:
+combines them (``reward_timeout``, off by default, bounds each call; see
+:func:`score_samples`):
 
 .. math::
 
@@ -31,6 +32,7 @@ A sample that every function leaves ``None`` gets reward 0, with a warning (TRL 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import inspect
 import math
 import numbers
@@ -43,6 +45,7 @@ from typing import Any
 
 import torch
 
+from rl_envs import _timeout
 from rl_envs._signature import is_batched_reward
 from rl_envs._signature import parameters as _parameters
 
@@ -62,7 +65,7 @@ REWARD_STYLES = ("agilerl", "trl", "verl")
 
 
 class RewardFunctionError(RuntimeError):
-    """A reward function raised; the message names the function and the sample."""
+    """A reward function raised or timed out; the message names the function and the sample."""
 
 
 @dataclass(frozen=True)
@@ -276,13 +279,32 @@ def _event_loop() -> asyncio.AbstractEventLoop:
         return _LOOPS[pid]
 
 
-def _gather(awaitables: list[Awaitable[Any]]) -> list[Any]:
-    """Run ``awaitables`` concurrently on the shared loop; results or exceptions, in order."""
+def _gather(awaitables: list[Awaitable[Any]], timeout: float | None = None) -> list[Any]:
+    """Run ``awaitables`` concurrently on the shared loop; results or exceptions, in order.
+
+    Raises:
+        CallTimeoutError: Not all finished within ``timeout`` seconds (all are cancelled); its
+            argument is the index of the first unfinished one.
+    """
+    finished = [False] * len(awaitables)
+
+    async def track(i: int, awaitable: Awaitable[Any]) -> Any:
+        try:
+            return await awaitable
+        finally:
+            finished[i] = True
 
     async def run() -> list[Any]:
-        return list(await asyncio.gather(*awaitables, return_exceptions=True))
+        calls = [track(i, a) for i, a in enumerate(awaitables)]
+        return list(await asyncio.gather(*calls, return_exceptions=True))
 
-    return asyncio.run_coroutine_threadsafe(run(), _event_loop()).result()
+    future = asyncio.run_coroutine_threadsafe(run(), _event_loop())
+    done, _ = concurrent.futures.wait([future], timeout)
+    if not done:
+        stuck = next((i for i, f in enumerate(finished) if not f), 0)
+        future.cancel()  # cancels the gather and its coroutines on the loop
+        raise _timeout.CallTimeoutError(stuck)
+    return future.result()
 
 
 # -- calling and checking -------------------------------------------------------------------------
@@ -349,6 +371,14 @@ def _batch_kwargs(samples: RewardSamples) -> dict[str, Any]:
     return kwargs
 
 
+def _timed_out(name: str, timeout: float, samples: RewardSamples, n: int | None) -> Exception:
+    where = f"the batch of {len(samples.completions)} samples" if n is None else samples.where(n)
+    return RewardFunctionError(
+        f"reward function {name} did not return within {timeout} s (reward_timeout) on "
+        f"{where}; raise reward_timeout or fix the function"
+    )
+
+
 def _raised(name: str, exc: BaseException, samples: RewardSamples, n: int | None) -> Exception:
     if n is None:
         return RewardFunctionError(
@@ -366,6 +396,8 @@ def score_samples(
     weights: Sequence[float],
     styles: Sequence[str],
     samples: RewardSamples,
+    *,
+    reward_timeout: float | None = None,
 ) -> RewardScores:
     """Score one step's samples with every reward function and combine them.
 
@@ -374,33 +406,52 @@ def score_samples(
 
     Args:
         fns: The reward functions.
-        weights: One weight each.
+        weights: One weight each (finite).
         styles: One of :data:`REWARD_STYLES` each (:func:`resolve_reward_styles`).
         samples: The ``N`` samples.
+        reward_timeout: Seconds each call of a synchronous function (one sample of a
+            per-sample function, the batch of a batched one) may take, and the ``async``
+            functions' coroutines together; None (default): no limit, and synchronous functions
+            run on the calling thread. When set, synchronous functions run on a daemon worker
+            thread (signal-based verifiers such as ``math_verify``, which need the main thread,
+            then fail); one that does not return in time keeps running there, abandoned.
 
     Returns:
         The :class:`RewardScores` (``total`` ``[N]``).
 
     Raises:
-        RewardFunctionError: A function raised (the message names it, and the sample for a
-            per-sample function).
-        ValueError: A function returned a wrong value: not a list of ``N`` entries, a
-            non-number, NaN or infinity, or ``None`` from an AgileRL-style function (the
-            message names the function and the sample).
+        RewardFunctionError: A function raised, or did not return within ``reward_timeout``
+            (the message names it, and the sample for a per-sample function).
+        ValueError: A non-finite weight or a bad ``reward_timeout``; or a function returned a
+            wrong value: not a list of ``N`` entries, a non-number, NaN or infinity, or
+            ``None`` from an AgileRL-style function, or a value that overflows the float32
+            rewards (alone, times its weight, or in the sum; the message names the function
+            and the sample).
     """
+    timeout = _timeout.check_timeout("reward_timeout", reward_timeout)
+    names = [_name(fn) for fn in fns]
+    for k, w in enumerate(weights):
+        if not math.isfinite(float(w)):
+            raise ValueError(
+                f"`weights` must be finite numbers; weight {k} (of {names[k]}) is {w!r}"
+            )
     total = len(samples.completions)
     values: list[list[float | None]] = [[None] * total for _ in fns]
     pending: list[tuple[int, int | None, Awaitable[Any]]] = []  # (function, sample, awaitable)
-    names = [_name(fn) for fn in fns]
     try:
-        _call_all(fns, styles, samples, names, values, pending)
+        _call_all(fns, styles, samples, names, values, pending, timeout)
     except BaseException:
         for *_, awaitable in pending:  # not awaited: close them quietly
             if inspect.iscoroutine(awaitable):
                 awaitable.close()
         raise
     if pending:
-        results = _gather([a for *_, a in pending])
+        try:
+            results = _gather([a for *_, a in pending], timeout)
+        except _timeout.CallTimeoutError as exc:
+            k, n, _ = pending[exc.args[0]]
+            assert timeout is not None
+            raise _timed_out(names[k], timeout, samples, n) from None
         failure = next((r for r in results if isinstance(r, BaseException)), None)
         for (k, n, _), result in zip(pending, results, strict=True):
             if isinstance(result, BaseException):
@@ -420,14 +471,20 @@ def _call_all(
     names: list[str],
     values: list[list[float | None]],
     pending: list[tuple[int, int | None, Awaitable[Any]]],
+    timeout: float | None,
 ) -> None:
     """Call every function: ``values`` gets the synchronous results, ``pending`` awaitables."""
     for k, (fn, style) in enumerate(zip(fns, styles, strict=True)):
         name = names[k]
         if style == "agilerl":
+            # an async function only makes its coroutine here: no need for the worker thread
+            limit = None if inspect.iscoroutinefunction(fn) else timeout
             for n, text in enumerate(samples.completions):
                 try:
-                    out = fn(text, samples.answers[n], samples.questions[n])
+                    out = _timeout.call(fn, limit, text, samples.answers[n], samples.questions[n])
+                except _timeout.CallTimeoutError:
+                    assert timeout is not None
+                    raise _timed_out(name, timeout, samples, n) from None
                 except Exception as exc:
                     raise _raised(name, exc, samples, n) from exc
                 if inspect.isawaitable(out):
@@ -436,14 +493,47 @@ def _call_all(
                     values[k][n] = _check_agilerl(name, out, samples, n)
             continue
         call = verl_reward(fn) if style == "verl" else fn
+        limit = None if inspect.iscoroutinefunction(call) else timeout
         try:
-            out = call(**_accepted(call, _batch_kwargs(samples)))
+            out = _timeout.call(call, limit, **_accepted(call, _batch_kwargs(samples)))
+        except _timeout.CallTimeoutError:
+            assert timeout is not None
+            raise _timed_out(name, timeout, samples, None) from None
         except Exception as exc:
             raise _raised(name, exc, samples, None) from exc
         if inspect.isawaitable(out):
             pending.append((k, None, out))
         else:
             values[k] = _check_batch(name, out, samples)
+
+
+def _overflow(
+    names: list[str],
+    weights: Sequence[float],
+    values: list[list[float | None]],
+    table: torch.Tensor,
+    weighted: torch.Tensor,
+    samples: RewardSamples,
+) -> ValueError:
+    """The error for a reward that is finite in float64 but overflows the float32 rewards."""
+    fix = "scale the function's rewards down (float32 holds at most 3.4e38)"
+    for k, n in torch.nonzero(torch.isinf(table)).tolist():
+        return ValueError(
+            f"reward function {names[k]} returned {values[k][n]!r} for {samples.where(n)}: "
+            f"it overflows the float32 rewards; {fix}"
+        )
+    for k, n in torch.nonzero(~torch.isfinite(weighted)).tolist():
+        return ValueError(
+            f"reward function {names[k]}'s {values[k][n]!r} times its weight {weights[k]!r} "
+            f"(reward_weights[{k}]) overflows the float32 rewards on {samples.where(n)}; "
+            f"lower the weight or {fix}"
+        )
+    n = int(torch.nonzero(~torch.isfinite(weighted.sum(0)))[0])
+    return ValueError(
+        f"the weighted sum of the rewards overflows float32 on {samples.where(n)} (values "
+        f"{[row[n] for row in values]}, reward_weights {list(weights)}); lower the weights or "
+        f"{fix}"
+    )
 
 
 def _combine(
@@ -457,7 +547,10 @@ def _combine(
     ).reshape(len(values), len(samples.completions))
     weight = torch.tensor([float(w) for w in weights], dtype=torch.float32)[:, None]
     present = ~torch.isnan(table)
-    total = torch.where(present, table * weight, torch.zeros_like(table)).sum(0)
+    weighted = torch.where(present, table * weight, torch.zeros_like(table))
+    total = weighted.sum(0)
+    if not bool(torch.isfinite(total).all()):
+        raise _overflow(names, weights, values, table, weighted, samples)
     missing = [int(n) for n in torch.nonzero(~present.any(0)).flatten()]
     if missing:
         warnings.warn(

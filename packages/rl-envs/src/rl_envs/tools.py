@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from rl_envs import _timeout
 from rl_envs.multiturn import TokenObservationWrapper
 
 __all__ = [
@@ -228,8 +229,10 @@ def tool_schemas(environment: Any) -> list[dict[str, Any]]:
 _CONVERT: dict[Any, Callable[[str], Any]] = {int: int, float: float, "int": int, "float": float}
 
 
-def _run(call: ToolCall, tools: Mapping[str, Callable[..., Any]]) -> tuple[str, bool]:
-    """``(content of the tool message, ok)`` for one call; never raises."""
+def _run(
+    call: ToolCall, tools: Mapping[str, Callable[..., Any]], timeout: float | None = None
+) -> tuple[str, bool]:
+    """``(content of the tool message, ok)`` for one call; raises only ``CallTimeoutError``."""
     tool = tools.get(call.name)
     if tool is None:
         return f"error: unknown tool {call.name!r}; tools: {', '.join(tools)}", False
@@ -243,7 +246,9 @@ def _run(call: ToolCall, tools: Mapping[str, Callable[..., Any]]) -> tuple[str, 
             convert = _CONVERT.get(params[key].annotation)
             if convert is not None and isinstance(value, str):
                 bound.arguments[key] = convert(value)
-        result = tool(*bound.args, **bound.kwargs)
+        result = _timeout.call(tool, timeout, *bound.args, **bound.kwargs)
+    except _timeout.CallTimeoutError:
+        raise
     except Exception as exc:  # the model sees the error and goes on
         return f"error: {type(exc).__name__}: {exc}", False
     return str(result), True
@@ -294,7 +299,20 @@ class ToolEnvWrapper(TokenObservationWrapper):
         system_prompt: An optional system message in front of the prompt.
         call_reward: Reward of each turn whose tool calls all ran without error (shaping for
             small models, best with per-turn advantages; 0 by default, as in TRL).
+        tool_timeout: Seconds each tool call may take, after which :meth:`step` raises
+            :class:`~rl_envs.EnvTimeoutError` naming the tool, the turn and the timeout
+            (the episode is as before the step). None (default): no limit, and tools run on
+            the calling thread. When set, they run on a daemon worker thread (a call that does
+            not return in time is abandoned there, still running).
+        step_timeout: As for :class:`~rl_envs.multiturn.TokenObservationWrapper`: seconds each
+            ``environment.reset`` and each whole turn (its tool calls, or the scoring of the
+            final answer) may take.
+
+    Raises:
+        ValueError: An argument is invalid (the message names it).
     """
+
+    _observation_types = (list,)
 
     def __init__(
         self,
@@ -310,7 +328,10 @@ class ToolEnvWrapper(TokenObservationWrapper):
         reward_fn: Callable[..., float] | None = None,
         system_prompt: str | None = None,
         call_reward: float = 0.0,
+        tool_timeout: float | None = None,
+        step_timeout: float | None = None,
     ) -> None:
+        self.tool_timeout = _timeout.check_timeout("tool_timeout", tool_timeout)
         if max_tool_calls < 0:
             raise ValueError(f"`max_tool_calls` must be >= 0, got {max_tool_calls}")
         if not callable(getattr(environment, "reset", None)):
@@ -351,7 +372,11 @@ class ToolEnvWrapper(TokenObservationWrapper):
             max_output_tokens=max_output_tokens,
             apply_chat_template=True,
             system_prompt=system_prompt,
+            step_timeout=step_timeout,
         )
+
+    def _env_name(self) -> str:
+        return type(self.environment).__name__
 
     # -- chat template hooks ---------------------------------------------------------------------
 
@@ -408,16 +433,24 @@ class ToolEnvWrapper(TokenObservationWrapper):
         if self._calls >= self.max_tool_calls:
             info = {**self._info(), "truncated_by": "max_tool_calls"}
             return [], self._score(), False, True, info
-        self._calls += 1
         errors = self._errors
         if replies is None:
             replies = []
             for call in calls:
-                content, ok = _run(call, self.tools)
+                try:
+                    content, ok = _run(call, self.tools, self.tool_timeout)
+                except _timeout.CallTimeoutError:
+                    self._errors = errors
+                    raise _timeout.EnvTimeoutError(
+                        f"tool {call.name} of {self._env_name()} did not return within "
+                        f"{self.tool_timeout} s (tool_timeout) on turn {len(self._rewards)}; "
+                        "raise tool_timeout or fix the tool"
+                    ) from None
                 self._errors += not ok
                 replies.append({"role": "tool", "name": call.name, "content": content})
         else:
             self._errors += 1
+        self._calls += 1
         reward = self.call_reward if self._errors == errors else 0.0
         return replies, reward, False, False, self._info()
 

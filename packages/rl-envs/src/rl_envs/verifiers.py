@@ -173,7 +173,11 @@ class TasksetEnvWrapper(TokenObservationWrapper):
         max_turns: Must be 1 (one model call per task); accepted for a common signature.
         apply_chat_template: Render with the chat template (False: the messages' text).
         system_prompt: A system message for tasks that have none.
+        step_timeout: As for :class:`~rl_envs.multiturn.TokenObservationWrapper`: seconds each
+            ``reset`` and each task's scoring (the step) may take.
     """
+
+    _observation_types = (str, list)
 
     def __init__(
         self,
@@ -186,6 +190,7 @@ class TasksetEnvWrapper(TokenObservationWrapper):
         max_turns: int = 1,
         apply_chat_template: bool = True,
         system_prompt: str | None = None,
+        step_timeout: float | None = None,
     ) -> None:
         if max_turns != 1:
             raise ValueError(f"verifiers tasks are played in one turn; got max_turns={max_turns}")
@@ -201,6 +206,7 @@ class TasksetEnvWrapper(TokenObservationWrapper):
             max_model_len=max_model_len,
             max_output_tokens=max_output_tokens,
             apply_chat_template=apply_chat_template,
+            step_timeout=step_timeout,
         )
         self.text_env.as_text = not self.apply_chat_template
 
@@ -231,7 +237,7 @@ class TasksetEnvWrapper(TokenObservationWrapper):
         ]
         nodes[-1].token_ids = list(self._ids[: self._prompt_length])
         nodes[-1].mask = [False] * self._prompt_length
-        completion = list(self._ids[self._prompt_length :])
+        completion = list(self._step_tokens)  # the answer (scored before the wrapper keeps it)
         nodes.append(
             MessageNode(
                 parent=len(nodes) - 1,
