@@ -92,8 +92,8 @@ def test_logprobs_temperature(temperature: float) -> None:
     _raises(lambda: rk.fused_logprobs(**x, temperature=temperature), "temperature")
 
 
-@pytest.mark.parametrize("chunk_rows", [0, -1, -64])
-def test_logprobs_chunk_rows(chunk_rows: int) -> None:
+@pytest.mark.parametrize("chunk_rows", [0, -1, -64, 4.5, 2.0, True])
+def test_logprobs_chunk_rows(chunk_rows: Any) -> None:
     x = _lm()
     _raises(lambda: rk.fused_logprobs(**x, chunk_rows=chunk_rows), "chunk_rows")
 
@@ -206,8 +206,8 @@ def test_policy_temperature(temperature: float) -> None:
     _raises(lambda: rk.fused_policy_loss(**_policy(), temperature=temperature), "temperature")
 
 
-@pytest.mark.parametrize("chunk_rows", [0, -2])
-def test_policy_chunk_rows(chunk_rows: int) -> None:
+@pytest.mark.parametrize("chunk_rows", [0, -2, 4.5, True])
+def test_policy_chunk_rows(chunk_rows: Any) -> None:
     _raises(lambda: rk.fused_policy_loss(**_policy(), chunk_rows=chunk_rows), "chunk_rows")
 
 
@@ -235,3 +235,95 @@ def test_policy_unpublished_objective_refused_by_name() -> None:
 def test_policy_sampling_logprobs_without_old_logprobs() -> None:
     sampling = torch.full((N, T), -1.0)
     _raises(lambda: rk.fused_policy_loss(**_policy(), sampling_logprobs=sampling), "old_logprobs")
+
+
+def test_policy_kl_coef_without_ref_logprobs() -> None:
+    """The KL term would be dropped without a word (kl_loss 0), as rl_losses.kl_penalty cannot
+    run without a reference either."""
+    message = _raises(lambda: rk.fused_policy_loss(**_policy(), kl_coef=10.0), "ref_logprobs")
+    assert names_argument(message, "kl_coef"), message
+    assert torch.isfinite(rk.fused_policy_loss(**_policy(), kl_coef=0.0).loss)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_policy_non_finite_ref_logprobs_at_valid_position(value: float) -> None:
+    ref = torch.full((N, T), -1.0)
+    ref[1, 0] = value  # valid position
+    for kl_coef in (0.1, 0.0):  # kl_mean is reported with kl_coef = 0 as well
+        message = _raises(
+            lambda kl_coef=kl_coef: rk.fused_policy_loss(
+                **_policy(), ref_logprobs=ref, kl_coef=kl_coef
+            ),
+            "ref_logprobs",
+        )
+        assert "non-finite" in message
+
+
+def test_policy_non_finite_ref_logprobs_at_masked_position_is_fine() -> None:
+    ref = torch.full((N, T), -1.0)
+    ref[0, 2] = float("nan")
+    ref[1, 1:] = float("-inf")
+    out = rk.fused_policy_loss(**_policy(), ref_logprobs=ref, kl_coef=0.1)
+    assert torch.isfinite(out.loss)
+    assert float(out.kl_loss) != 0.0
+
+
+@pytest.mark.parametrize("value", [0.5, 2.0, -1.0])
+def test_policy_mask_other_than_zero_one(value: float) -> None:
+    """A weight passed as the mask would otherwise count as a whole token."""
+    mask = _policy()["mask"].to(F32)
+    mask[0, 1] = value
+    message = _raises(lambda: rk.fused_policy_loss(**_policy(mask=mask)), "mask")
+    assert names_argument(message, "is_weights"), message
+
+
+@pytest.mark.parametrize("dtype", [F32, torch.int64, torch.uint8])
+def test_policy_zero_one_mask_equals_the_bool_mask(dtype: torch.dtype) -> None:
+    expected = rk.fused_policy_loss(**_policy()).loss
+    got = rk.fused_policy_loss(**_policy(mask=_policy()["mask"].to(dtype))).loss
+    assert torch.equal(got, expected)  # bit-exact: the same bool mask after the 0/1 check
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("correction_mode", "bogus"),
+        ("correction_level", "turn"),
+        ("correction_cap", 0.0),
+        ("correction_lower", 3.0),
+    ],
+)
+def test_policy_correction_options_checked_without_sampling_logprobs(
+    option: str, value: Any
+) -> None:
+    _raises(lambda: rk.fused_policy_loss(**_policy(), **{option: value}), option)
+
+
+@pytest.mark.parametrize("level", ["trajectory", "turn"])
+def test_policy_level_other_than_token(level: str) -> None:
+    """The objective's `level` collided with the fused path's own `level="token"`."""
+    message = _raises(lambda: rk.fused_policy_loss(**_policy(), level=level), "level")
+    assert "token level" in message
+    assert "fused_logprobs" in message
+
+
+def test_policy_level_token_is_accepted() -> None:
+    expected = rk.fused_policy_loss(**_policy()).loss
+    assert torch.equal(  # bit-exact: level="token" is what the fused path runs anyway
+        rk.fused_policy_loss(**_policy(), level="token").loss, expected
+    )
+    # dppo takes no `level`: an explicit "token" is dropped, not passed on
+    assert torch.isfinite(
+        rk.fused_policy_loss(**_policy(), objective="dppo_tv", level="token").loss
+    )
+
+
+@pytest.mark.parametrize("arg", ["advantages", "old_logprobs", "ref_logprobs", "sampling_logprobs"])
+def test_policy_integer_log_probs_and_advantages(arg: str) -> None:
+    shape = (N,) if arg == "advantages" else (N, T)
+    over: dict[str, Any] = {
+        "old_logprobs": torch.full((N, T), -1.0),
+        arg: torch.zeros(shape, dtype=torch.int64),
+    }
+    message = _raises(lambda: rk.fused_policy_loss(**_policy(**over)), arg)
+    assert "floating-point" in message

@@ -297,8 +297,9 @@ def test_kl_mean_reported_with_zero_coef() -> None:
 
 
 def test_no_ref_means_no_kl() -> None:
+    """Without ``ref_logprobs`` (``kl_coef`` 0: a positive one raises, see test_errors.py)."""
     case = make_case(("no-ref",), ref=False)
-    out = check_against_naive(case, kl_coef=0.5)
+    out = check_against_naive(case)
     assert float(out.kl_loss) == 0.0
     assert float(out.kl_mean) == 0.0
 

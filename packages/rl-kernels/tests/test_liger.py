@@ -79,6 +79,9 @@ def test_unsupported_combinations_raise() -> None:
         rk.liger_policy_loss(**{**x, "advantages": torch.zeros(4, 6)})
     with pytest.raises(ValueError, match="`ref_logprobs` is required"):
         rk.liger_policy_loss(**{**x, "ref_logprobs": None}, kl_coef=0.1)
+    half = x["mask"].float() * 0.5
+    with pytest.raises(ValueError, match=r"`mask` must be bool.*`is_weights`"):
+        rk.liger_policy_loss(**{**x, "mask": half})
 
 
 def test_masked_rows_may_hold_nan_and_bad_ids() -> None:

@@ -228,6 +228,21 @@ def test_vespo_by_hand() -> None:
     lib.close(grad_of(out.loss, lp), torch.tensor([[-phi / 2, -phi / 2]], dtype=F64))
 
 
+@pytest.mark.parametrize(("k_pos", "lambda_pos"), [(1.7, 0.3), (2.0, 0.1)])
+def test_vespo_keeps_float64_coefficients(k_pos: float, lambda_pos: float) -> None:
+    # 1.7, 0.3 and 0.1 are not float32 numbers: rounded to float32 they move phi by ~1e-8
+    lp = torch.tensor([[-1.0, -2.0]], dtype=F64, requires_grad=True)
+    old = torch.tensor([[-1.3, -2.2]], dtype=F64)
+    m = torch.tensor([[T_, T_]])
+    w = math.exp(0.5)
+    phi = math.exp(lambda_pos) * w**k_pos * math.exp(-lambda_pos * w)
+    out = rl.vespo_loss(lp, old, torch.tensor([1.0], dtype=F64), m, k_pos=k_pos,
+                        lambda_pos=lambda_pos)  # fmt: skip
+    assert abs(float(out.loss.detach()) - (-phi * (-1.0 - 2.0) / 2)) < 1e-12
+    grad = grad_of(out.loss, lp)
+    assert float((grad - torch.tensor([[-phi / 2, -phi / 2]], dtype=F64)).abs().max()) < 1e-12
+
+
 def test_luspo_by_hand() -> None:
     # rows of 1 and 3 tokens, on-policy (s = 1): loss = -(1 * A_0 + 3 * A_1) / 2
     lp = torch.tensor([[-1.0, 0.0, 0.0], [-1.0, -1.0, -1.0]], dtype=F64)
@@ -363,6 +378,7 @@ def test_gradcheck_kl_ratio_and_unit_weight_tokens() -> None:
             ),
             "weight_cap",
         ),
+        (lambda a: rl.kl_penalty(a[0], a[1], a[3], weight_cap=2.0), "weight_cap"),
         (lambda a: rl.clipped_surrogate(*a, unit_weight="rows"), "unit_weight"),
         (lambda a: rl.vespo_loss(*a, k_pos=0.0), "k_pos"),
         (lambda a: rl.vespo_loss(*a, lambda_neg=-1.0), "lambda_neg"),

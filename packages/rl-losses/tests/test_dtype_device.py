@@ -82,6 +82,17 @@ CALLS: dict[str, Callable[[dict[str, torch.Tensor]], list[torch.Tensor]]] = {
 }
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_high_entropy_mask_takes_half_precision(dtype: torch.dtype) -> None:
+    """torch.quantile takes float32/float64 only: half-precision entropies are upcast for it."""
+    x = _inputs(F64, "cpu")
+    half = x["entropies"].to(dtype)
+    got = rl.high_entropy_mask(half, x["mask"], 0.3)
+    expected = rl.high_entropy_mask(half.float(), x["mask"], 0.3)
+    assert got.tolist() == expected.tolist()  # bit-exact: bool masks from the same values
+    assert 0 < int(got.sum()) < int(x["mask"].sum())
+
+
 @pytest.mark.parametrize("name", sorted(CALLS))
 def test_float32_in_float32_out(name: str) -> None:
     got = CALLS[name](_inputs(torch.float32, "cpu"))

@@ -172,9 +172,43 @@ def test_to_units_turn_level_needs_turn_ids() -> None:
     raises_naming(lambda: rl.to_units(ones(3, 4), bmask(3, 4), "turn"), "turn_ids")
 
 
+@pytest.mark.parametrize("name", LEVELED)
+@pytest.mark.parametrize("all_minus_one", [False, True], ids=["one_token", "every_token"])
+def test_turn_id_minus_one_at_a_valid_token(name: str, all_minus_one: bool) -> None:
+    """A valid token outside every turn would be dropped from the loss without a word."""
+    turn_ids = torch.full((3, 4), -1) if all_minus_one else torch.zeros(3, 4, dtype=torch.int64)
+    turn_ids[1, 2] = -1
+    message = raises_naming(lambda: policy(name, level="turn", turn_ids=turn_ids), "turn_ids")
+    assert "mask" in message
+    raises_naming(lambda: rl.to_units(ones(3, 4), bmask(3, 4), "turn", turn_ids), "turn_ids")
+
+
+def test_turn_id_minus_one_at_a_masked_token_is_fine() -> None:
+    turn_ids = torch.zeros(3, 4, dtype=torch.int64)
+    turn_ids[1, 2] = -1
+    mask = bmask(3, 4)
+    mask[1, 2] = False
+    out = policy("clipped_surrogate", level="turn", turn_ids=turn_ids, mask=mask)
+    assert bool(torch.isfinite(out.loss))
+
+
 @pytest.mark.parametrize("bounds", [(1.2, 0.8), (1.0, 1.0), (0.9, 0.9)])
 def test_ratio_bounds_low_not_below_high(bounds: tuple[float, float]) -> None:
     raises_naming(lambda: policy("clipped_surrogate", ratio_bounds=bounds), "ratio_bounds")
+
+
+@pytest.mark.parametrize("bounds", [(-1.0, 2.0), (1.1, 1.5), (0.5, 0.9), (NAN, 2.0), (0.8, NAN)])
+def test_ratio_bounds_must_hold_ratio_one_and_be_non_negative(
+    bounds: tuple[float, float],
+) -> None:
+    raises_naming(lambda: policy("clipped_surrogate", ratio_bounds=bounds), "ratio_bounds")
+
+
+@pytest.mark.parametrize("bounds", [(0.0, INF), (0.8, 1.0), (1.0, 1.2), (0.5, 2.0)])
+def test_ratio_bounds_around_one_are_accepted(bounds: tuple[float, float]) -> None:
+    # (0, inf) is the registered `importance_sampling` (Tinker); lo = 1 or hi = 1 is Tinker's
+    # `0 < clip_low_threshold <= 1 <= clip_high_threshold`
+    assert bool(torch.isfinite(policy("clipped_surrogate", ratio_bounds=bounds).loss))
 
 
 @pytest.mark.parametrize("clip_low", [-0.1, 1.0, 1.5])
@@ -283,12 +317,113 @@ def test_lower_not_below_cap(lower: float) -> None:
     )
 
 
-@pytest.mark.parametrize("normalizer", [0.0, -2.0])
-def test_normalizer_not_positive(normalizer: float) -> None:
-    # spec: "normalizer (float or 0-dim tensor, > 0)"
+@pytest.mark.parametrize("normalizer", [0.0, -2.0, INF, NAN])
+@pytest.mark.parametrize("as_tensor", [False, True], ids=["float", "tensor"])
+def test_normalizer_not_positive(normalizer: float, as_tensor: bool) -> None:
+    # spec: "normalizer (float or 0-dim tensor, > 0)"; a tensor is checked as a float is
+    value = torch.tensor(normalizer, dtype=F64) if as_tensor else normalizer
+    raises_naming(lambda: rl.aggregate(ones(2, 3), bmask(2, 3), normalizer=value), "normalizer")
+    raises_naming(lambda: policy("clipped_surrogate", normalizer=value), "normalizer")
+
+
+def test_tensor_normalizer_is_accepted() -> None:
+    got = rl.aggregate(ones(2, 3), bmask(2, 3), normalizer=torch.tensor(4.0))
+    assert float(got) == 6 / 4
+
+
+@pytest.mark.parametrize("max_length", [0, -1, 2.5, True])
+@pytest.mark.parametrize("mode", ["token_mean", "seq_mean_token_sum_norm"])
+def test_max_length_not_a_positive_int(max_length: Any, mode: str) -> None:
     raises_naming(
-        lambda: rl.aggregate(ones(2, 3), bmask(2, 3), normalizer=normalizer), "normalizer"
+        lambda: rl.aggregate(ones(2, 3), bmask(2, 3), mode, max_length=max_length), "max_length"
     )
+
+
+# --------------------------------------------------------------------------- dtypes and masks
+
+INT_INPUTS: dict[str, tuple[Callable[[torch.Tensor], Any], str]] = {
+    **{
+        f"{name}_{arg}": (
+            (lambda x, name=name, arg=arg: policy(name, **{arg: x})),
+            arg,
+        )
+        for name in POLICY
+        for arg in ("logprobs", "old_logprobs")
+    },
+    "clipped_surrogate_advantages": (
+        lambda x: policy("clipped_surrogate", advantages=x),
+        "advantages",
+    ),
+    "kl_estimate": (lambda x: rl.kl_estimate(lps(3, 4), x), "ref_logprobs"),
+    "kl_penalty_logprobs": (lambda x: rl.kl_penalty(x, lps(3, 4), bmask(3, 4)), "logprobs"),
+    "kl_penalty_ref": (lambda x: rl.kl_penalty(lps(3, 4), x, bmask(3, 4)), "ref_logprobs"),
+    "value_loss_values": (
+        lambda x: rl.value_loss(x, ones(3, 4), ones(3, 4), bmask(3, 4)),
+        "values",
+    ),
+    "value_loss_returns": (
+        lambda x: rl.value_loss(ones(3, 4), ones(3, 4), x, bmask(3, 4)),
+        "returns",
+    ),
+    "entropy_bonus": (lambda x: rl.entropy_bonus(x, bmask(3, 4), coef=0.1), "entropies"),
+    "aggregate": (lambda x: rl.aggregate(x, bmask(3, 4)), "loss"),
+    "rollout_correction": (
+        lambda x: rl.rollout_correction(lps(3, 4), x, bmask(3, 4)),
+        "sampling_logprobs",
+    ),
+    "off_policy_mask": (
+        lambda x: rl.off_policy_mask(x, lps(3, 4), ones(3), bmask(3, 4)),
+        "logprobs",
+    ),
+    "awac_loss": (lambda x: rl.awac_loss(lps(3, 4), x, bmask(3, 4)), "advantages"),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+@pytest.mark.parametrize("case", sorted(INT_INPUTS))
+def test_integer_or_bool_inputs_are_refused(case: str, dtype: torch.dtype) -> None:
+    """Refused at entry, naming the argument: an int64 log-prob tensor would otherwise give a
+    loss of 0, and an int tensor elsewhere a TypeError from torch.finfo naming nothing."""
+    call, arg = INT_INPUTS[case]
+    shape = (3,) if case == "clipped_surrogate_advantages" else (3, 4)
+    message = raises_naming(lambda: call(torch.zeros(shape, dtype=dtype)), arg)
+    assert "floating-point" in message
+    assert ".float()" in message
+
+
+FRACTIONAL_MASKS: dict[str, tuple[Callable[[torch.Tensor], Any], str | None]] = {
+    **{name: ((lambda m, name=name: policy(name, mask=m)), "is_weights") for name in POLICY},
+    "kl_penalty": (lambda m: rl.kl_penalty(lps(3, 4), lps(3, 4), m), "is_weights"),
+    "aggregate": (lambda m: rl.aggregate(ones(3, 4), m), None),
+    "entropy_bonus": (lambda m: rl.entropy_bonus(ones(3, 4), m), None),
+    "value_loss": (lambda m: rl.value_loss(ones(3, 4), ones(3, 4), ones(3, 4), m), None),
+    "rollout_correction": (lambda m: rl.rollout_correction(lps(3, 4), lps(3, 4), m), None),
+}
+
+
+@pytest.mark.parametrize("value", [0.5, 2.0, -1.0, NAN])
+@pytest.mark.parametrize("case", sorted(FRACTIONAL_MASKS))
+def test_mask_other_than_zero_one_is_refused(case: str, value: float) -> None:
+    """A weight passed as the mask would otherwise count as a whole token (mask != 0)."""
+    call, weights = FRACTIONAL_MASKS[case]
+    mask = torch.ones(3, 4, dtype=F64)
+    mask[1, 1] = value
+    message = raises_naming(lambda: call(mask), "mask")
+    if weights is not None:
+        assert f"`{weights}`" in message, message
+    if value == 2.0:
+        raises_naming(lambda: call(mask.long()), "mask")
+
+
+@pytest.mark.parametrize("name", POLICY)
+@pytest.mark.parametrize("dtype", [F64, torch.float32, torch.int64, torch.uint8])
+def test_zero_one_masks_of_any_dtype_equal_the_bool_mask(name: str, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(7)
+    mask = torch.rand(3, 4, generator=g) < 0.6
+    lp = lps(3, 4) + 0.1 * torch.randn(3, 4, generator=g, dtype=F64)
+    expected = policy(name, logprobs=lp, mask=mask).loss
+    got = policy(name, logprobs=lp, mask=mask.to(dtype)).loss
+    assert torch.equal(got, expected)  # bit-exact: the same bool mask after the 0/1 check
 
 
 # --------------------------------------------------------------------------- non-finite inputs

@@ -326,6 +326,17 @@ def test_turn_level_without_any_turn(aggregation: str) -> None:
     close(got.loss, 0.0)
     close(grad_of(got.loss, inputs["logprobs"]), torch.zeros(2, 3, dtype=F64))
     close(ref.ref_clipped_surrogate(**kwargs).loss, 0.0)
+    # still on the autograd graph: backward runs and leaves zero gradients
+    for unit_weight in ("unit", "tokens"):
+        lp = inputs["logprobs"].detach().clone().requires_grad_(True)
+        out = rl.clipped_surrogate(**(kwargs | {"logprobs": lp, "unit_weight": unit_weight}))
+        assert out.loss.requires_grad, unit_weight
+        out.loss.backward()
+        assert lp.grad is not None
+        assert not bool(lp.grad.any()), unit_weight
+    x_u, m_u = rl.to_units(lp, inputs["mask"], "turn", inputs["turn_ids"])
+    assert x_u.shape == m_u.shape == (2, 0)
+    assert x_u.requires_grad
 
 
 def test_turn_count_reads_every_turn_id() -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from rl_kernels._checks import check_projection, check_targets, shape_str
+from rl_kernels._checks import as_mask, check_projection, check_targets, shape_str
 
 __all__ = ["LigerPolicyLossOutput", "liger_policy_loss"]
 
@@ -143,7 +143,7 @@ def liger_policy_loss(
         raise ValueError("`normalizer` is supported only with aggregation='token_mean' in Liger")
     if kl_coef > 0 and ref_logprobs is None:
         raise ValueError("`ref_logprobs` is required when `kl_coef` > 0")
-    m = mask if mask.dtype == torch.bool else mask != 0
+    m = as_mask(mask, "targets", targets, "is_weights")
     targets = check_targets(targets, weight.shape[0], m)
     high = clip_low if clip_high is None else clip_high
     kwargs: dict[str, Any] = {

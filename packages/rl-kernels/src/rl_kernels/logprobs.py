@@ -11,6 +11,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from rl_kernels._checks import (
+    check_chunk_rows,
     check_finite_rows,
     check_projection,
     check_targets,
@@ -286,7 +287,8 @@ def fused_logprobs(
         targets: [M] token ids in [0, V).
         bias: [V] lm_head bias, or None.
         temperature: Sampling temperature :math:`\tau` > 0 (divide the logits).
-        chunk_rows: Rows per chunk; None sizes it with :func:`rl_kernels.auto_chunk_rows`.
+        chunk_rows: Rows per chunk (a positive int); None sizes it with
+            :func:`rl_kernels.auto_chunk_rows`.
         with_entropy: Also return the entropy of each row's distribution.
         upcast: Compute in fp32 (True) or in the input dtype.
         memory_budget: Bytes for one fp32 logits tile when ``chunk_rows`` is None.
@@ -320,13 +322,12 @@ def fused_logprobs(
     targets = check_targets(targets, weight.shape[0], None)
     m = hidden.shape[0]
     vt = check_vocab_chunk(vocab_chunk, weight.shape[0])
+    check_chunk_rows(chunk_rows)
     chunk = (
         auto_chunk_rows(vt or weight.shape[0], memory_budget, total_rows=m, cpu=hidden.is_cpu)
         if chunk_rows is None
         else chunk_rows
     )
-    if chunk < 1:
-        raise ValueError(f"`chunk_rows` must be >= 1, got {chunk_rows}")
     cd = compute_dtype(hidden.dtype, upcast)
     grads = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (hidden, weight, bias)

@@ -32,7 +32,11 @@ from rl_losses.registry import UNPUBLISHED
 from torch.autograd.function import once_differentiable
 
 from rl_kernels._checks import (
+    as_mask,
+    check_chunk_rows,
+    check_finite,
     check_finite_rows,
+    check_float,
     check_projection,
     check_targets,
     check_vocab_chunk,
@@ -60,7 +64,7 @@ class FusedPolicyLossOutput:
     policy_loss: torch.Tensor
     """The policy term."""
     kl_loss: torch.Tensor
-    """The KL term (0 without ``ref_logprobs``)."""
+    """The KL term (0 without ``ref_logprobs``, which ``kl_coef > 0`` requires)."""
     entropy_loss: torch.Tensor
     """The entropy-bonus term (0 with ``entropy_coef = 0``)."""
     clip_frac_low: torch.Tensor
@@ -332,6 +336,80 @@ def _check_tokens(name: str, x: torch.Tensor | None, ref: torch.Tensor) -> None:
         )
 
 
+def _check_options(
+    objective: str,
+    objective_kwargs: dict[str, Any],
+    kl_coef: float,
+    entropy_coef: float,
+    ref_logprobs: torch.Tensor | None,
+    chunk_rows: int | None,
+    correction: tuple[str, str, float, float | None],
+) -> None:
+    """The options of :func:`fused_policy_loss`; pops an explicit ``level="token"``."""
+    if objective not in FUSED_OBJECTIVES:
+        why = UNPUBLISHED.get(objective)
+        raise ValueError(
+            f"`objective` {objective!r} is not fused: {why}"
+            if why
+            else f"`objective` must be one of {FUSED_OBJECTIVES} (token-level objectives); got "
+            f"{objective!r}. For turn/trajectory-level ones use fused_logprobs + rl_losses."
+        )
+    level = objective_kwargs.pop("level", "token")
+    if level != "token":
+        raise ValueError(
+            f"`level` {level!r} is not fused: fused_policy_loss is token level (each token is "
+            "its own importance-sampling unit). For turn or trajectory level, compute the "
+            "log-probs with rl_kernels.fused_logprobs and pass them to the rl_losses objective "
+            "with its `level`"
+        )
+    if not kl_coef >= 0 or not entropy_coef >= 0:
+        raise ValueError(
+            f"`kl_coef` and `entropy_coef` must be >= 0, got {kl_coef}, {entropy_coef}"
+        )
+    if kl_coef > 0 and ref_logprobs is None:
+        raise ValueError(
+            f"`ref_logprobs` is required when `kl_coef` > 0 (got kl_coef={kl_coef}): pass the "
+            "reference policy's [N, T] log-probs, or kl_coef=0 for no KL term"
+        )
+    # the correction options are checked whether or not a correction is computed
+    level_c, mode_c, cap, lower = correction
+    for name, value, choices in (
+        ("correction_level", level_c, ("token", "sequence")),
+        ("correction_mode", mode_c, ("truncate", "mask")),
+    ):
+        if value not in choices:
+            raise ValueError(f"`{name}` must be one of {choices}, got {value!r}")
+    if not cap > 0:
+        raise ValueError(f"`correction_cap` must be > 0, got {cap}")
+    if lower is not None and not lower < cap:
+        raise ValueError(f"`correction_lower` must be < `correction_cap` = {cap}, got {lower}")
+    check_chunk_rows(chunk_rows)
+
+
+def _check_log_probs(
+    advantages: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    ref_logprobs: torch.Tensor | None,
+    sampling_logprobs: torch.Tensor | None,
+    mask: torch.Tensor,
+) -> None:
+    """Floating-point inputs, and ``ref_logprobs`` finite at valid tokens (as ``kl_penalty``).
+
+    The chunks run the policy objective, which checks the others, but compute the KL with
+    ``kl_estimate``, which has no mask to check against.
+    """
+    check_float("advantages", advantages)
+    for name, x in (
+        ("old_logprobs", old_logprobs),
+        ("ref_logprobs", ref_logprobs),
+        ("sampling_logprobs", sampling_logprobs),
+    ):
+        if x is not None:
+            check_float(name, x)
+    if ref_logprobs is not None:
+        check_finite("ref_logprobs", ref_logprobs, mask)
+
+
 def fused_policy_loss(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -406,10 +484,11 @@ def fused_policy_loss(
         hidden: [N, T, H] last hidden states (before the lm_head).
         weight: [V, H] lm_head weight.
         targets: [N, T] token ids (the completion tokens); any value at masked positions.
-        mask: [N, T] bool, True at tokens that count.
+        mask: [N, T] bool, True at tokens that count (or 0/1; weights go in ``is_weights``).
         advantages: [N] or [N, T].
         old_logprobs: [N, T] behaviour log-probs, or None (on-policy: ratio 1).
-        ref_logprobs: [N, T] reference log-probs for the KL term, or None.
+        ref_logprobs: [N, T] reference log-probs for the KL term (finite at valid tokens);
+            required when ``kl_coef > 0``, else None.
         sampling_logprobs: [N, T] the sampler's log-probs for the mismatch correction, or None.
         bias: [V] lm_head bias, or None.
         temperature: Sampling temperature (> 0).
@@ -425,9 +504,10 @@ def fused_policy_loss(
         is_weights: [N, T] precomputed importance weights (overrides the correction).
         correction_level: ``rollout_correction`` level (``"token"``/``"sequence"``).
         correction_mode: ``rollout_correction`` mode (``"truncate"``/``"mask"``).
-        correction_cap: ``rollout_correction`` cap.
-        correction_lower: ``rollout_correction`` lower bound.
-        chunk_rows: Tokens per chunk; None sizes it with ``auto_chunk_rows``.
+        correction_cap: ``rollout_correction`` cap (> 0).
+        correction_lower: ``rollout_correction`` lower bound (< ``correction_cap``), or None.
+            The four are checked even without ``sampling_logprobs``.
+        chunk_rows: Tokens per chunk (a positive int); None sizes it with ``auto_chunk_rows``.
         memory_budget: Bytes for one fp32 logits tile when ``chunk_rows`` is None.
         return_entropy: Compute and return per-token entropies even without a bonus.
         upcast: Compute logits and reductions in fp32 for half-precision inputs.
@@ -440,7 +520,7 @@ def fused_policy_loss(
             columns (see ``fused_logprobs``). None: whole rows of the vocabulary.
         **objective_kwargs: Passed to the objective (``clip_low``, ``clip_high``,
             ``dual_clip``, ``delta``, ``ratio_bounds``, ``clamp``, ``eps_low``, ``eps_high``,
-            ``form``, ``tau_pos``, ``tau_neg``).
+            ``form``, ``tau_pos``, ``tau_neg``). ``level`` may only be ``"token"``.
 
     Returns:
         :class:`FusedPolicyLossOutput`.
@@ -458,19 +538,11 @@ def fused_policy_loss(
         _check_tokens(name, x, targets)
     _check_tokens("sampling_logprobs", sampling_logprobs, targets)
     _check_tokens("is_weights", is_weights, targets)
-    if objective not in FUSED_OBJECTIVES:
-        why = UNPUBLISHED.get(objective)
-        raise ValueError(
-            f"`objective` {objective!r} is not fused: {why}"
-            if why
-            else f"`objective` must be one of {FUSED_OBJECTIVES} (token-level objectives); got "
-            f"{objective!r}. For turn/trajectory-level ones use fused_logprobs + rl_losses."
-        )
-    if not kl_coef >= 0 or not entropy_coef >= 0:
-        raise ValueError(
-            f"`kl_coef` and `entropy_coef` must be >= 0, got {kl_coef}, {entropy_coef}"
-        )
-    m = mask if mask.dtype == torch.bool else mask != 0
+    _check_options(
+        objective, objective_kwargs, kl_coef, entropy_coef, ref_logprobs, chunk_rows,
+        (correction_level, correction_mode, correction_cap, correction_lower),
+    )  # fmt: skip
+    m = as_mask(mask, "targets", targets, "is_weights")
     targets = check_targets(targets, weight.shape[0], m)
     n, t = targets.shape
     if advantages.shape == (n,):
@@ -482,6 +554,7 @@ def fused_policy_loss(
             f"`advantages` has shape {shape_str(advantages)} but `targets` has shape "
             f"{shape_str(targets)}; pass [N] or [N, T]"
         )
+    _check_log_probs(adv, old_logprobs, ref_logprobs, sampling_logprobs, m)
     cd = compute_dtype(hidden.dtype, upcast)
     policy_mask, w = m, is_weights
     if is_weights is None and sampling_logprobs is not None:
@@ -507,8 +580,6 @@ def fused_policy_loss(
         if chunk_rows is None
         else chunk_rows
     )
-    if chunk < 1:
-        raise ValueError(f"`chunk_rows` must be >= 1, got {chunk_rows}")
 
     def pick(x: torch.Tensor | None) -> torch.Tensor | None:
         return None if x is None else x.reshape(-1)[index].detach().to(cd)
@@ -519,7 +590,7 @@ def fused_policy_loss(
         targets=targets.reshape(-1)[index],
         advantages=adv.reshape(-1)[index].detach().to(cd),
         old=pick(old_logprobs),
-        ref=pick(ref_logprobs) if kl_coef > 0 or ref_logprobs is not None else None,
+        ref=pick(ref_logprobs),
         policy_mask=policy_mask.reshape(-1)[index],
         policy_weight=policy_agg.reshape(-1)[index],
         other_weight=other_agg.reshape(-1)[index],

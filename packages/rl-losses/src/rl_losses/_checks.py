@@ -34,10 +34,34 @@ def check_same_shape(name: str, x: torch.Tensor, ref_name: str, ref: torch.Tenso
         )
 
 
-def as_mask(mask: torch.Tensor, like_name: str, like: torch.Tensor) -> torch.Tensor:
-    """Validate ``mask`` against ``like`` and return it as bool (True = counts)."""
+def check_float(name: str, x: torch.Tensor) -> None:
+    """Raise unless ``x`` is a floating-point tensor (an integer or bool one is refused)."""
+    check_tensor(name, x)
+    if not x.is_floating_point():
+        raise ValueError(
+            f"`{name}` must be a floating-point tensor, got {x.dtype}; convert with .float()"
+        )
+
+
+def as_mask(
+    mask: torch.Tensor, like_name: str, like: torch.Tensor, weights_name: str | None = None
+) -> torch.Tensor:
+    """Validate ``mask`` against ``like`` and return it as bool (True = counts).
+
+    A bool mask is returned as is; an integer or floating-point one must hold only 0 and 1
+    (one host synchronisation), so a weight is never silently counted as a whole token.
+    ``weights_name`` is the caller's per-token weights argument, named in the error.
+    """
     check_same_shape("mask", mask, like_name, like)
-    return mask if mask.dtype == torch.bool else mask != 0
+    if mask.dtype == torch.bool:
+        return mask
+    if bool(((mask != 0) & (mask != 1)).any()):
+        hint = f"; for per-token weights pass `{weights_name}`" if weights_name else ""
+        raise ValueError(
+            f"`mask` must be bool (True where the token counts) or 0/1, got a {mask.dtype} "
+            f"mask with other values{hint}"
+        )
+    return mask != 0
 
 
 def check_finite(name: str, x: torch.Tensor, mask: torch.Tensor) -> None:

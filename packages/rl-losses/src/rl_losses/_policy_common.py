@@ -18,6 +18,7 @@ from rl_losses._checks import (
     check_2d,
     check_choice,
     check_finite,
+    check_float,
     check_same_shape,
     check_tensor,
     masked_max,
@@ -70,8 +71,10 @@ def _prepare(
 ) -> _Units:
     check_2d("logprobs", logprobs)
     check_same_shape("old_logprobs", old_logprobs, "logprobs", logprobs)
-    m = as_mask(mask, "logprobs", logprobs)
+    m = as_mask(mask, "logprobs", logprobs, "is_weights")
     adv = _token_advantages(advantages, logprobs)
+    for name, x in (("logprobs", logprobs), ("old_logprobs", old_logprobs), ("advantages", adv)):
+        check_float(name, x)
     check_finite("logprobs", logprobs, m)
     check_finite("old_logprobs", old_logprobs, m)
     check_finite("advantages", adv, m)
@@ -101,8 +104,8 @@ def _to_tokens(loss_u: torch.Tensor, units: _Units) -> tuple[torch.Tensor, torch
     assert units.token_ids is not None
     ids = units.token_ids
     valid = ids >= 0
-    if loss_u.shape[1] == 0:
-        return loss_u.new_zeros(ids.shape), valid
+    if loss_u.shape[1] == 0:  # no unit: zeros that stay on the autograd graph
+        return loss_u.new_zeros(ids.shape) + loss_u.sum(), valid
     loss_t = torch.gather(loss_u, 1, ids.clamp(min=0))
     if units.token_weights is not None:
         loss_t = loss_t * units.token_weights
@@ -160,10 +163,10 @@ def _bounds(
 ) -> tuple[float, float]:
     if ratio_bounds is not None:
         lo, hi = (float(b) for b in ratio_bounds)
-        if not lo < hi:
+        if not (0.0 <= lo <= 1.0 <= hi and lo < hi):
             raise ValueError(
-                f"`ratio_bounds` must be (low, high) absolute ratio bounds with low < high, got "
-                f"{ratio_bounds}"
+                f"`ratio_bounds` must be (low, high) absolute ratio bounds with 0 <= low <= 1 <= "
+                f"high and low < high (e.g. (0.8, 1.2); (0, inf) for no clip), got {ratio_bounds}"
             )
         return lo, hi
     if not 0.0 <= clip_low < 1.0:

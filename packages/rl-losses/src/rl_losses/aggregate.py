@@ -5,11 +5,13 @@ The GRPO-family variants differ mostly here, so the weighting is an explicit arg
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Literal
 
 import torch
 
-from rl_losses._checks import as_mask, check_2d, check_choice, zero_fill
+from rl_losses._checks import as_mask, check_2d, check_choice, check_float, zero_fill
 
 __all__ = ["AGGREGATIONS", "Aggregation", "aggregate"]
 
@@ -35,10 +37,30 @@ def _denominator(
                 f"`normalizer` must be a number or a 1-element tensor, got shape "
                 f"{list(normalizer.shape)}"
             )
+        _check_normalizer(float(normalizer.detach()), normalizer)  # one host synchronisation
         return normalizer.detach().to(dtype=like.dtype, device=like.device).reshape(())
-    if not float(normalizer) > 0:
-        raise ValueError(f"`normalizer` must be > 0, got {normalizer}")
+    _check_normalizer(float(normalizer), normalizer)
     return torch.tensor(float(normalizer), dtype=like.dtype, device=like.device)
+
+
+def _check_normalizer(value: float, normalizer: object) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"`normalizer` must be finite and > 0 (the global token or sequence count), got "
+            f"{normalizer}"
+        )
+
+
+def _check_max_length(max_length: int | None) -> None:
+    if max_length is None:
+        return
+    if isinstance(max_length, bool) or not isinstance(max_length, numbers.Integral):
+        raise ValueError(
+            f"`max_length` must be a positive int (L of seq_mean_token_sum_norm) or None, got "
+            f"{max_length!r}"
+        )
+    if max_length < 1:
+        raise ValueError(f"`max_length` must be >= 1, got {max_length}")
 
 
 def aggregate(
@@ -88,15 +110,19 @@ def aggregate(
         loss: [N, T] per-token (or [N, U] per-unit) loss.
         mask: [N, T] bool, True where the token counts.
         mode: The weighting, one of the four above.
-        normalizer: Global :math:`D` (> 0), or None for the local count.
-        max_length: :math:`L` for ``seq_mean_token_sum_norm``; default T.
+        normalizer: Global :math:`D` (finite, > 0; a tensor is read once on the host to check
+            it), or None for the local count.
+        max_length: :math:`L` (an int >= 1) for ``seq_mean_token_sum_norm``; default T.
+            The other modes do not read it.
 
     Returns:
         The scalar loss; 0 (with zero gradient) when nothing is valid, never NaN.
     """
     check_2d("loss", loss, "[N, T]")
+    check_float("loss", loss)
     m = as_mask(mask, "loss", loss)
     check_choice("mode", mode, AGGREGATIONS)
+    _check_max_length(max_length)
     lz = zero_fill(loss, m)
     counts = m.sum(dim=1)
     rows = (counts > 0).sum()
@@ -110,9 +136,7 @@ def aggregate(
         num = lz.sum()
         den = _denominator(normalizer, rows, lz)
     else:
-        length = max(loss.shape[1], 1) if max_length is None else max_length
-        if not length > 0:
-            raise ValueError(f"`max_length` must be > 0, got {max_length}")
+        length = max(loss.shape[1], 1) if max_length is None else int(max_length)
         num = lz.sum()
         den = _denominator(normalizer, rows, lz) * length
     return num / den.clamp(min=torch.finfo(lz.dtype).tiny)

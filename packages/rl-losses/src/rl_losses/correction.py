@@ -17,6 +17,7 @@ from rl_losses._checks import (
     check_2d,
     check_choice,
     check_finite,
+    check_float,
     check_same_shape,
     zero_fill,
 )
@@ -171,6 +172,8 @@ def _ratios(
     m = as_mask(mask, "old_logprobs", old_logprobs)
     check_choice("level", level, ("token", "sequence"))
     check_choice("mode", mode, ("truncate", "mask"))
+    check_float("old_logprobs", old_logprobs)
+    check_float("sampling_logprobs", sampling_logprobs)
     check_finite("old_logprobs", old_logprobs, m)
     check_finite("sampling_logprobs", sampling_logprobs, m)
     if not cap > 0:
@@ -262,6 +265,8 @@ def off_policy_mask(
     check_2d("logprobs", logprobs)
     check_same_shape("behaviour_logprobs", behaviour_logprobs, "logprobs", logprobs)
     m = as_mask(mask, "logprobs", logprobs)
+    check_float("logprobs", logprobs)
+    check_float("behaviour_logprobs", behaviour_logprobs)
     check_finite("logprobs", logprobs, m)
     check_finite("behaviour_logprobs", behaviour_logprobs, m)
     n, t = logprobs.shape
@@ -274,6 +279,7 @@ def off_policy_mask(
             f"`advantages` has shape {list(advantages.shape)} but `logprobs` has shape "
             f"{[n, t]}; pass [N] (one per sequence) or [N, T]"
         )
+    check_float("advantages", adv)
     if token_bounds is not None:
         lo, hi = (float(b) for b in token_bounds)
         if not 0.0 <= lo < 1.0 < hi:

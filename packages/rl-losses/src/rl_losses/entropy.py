@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from rl_losses._checks import as_mask, check_2d, check_choice, check_finite, zero_fill
+from rl_losses._checks import (
+    as_mask,
+    check_2d,
+    check_choice,
+    check_finite,
+    check_float,
+    zero_fill,
+)
 from rl_losses.aggregate import AGGREGATIONS, Aggregation, aggregate
 from rl_losses.outputs import EntropyOutput
 
@@ -45,6 +52,7 @@ def entropy_bonus(
         :class:`EntropyOutput`.
     """
     check_2d("entropies", entropies)
+    check_float("entropies", entropies)
     m = as_mask(mask, "entropies", entropies)
     check_choice("aggregation", aggregation, AGGREGATIONS)
     check_finite("entropies", entropies, m)
@@ -89,6 +97,11 @@ def high_entropy_mask(
     valid = entropies.detach()[m]
     if valid.numel() == 0:
         return m.clone()
-    values = valid if valid.is_floating_point() else valid.double()
+    if not valid.is_floating_point():
+        values = valid.double()
+    elif valid.dtype in (torch.float16, torch.bfloat16):  # torch.quantile takes fp32/fp64 only
+        values = valid.float()
+    else:
+        values = valid
     threshold = torch.quantile(values, 1.0 - top_quantile)
-    return m & (entropies.detach() >= threshold)
+    return m & (entropies.detach().to(values.dtype) >= threshold)

@@ -45,6 +45,7 @@ from rl_losses._checks import (
     check_2d,
     check_choice,
     check_finite,
+    check_float,
     check_same_shape,
     check_tensor,
     shape_str,
@@ -269,6 +270,7 @@ def expectile_loss(
     m = as_mask(mask, "values", values)
     check_choice("aggregation", aggregation, AGGREGATIONS)
     _check_range("tau", tau, 0.0, 1.0, "()")
+    check_float("values", values)
     check_finite("values", values, m)
     check_finite("target_q", target_q, m)
     v = zero_fill(values, m)
@@ -371,6 +373,8 @@ def awac_loss(
     check_same_shape("advantages", advantages, "logprobs", logprobs)
     m = as_mask(mask, "logprobs", logprobs)
     check_choice("aggregation", aggregation, AGGREGATIONS)
+    check_float("logprobs", logprobs)
+    check_float("advantages", advantages)
     check_finite("logprobs", logprobs, m)
     check_finite("advantages", advantages, m)
     if not beta >= 0:
@@ -514,6 +518,8 @@ def ilql_loss(
     m = as_mask(mask, "values", values)
     check_same_shape("logprobs", logprobs, "values", values)
     check_same_shape("rewards", rewards, "values", values)
+    check_float("values", values)
+    check_float("logprobs", logprobs)
     check_choice("target_reduction", target_reduction, _TARGET_REDUCTIONS)
     check_choice("aggregation", aggregation, AGGREGATIONS)
     for name, scale in (("cql_scale", cql_scale), ("awac_scale", awac_scale)):

@@ -25,6 +25,7 @@ from rl_losses._checks import (
     check_2d,
     check_choice,
     check_finite,
+    check_float,
     check_same_shape,
     masked_max,
     zero_fill,
@@ -88,6 +89,8 @@ def kl_estimate(
     """
     check_2d("logprobs", logprobs)
     check_same_shape("ref_logprobs", ref_logprobs, "logprobs", logprobs)
+    check_float("logprobs", logprobs)
+    check_float("ref_logprobs", ref_logprobs)
     check_choice("kind", kind, _KINDS)
     if grad_kind is not None:
         check_choice("grad_kind", grad_kind, _KINDS)
@@ -170,7 +173,8 @@ def kl_penalty(
         max_length: For ``seq_mean_token_sum_norm``.
         old_logprobs: [N, T] behaviour log-probs, for ``importance_weight``.
         importance_weight: ``"none"``, ``"ratio"`` or ``"gradient"`` (see above).
-        weight_cap: Upper bound (> 0) on :math:`r_t` in the weight, or None.
+        weight_cap: Upper bound (> 0) on :math:`r_t` in the weight, or None; needs an
+            ``importance_weight`` other than ``"none"``.
         clamp_mode: ``"value"`` (clamp the estimate) or ``"drop"`` (needs ``clamp``).
         is_weights: [N, T] detached per-token factors, or None.
 
@@ -178,9 +182,11 @@ def kl_penalty(
         :class:`KLOutput`.
     """
     check_2d("logprobs", logprobs)
-    m = as_mask(mask, "logprobs", logprobs)
+    m = as_mask(mask, "logprobs", logprobs, "is_weights")
     check_choice("aggregation", aggregation, AGGREGATIONS)
     check_same_shape("ref_logprobs", ref_logprobs, "logprobs", logprobs)
+    check_float("logprobs", logprobs)
+    check_float("ref_logprobs", ref_logprobs)
     check_finite("logprobs", logprobs, m)
     check_finite("ref_logprobs", ref_logprobs, m)
     if not coef >= 0:
@@ -191,6 +197,12 @@ def kl_penalty(
         raise ValueError("`clamp_mode='drop'` needs a `clamp` bound (AgileRL uses 10.0)")
     if weight_cap is not None and not weight_cap > 0:
         raise ValueError(f"`weight_cap` must be > 0, got {weight_cap}")
+    if weight_cap is not None and importance_weight == "none":
+        raise ValueError(
+            "`weight_cap` caps the importance weight, which importance_weight='none' does not "
+            "use: pass importance_weight='ratio' or 'gradient' (with `old_logprobs`), or drop "
+            "`weight_cap`"
+        )
     lp = zero_fill(logprobs, m)
     ref = zero_fill(ref_logprobs, m)
     value_clamp = clamp if clamp_mode == "value" else None
@@ -206,6 +218,7 @@ def kl_penalty(
                 "behaviour policy's log-probs); pass logprobs.detach() when on-policy"
             )
         check_same_shape("old_logprobs", old_logprobs, "logprobs", logprobs)
+        check_float("old_logprobs", old_logprobs)
         check_finite("old_logprobs", old_logprobs, m)
         ratio = torch.exp(lp - zero_fill(old_logprobs, m).detach())
         if weight_cap is not None:

@@ -117,7 +117,8 @@ def clipped_surrogate(
         clip_high: :math:`\epsilon_{high}` (default ``clip_low``).
         dual_clip: c > 1 for the dual clip, or None.
         delta: Cap of the unclipped ratio (> upper bound), or None.
-        ratio_bounds: Absolute ``(lo, hi)`` bounds, overriding ``clip_low``/``clip_high``.
+        ratio_bounds: Absolute ``(lo, hi)`` bounds with :math:`0 \le lo \le 1 \le hi`,
+            :math:`lo < hi` (``hi`` may be ``inf``), overriding ``clip_low``/``clip_high``.
 
     Returns:
         :class:`PolicyLossOutput`.

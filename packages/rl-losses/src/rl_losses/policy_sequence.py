@@ -169,8 +169,11 @@ def vespo_loss(
         log_w, _ = to_units(u.logratio.detach(), u.mask, "trajectory", None, "sum")  # [N, 1]
         log_w = log_w.clamp(*_LOG_W_BOUNDS)
         nonneg = u.advantages >= 0
-        k = torch.where(nonneg, k_pos, k_neg).to(log_w.dtype)
-        lam = torch.where(nonneg, lambda_pos, lambda_neg).to(log_w.dtype)
+        # built in log_w's dtype: a Python-scalar torch.where would round them to float32
+        k = torch.full_like(u.advantages, k_neg, dtype=log_w.dtype).masked_fill(nonneg, k_pos)
+        lam = torch.full_like(u.advantages, lambda_neg, dtype=log_w.dtype).masked_fill(
+            nonneg, lambda_pos
+        )
         phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
         phi = zero_fill(phi, u.mask)
     loss_u = -phi * u.advantages * u.logprobs

@@ -42,8 +42,8 @@ def to_units(
         x: [N, T] token values.
         mask: [N, T] bool, True where the token counts.
         level: ``"token"``, ``"turn"`` or ``"trajectory"``.
-        turn_ids: [N, T] integer turn index per token (-1 outside action tokens); required
-            for ``level="turn"``.
+        turn_ids: [N, T] integer turn index per token (-1 outside action tokens, >= 0 where
+            ``mask`` is True); required for ``level="turn"``.
         pooling: ``"sum"`` or ``"mean"``.
 
     Returns:
@@ -69,13 +69,24 @@ def to_units(
         check_same_shape("turn_ids", turn_ids, "logprobs", x)
         if turn_ids.is_floating_point() or turn_ids.dtype == torch.bool:
             raise ValueError(f"`turn_ids` must be an integer tensor, got {turn_ids.dtype}")
-        if turn_ids.numel() and int(turn_ids.min()) < -1:
-            raise ValueError("`turn_ids` must be >= -1 (-1 = not an action token)")
-        k = int(turn_ids.max()) + 1 if turn_ids.numel() else 0
+        k = 0
+        if turn_ids.numel():
+            # one host synchronisation for the three numbers
+            low, low_valid, high = torch.stack(
+                [turn_ids.min(), torch.where(mask, turn_ids, 0).min(), turn_ids.max()]
+            ).tolist()
+            if low < -1:
+                raise ValueError("`turn_ids` must be >= -1 (-1 = not an action token)")
+            if low_valid < 0:
+                raise ValueError(
+                    "`turn_ids` is -1 at a token where `mask` is True: give every valid token its "
+                    "turn index (>= 0), or set `mask` False where the id is -1"
+                )
+            k = int(high) + 1
         ids = torch.where(mask, turn_ids, -1)
     n = x.shape[0]
-    if k == 0:
-        return xz.new_zeros((n, 0)), torch.zeros((n, 0), dtype=torch.bool, device=x.device)
+    if k == 0:  # no unit: a zero-width slice keeps the result on the autograd graph
+        return xz[:, :0], torch.zeros((n, 0), dtype=torch.bool, device=x.device)
     valid = ids >= 0
     idx = ids.clamp(min=0)
     sums = xz.new_zeros((n, k)).scatter_add(1, idx, zero_fill(xz, valid))

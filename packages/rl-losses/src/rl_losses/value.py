@@ -9,6 +9,7 @@ from rl_losses._checks import (
     check_2d,
     check_choice,
     check_finite,
+    check_float,
     check_same_shape,
     zero_fill,
 )
@@ -76,6 +77,7 @@ def value_loss(
     m = as_mask(mask, "values", values)
     check_choice("aggregation", aggregation, AGGREGATIONS)
     for name, x in (("values", values), ("old_values", old_values), ("returns", returns)):
+        check_float(name, x)
         check_finite(name, x, m)
     if clip is not None and not clip > 0:
         raise ValueError(f"`clip` must be > 0, got {clip}")
