@@ -7,6 +7,8 @@ A random model rarely emits EOS by itself, so EOS and stop strings are steered w
 
 from __future__ import annotations
 
+import re
+import warnings
 from typing import Any
 
 import pytest
@@ -546,6 +548,66 @@ def test_empty_prompts_raise(prompts: list[Any]) -> None:
         engine.generate(prompts, SamplingParams(max_new_tokens=2))
 
 
+def test_a_single_prompt_must_be_wrapped_in_a_list() -> None:
+    engine, _, _ = make()
+    params = SamplingParams(max_new_tokens=2)
+    single = "`prompts` must be a list of prompts; wrap a single prompt: ['hello']"
+    with pytest.raises(ValueError, match=re.escape(single)):
+        engine.generate("hello", params)
+    with pytest.raises(ValueError, match=re.escape("prompt's ids must be wrapped: [[9, 10, 11]]")):
+        engine.generate([9, 10, 11], params)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"prompt 1 has 2\.5, which is not a token id"):
+        engine.generate([[9], [10, 2.5]], params)  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("where", ["vocab", "huge", "negative"])
+def test_prompt_ids_outside_the_vocabulary_name_the_prompt_and_the_token(where: str) -> None:
+    engine, model, _ = make()
+    vocab = model.get_input_embeddings().num_embeddings
+    bad = {"vocab": vocab, "huge": 10**5, "negative": -3}[where]
+    message = (
+        rf"prompt 1 has token id {bad} \(position 1\), outside the model's vocabulary "
+        rf"\[0, {vocab}\)"
+    )
+    with pytest.raises(ValueError, match=message):
+        engine.generate([[9, 10], [5, bad]], SamplingParams(max_new_tokens=2))
+
+
+def test_the_vocabulary_is_the_input_embeddings_not_the_tokenizers() -> None:
+    model, tok = tiny()
+    model.resize_token_embeddings(len(tok) + 5)  # ids the model has and the tokenizer lacks
+    engine = HFEngine(model, tok)
+    assert engine.vocab_size == len(tok) + 5
+    mask = chars_only_mask(len(tok) + 5)
+    mask[len(tok) :] = False  # sample only what the tokenizer can decode
+    params = SamplingParams.eval_preset(max_new_tokens=2, logit_mask=mask)
+    result = engine.generate([[9, len(tok) + 4]], params)
+    assert result.prompt_ids[0].tolist() == [9, len(tok) + 4]
+    with pytest.raises(ValueError, match=rf"prompt 0 has token id {len(tok) + 5} "):
+        engine.generate([[9, len(tok) + 5]], params)
+    with pytest.raises(ValueError, match=rf"`logit_mask` has {len(tok)} entries"):
+        engine.generate(
+            [[9]], SamplingParams(max_new_tokens=2, logit_mask=chars_only_mask(len(tok)))
+        )
+
+
+@pytest.mark.parametrize("decode", ["lean", "generate"])
+def test_logit_mask_and_stop_token_ids_are_checked_against_the_vocabulary(decode: str) -> None:
+    engine, model, _ = make(decode=decode)
+    vocab = model.get_input_embeddings().num_embeddings
+    mask = torch.ones(7, dtype=torch.bool)
+    with pytest.raises(
+        ValueError, match=rf"`logit_mask` has 7 entries, the model's vocabulary has {vocab}"
+    ):
+        engine.generate(["ab"], SamplingParams(max_new_tokens=2, logit_mask=mask))
+    params = SamplingParams(max_new_tokens=2, min_new_tokens=1, stop_token_ids=(5, vocab))
+    with pytest.raises(
+        ValueError,
+        match=rf"`stop_token_ids` has {vocab}, outside the model's vocabulary \[0, {vocab}\)",
+    ):
+        engine.generate(["ab"], params)
+
+
 # --------------------------------------------------------------------------- truncation
 
 LONG = "abcdefghijklmnopqr"  # 18 tokens
@@ -580,6 +642,30 @@ def test_max_model_len_defaults_to_max_position_embeddings() -> None:
     assert "28" in msg or "32" in msg, msg
     result = engine.generate([prompt[:28]], params)
     check_result(result, params, prompt_tokens_of(tok, [prompt[:28]]))
+
+
+@pytest.mark.parametrize("bad", [0, -5])
+def test_max_model_len_must_be_at_least_one(bad: int) -> None:
+    model, tok = tiny()
+    with pytest.raises(ValueError, match=rf"`max_model_len` must be >= 1 .*got {bad}"):
+        HFEngine(model, tok, max_model_len=bad)
+    with pytest.raises(ValueError, match="`max_model_len` must be an int or None"):
+        HFEngine(model, tok, max_model_len=2.5)  # type: ignore[arg-type]
+
+
+def test_generating_past_the_position_embeddings_warns_once_naming_both() -> None:
+    model, tok = tiny(max_position_embeddings=32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # building it with more room than positions is silent
+        engine = HFEngine(model, tok, max_model_len=40)
+        assert engine.max_model_len == 40  # a rope-scaled model may legitimately go further
+        engine.generate(["hi"], SamplingParams(max_new_tokens=4, seed=0))  # within 32: silent
+    both = "more than the model's max_position_embeddings = 32 (`max_model_len` = 40)"
+    with pytest.warns(UserWarning, match=re.escape(both)):
+        engine.generate(["hi"], SamplingParams(max_new_tokens=36, seed=0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per engine
+        engine.generate(["hi"], SamplingParams(max_new_tokens=36, seed=0))
 
 
 def test_left_truncation_keeps_the_tail() -> None:

@@ -66,7 +66,9 @@ def test_frozen() -> None:
     "kwargs",
     [
         {"temperature": 0.0},
+        {"temperature": 0},  # an int is a real number
         {"temperature": 2.5},
+        {"top_p": 1},
         {"top_p": 1.0},
         {"top_p": 1e-6},
         {"top_k": 0},
@@ -125,12 +127,48 @@ def test_valid_values_accepted(kwargs: dict[str, Any]) -> None:
         ("n", {"n": -2}),
         ("logit_mask", {"logit_mask": torch.ones(2, V, dtype=torch.bool)}),
         ("logit_mask", {"logit_mask": torch.ones(V, dtype=torch.float32)}),
+        # wrong types: caught here, not as a bare error deep in generation
+        ("temperature", {"temperature": float("inf")}),
+        ("temperature", {"temperature": float("nan")}),
+        ("temperature", {"temperature": "0.7"}),
+        ("top_p", {"top_p": None}),
+        ("repetition_penalty", {"repetition_penalty": True}),
+        ("max_new_tokens", {"max_new_tokens": 2.5}),
+        ("max_new_tokens", {"max_new_tokens": 8.0}),
+        ("n", {"n": 2.0}),
+        ("n", {"n": True}),
+        ("top_k", {"top_k": "5"}),
+        ("min_new_tokens", {"min_new_tokens": 1.0}),
+        ("seed", {"seed": "abc"}),
+        ("seed", {"seed": 1.5}),
+        ("stop", {"stop": "zzzz"}),
+        ("stop", {"stop": ("",)}),
+        ("stop", {"stop": ("a", 3)}),
+        ("stop_token_ids", {"stop_token_ids": 2}),
+        ("stop_token_ids", {"stop_token_ids": (-1,)}),
+        ("stop_token_ids", {"stop_token_ids": (2.0,)}),
+        ("stop_token_ids", {"stop_token_ids": "2"}),
     ],
     ids=lambda v: v if isinstance(v, str) else repr(v),
 )
 def test_invalid_values_raise_naming_the_field(field: str, kwargs: dict[str, Any]) -> None:
-    with pytest.raises(ValueError, match=rf"\b{re.escape(field)}\b"):
+    with pytest.raises(ValueError, match=rf"`{re.escape(field)}`"):
         SamplingParams(**kwargs)
+
+
+def test_a_stop_string_is_not_split_into_characters() -> None:
+    with pytest.raises(ValueError, match=re.escape("e.g. stop=('zzzz',)")):
+        SamplingParams(stop="zzzz")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`stop` has an empty string"):
+        SamplingParams(stop=("\n", ""))
+    with pytest.raises(ValueError, match=r"`stop_token_ids` must be a tuple of token ids.*got 2$"):
+        SamplingParams(stop_token_ids=2)  # type: ignore[arg-type]
+
+
+def test_lists_are_stored_as_tuples() -> None:
+    p = SamplingParams(stop=["\n", "xy"], stop_token_ids=[2, 9])  # type: ignore[arg-type]
+    assert p.stop == ("\n", "xy")
+    assert p.stop_token_ids == (2, 9)
 
 
 def test_replace_revalidates() -> None:

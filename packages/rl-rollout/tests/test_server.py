@@ -6,10 +6,13 @@ refused-connection cases use real sockets that never answer / are closed.
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import json
 import re
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -111,6 +114,54 @@ def test_remote_errors_carry_the_server_message(served: tuple[HFEngine, RemoteEn
     remote.wake_up(["weights"])
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("stop", "zzzz"), ("stop", [""]), ("stop", ["a", 3]), ("stop_token_ids", 2),
+     ("stop_token_ids", [-1]), ("max_new_tokens", 2.5), ("n", 2.0), ("seed", "abc"),
+     ("temperature", "0.7")],
+)  # fmt: skip
+def test_bad_params_give_the_same_error_over_the_wire(
+    served: tuple[HFEngine, RemoteEngine], field: str, value: object
+) -> None:
+    _, remote = served
+    with pytest.raises(ValueError, match=f"`{field}`") as local:
+        SamplingParams(**{field: tuple(value) if isinstance(value, list) else value})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=f"`{field}`") as decoded:
+        params_from_json({field: value})
+    assert str(decoded.value) == str(local.value)
+    body = json.dumps({"prompts": ["ab"], "params": {field: value}}).encode()
+    with pytest.raises(ValueError, match=f"`{field}`") as answered:  # the server's 400
+        remote._request("/generate", body, timeout=60.0)
+    assert str(answered.value) == f"generate failed on the server: {local.value}"
+
+
+def test_prompt_shapes_and_ids_are_checked_on_the_server(
+    served: tuple[HFEngine, RemoteEngine],
+) -> None:
+    _, remote = served
+    params = SamplingParams(max_new_tokens=2)
+    with pytest.raises(ValueError, match=re.escape("wrap a single prompt: ['hello']")):
+        remote.generate("hello", params)
+    with pytest.raises(
+        ValueError, match=re.escape("a single prompt's ids must be wrapped: [[1, 2, 3]]")
+    ):
+        remote.generate([1, 2, 3], params)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"prompt 0 has token id 100000 \(position 1\)"):
+        remote.generate([[5, 10**5]], params)
+    conn = http.client.HTTPConnection(remote._host, remote._port, timeout=60.0)
+    try:  # the HTTP answer itself: 400 with the message
+        conn.request("POST", "/generate", body=json.dumps({"prompts": "hello", "params": {}}))
+        response = conn.getresponse()
+        answer = json.loads(response.read())
+    finally:
+        conn.close()
+    assert response.status == 400
+    assert answer["error"] == "ValueError"
+    assert (
+        "`prompts` must be a list of prompts; wrap a single prompt: ['hello']" in answer["message"]
+    )
+
+
 def test_unknown_route_is_404(served: tuple[HFEngine, RemoteEngine]) -> None:
     _, remote = served
     with pytest.raises(RolloutServerError, match="no route /nope"):
@@ -145,6 +196,113 @@ def test_silent_server_times_out_instead_of_hanging() -> None:
         for conn in accepted:
             conn.close()
         listener.close()
+
+
+@contextlib.contextmanager
+def raw_server(reply: Callable[[socket.socket], None]) -> Iterator[str]:
+    """A real socket server that reads each request and answers it with ``reply(conn)``."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            try:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = re.search(rb"(?i)content-length: *(\d+)", head)
+                while length and len(body) < int(length.group(1)):
+                    body += conn.recv(65536)
+                reply(conn)
+            except OSError:  # the client gave up
+                pass
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # closed: the test is over
+                return
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
+def answer(status: int, body: bytes) -> Callable[[socket.socket], None]:
+    def reply(conn: socket.socket) -> None:
+        conn.sendall(
+            f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+
+    return reply
+
+
+ONE_ROW = {"prompt_ids": [[5]], "prompt_mask": [[True]], "completion_ids": [[7, 8]],
+           "completion_mask": [[True, True]], "finish_reasons": ["length"], "group_index": [0],
+           "texts": ["xy"], "logprobs": None}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "n", "match"),
+    [
+        (500, b"[1, 2]", 1, "HTTP 500 with JSON that is not an object"),
+        (200, b"[1, 2]", 1, "HTTP 200 with JSON that is not an object"),
+        (200, b'"x"', 1, "HTTP 200 with JSON that is not an object"),
+        (200, b"{}", 1, "not a rollout result: a result needs the fields"),
+        (200, json.dumps({**ONE_ROW, "completion_mask": [[True]]}).encode(), 1,
+         r"`completion_ids` \(1, 2\) and `completion_mask` \(1, 1\)"),
+        (200, json.dumps({**ONE_ROW, "finish_reasons": []}).encode(), 1,
+         r"1 rows but \{'finish_reasons': 0\}"),
+        (200, json.dumps({**ONE_ROW, "logprobs": [[0.0]], "logprobs_dtype": "torch.float32"})
+         .encode(), 1, r"`logprobs` \(1, 1\) must have the shape"),
+        (200, json.dumps(ONE_ROW).encode(), 2, r"1 rows for 1 prompts x n = 2"),
+    ],
+    ids=["500-list", "200-list", "200-string", "200-empty", "mask-shape", "finish-reasons",
+         "logprobs-shape", "rows-not-prompts-x-n"],
+)  # fmt: skip
+def test_a_body_that_is_not_a_rollout_result_is_a_server_error(
+    status: int, body: bytes, n: int, match: str
+) -> None:
+    with raw_server(answer(status, body)) as url:
+        remote = RemoteEngine(url, timeout=60.0)
+        with pytest.raises(RolloutServerError, match=match) as info:
+            remote.generate([[5]], SamplingParams(max_new_tokens=2, n=n))
+    assert url in str(info.value)
+    assert "is this an rl-rollout server?" in str(info.value)
+
+
+@pytest.mark.parametrize("call", ["health", "generate"])
+def test_a_trickling_reply_ends_at_the_deadline(call: str) -> None:
+    """Headers, then one byte at a time: each read comes quickly, the whole never in time."""
+    release = threading.Event()
+
+    def trickle(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000000\r\n\r\n")  # fmt: skip
+        while not release.is_set():
+            conn.sendall(b" ")
+            release.wait(0.05)  # blocked between bytes until the test ends
+
+    try:
+        with raw_server(trickle) as url:
+            remote = RemoteEngine(url, timeout=0.5)
+            run = {
+                "health": remote.health,
+                "generate": lambda: remote.generate([[5]], SamplingParams(max_new_tokens=2)),
+            }[call]
+            error = raised_by(run, HANG_GUARD_S)
+    finally:
+        release.set()
+    assert isinstance(error, RolloutServerError), repr(error)
+    assert f"the reply from {url}/{call} did not finish within 0.5 s (`timeout`" in str(error)
 
 
 @pytest.mark.parametrize(

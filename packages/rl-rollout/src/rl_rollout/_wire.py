@@ -43,7 +43,14 @@ def params_to_json(params: SamplingParams) -> dict[str, Any]:
 
 
 def params_from_json(data: dict[str, Any]) -> SamplingParams:
-    """Inverse of :func:`params_to_json`."""
+    """Inverse of :func:`params_to_json`.
+
+    Raises:
+        ValueError: not a JSON object, an unknown field, or a value ``SamplingParams`` refuses
+            (the same message as in-process, naming the field).
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"`params` must be a JSON object, got {type(data).__name__}")
     data = dict(data)
     allowed = data.pop("allowed_token_ids", None)
     vocab = data.pop("vocab_size", None)
@@ -52,10 +59,19 @@ def params_from_json(data: dict[str, Any]) -> SamplingParams:
     if unknown:
         raise ValueError(f"unknown sampling parameters {unknown}; known: {sorted(known)}")
     for name in ("stop", "stop_token_ids"):
-        if name in data:
+        if isinstance(data.get(name), list):  # anything else reaches SamplingParams' own check
             data[name] = tuple(data[name])
     if allowed is not None:
-        mask = torch.zeros(int(vocab), dtype=torch.bool)
+        if not (
+            isinstance(vocab, int)
+            and isinstance(allowed, list)
+            and all(isinstance(i, int) and 0 <= i < vocab for i in allowed)
+        ):
+            raise ValueError(
+                "`allowed_token_ids` must be a list of token ids below `vocab_size` (an int), "
+                f"got vocab_size={vocab!r}"
+            )
+        mask = torch.zeros(vocab, dtype=torch.bool)
         mask[torch.tensor(allowed, dtype=torch.long)] = True
         data["logit_mask"] = mask
     return SamplingParams(**data)
@@ -77,13 +93,29 @@ def result_to_json(result: RolloutResult) -> dict[str, Any]:
     }
 
 
+_RESULT_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask",
+                "finish_reasons", "group_index", "texts", "logprobs")  # fmt: skip
+
+
 def result_from_json(data: dict[str, Any]) -> RolloutResult:
-    """Inverse of :func:`result_to_json`."""
+    """Inverse of :func:`result_to_json`, with the shapes checked against each other.
+
+    Raises:
+        ValueError: not a JSON object, a missing field, or fields whose shapes disagree (prompt
+            and completion rows, ids and masks, one finish reason, text and group per row).
+    """
+    if not isinstance(data, dict):
+        raise ValueError(f"a result must be a JSON object, got {type(data).__name__}")
+    missing = [key for key in _RESULT_KEYS if key not in data]
+    if missing:
+        raise ValueError(f"a result needs the fields {missing}")
     logprobs = None
     if data["logprobs"] is not None:
-        dtype = _FLOAT_DTYPES[str(data["logprobs_dtype"])]
+        dtype = _FLOAT_DTYPES.get(str(data.get("logprobs_dtype")))
+        if dtype is None:
+            raise ValueError(f"unknown `logprobs_dtype` {data.get('logprobs_dtype')!r}")
         logprobs = torch.tensor(data["logprobs"], dtype=dtype)
-    return RolloutResult(
+    result = RolloutResult(
         prompt_ids=torch.tensor(data["prompt_ids"], dtype=torch.long),
         prompt_mask=torch.tensor(data["prompt_mask"], dtype=torch.bool),
         completion_ids=torch.tensor(data["completion_ids"], dtype=torch.long),
@@ -94,3 +126,30 @@ def result_from_json(data: dict[str, Any]) -> RolloutResult:
         logprobs=logprobs,
         weight_version=data.get("weight_version"),
     )
+    _check_shapes(result)
+    return result
+
+
+def _check_shapes(result: RolloutResult) -> None:
+    for name in ("prompt", "completion"):
+        ids, mask = getattr(result, f"{name}_ids"), getattr(result, f"{name}_mask")
+        if ids.ndim != 2 or ids.shape != mask.shape:
+            raise ValueError(
+                f"`{name}_ids` {tuple(ids.shape)} and `{name}_mask` {tuple(mask.shape)} must "
+                "be [rows, length] of one shape"
+            )
+    rows = result.completion_ids.shape[0]
+    sizes = {
+        "prompt_ids": result.prompt_ids.shape[0],
+        "finish_reasons": len(result.finish_reasons),
+        "texts": len(result.texts),
+        "group_index": result.group_index.numel() if result.group_index.ndim == 1 else -1,
+    }
+    wrong = {name: size for name, size in sizes.items() if size != rows}
+    if wrong:
+        raise ValueError(f"`completion_ids` has {rows} rows but {wrong} (one per row)")
+    if result.logprobs is not None and result.logprobs.shape != result.completion_ids.shape:
+        raise ValueError(
+            f"`logprobs` {tuple(result.logprobs.shape)} must have the shape of `completion_ids` "
+            f"{tuple(result.completion_ids.shape)}"
+        )

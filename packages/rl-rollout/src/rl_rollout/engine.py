@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, Protocol, cast
 
@@ -78,13 +80,31 @@ def encode_prompts(
     max_model_len: int,
     max_new_tokens: int,
     truncation: Literal["error", "left"] = "error",
+    vocab_size: int | None = None,
 ) -> list[list[int]]:
     """Token ids of each prompt, checked against ``max_model_len - max_new_tokens``.
 
+    Args:
+        prompts: A list of prompts, each a string or a list of token ids.
+        tokenizer: Encodes the string prompts (no special tokens added).
+        max_model_len: Longest prompt + completion.
+        max_new_tokens: Tokens to leave for the completion.
+        truncation: ``"error"`` for prompts over the limit, or ``"left"`` to keep their tails.
+        vocab_size: The model's vocabulary size: every id must be in ``[0, vocab_size)``
+            (None skips the check).
+
+    Returns:
+        The token ids of each prompt.
+
     Raises:
-        ValueError: an empty prompt list or prompt, no room for a prompt, or (with
+        ValueError: a single string or a flat list of ids instead of a list of prompts, an
+            empty prompt list or prompt, an id that is not an int or is outside the vocabulary
+            (naming the prompt and the token), no room for a prompt, or (with
             ``truncation="error"``) a prompt over the limit; the message names both lengths.
     """
+    if isinstance(prompts, str):
+        shown = prompts if len(prompts) <= 40 else prompts[:40] + "..."
+        raise ValueError(f"`prompts` must be a list of prompts; wrap a single prompt: [{shown!r}]")
     if len(prompts) == 0:
         raise ValueError("`prompts` is empty: pass at least one prompt")
     limit = max_model_len - max_new_tokens
@@ -94,14 +114,8 @@ def encode_prompts(
             f"max_model_len = {max_model_len}"
         )
     encoded: list[list[int]] = []
-    for i, prompt in enumerate(prompts):
-        ids = (
-            list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-            if isinstance(prompt, str)
-            else [int(t) for t in cast(Sequence[int], prompt)]
-        )
-        if not ids:
-            raise ValueError(f"prompt {i} is empty")
+    for i in range(len(prompts)):
+        ids = _prompt_ids(i, prompts, tokenizer, vocab_size)
         if len(ids) > limit:
             if truncation == "error":
                 raise ValueError(
@@ -112,6 +126,50 @@ def encode_prompts(
             ids = ids[-limit:]
         encoded.append(ids)
     return encoded
+
+
+def _is_token_id(value: object) -> bool:
+    """An int (not a bool) or a 0-d integer tensor."""
+    if isinstance(value, torch.Tensor):
+        return value.ndim == 0 and not value.is_floating_point() and value.dtype != torch.bool
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _prompt_ids(i: int, prompts: Prompts, tokenizer: Any, vocab_size: int | None) -> list[int]:
+    """The ids of ``prompts[i]``, checked (see :func:`encode_prompts`)."""
+    prompt: Any = prompts[i]
+    if _is_token_id(prompt):
+        head = list(prompts)[:3]
+        shown = "1, 2, 3"
+        if all(map(_is_token_id, head)):
+            shown = ", ".join(str(int(cast(Any, t))) for t in head)
+            shown += ", ..." if len(prompts) > 3 else ""
+        raise ValueError(
+            f"`prompts` must be a list of prompts, but prompt {i} is the token id "
+            f"{int(prompt)}; a single prompt's ids must be wrapped: [[{shown}]]"
+        )
+    if isinstance(prompt, str):
+        ids = [int(t) for t in tokenizer(prompt, add_special_tokens=False)["input_ids"]]
+    else:
+        tolist = getattr(prompt, "tolist", None)  # a tensor or array of ids
+        raw = tolist() if callable(tolist) else prompt
+        if not isinstance(raw, Iterable):
+            raise ValueError(f"prompt {i} must be a string or a list of token ids, got {prompt!r}")
+        raw = list(raw)
+        bad = next((t for t in raw if not _is_token_id(t)), None)
+        if bad is not None:
+            raise ValueError(f"prompt {i} has {bad!r}, which is not a token id (an int)")
+        ids = [int(t) for t in raw]
+    if not ids:
+        raise ValueError(f"prompt {i} is empty")
+    if vocab_size is not None:
+        for pos, token in enumerate(ids):
+            if not 0 <= token < vocab_size:
+                raise ValueError(
+                    f"prompt {i} has token id {token} (position {pos}), outside the model's "
+                    f"vocabulary [0, {vocab_size}); pass ids the model's tokenizer made"
+                )
+    return ids
 
 
 def copy_named_tensors(
@@ -228,7 +286,9 @@ class HFEngine:
     Args:
         model: A transformers causal LM (or anything with ``generate`` and ``config``).
         tokenizer: Its tokenizer (pad and eos ids are read from it).
-        max_model_len: Longest prompt + completion; default ``max_position_embeddings``.
+        max_model_len: Longest prompt + completion (>= 1); default ``max_position_embeddings``.
+            With a larger value, the first generation whose prompt plus ``max_new_tokens``
+            goes past the positions warns (only a rope-scaled model is right there).
         prompts_per_batch: Prompts per ``generate`` call (None: all, or by ``token_budget``).
         token_budget: Tokens per ``generate`` call, counting ``(prompt + max_new) * n``.
         truncation: ``"error"`` for prompts longer than ``max_model_len - max_new_tokens``
@@ -264,9 +324,24 @@ class HFEngine:
             raise ValueError(f"`prompts_per_batch` must be >= 1, got {prompts_per_batch}")
         if token_budget is not None and token_budget < 1:
             raise ValueError(f"`token_budget` must be >= 1, got {token_budget}")
+        positions = getattr(model.config, "max_position_embeddings", None)
+        if max_model_len is None:
+            max_model_len = int(model.config.max_position_embeddings)
+        elif isinstance(max_model_len, bool) or not isinstance(max_model_len, numbers.Integral):
+            raise ValueError(f"`max_model_len` must be an int or None, got {max_model_len!r}")
+        elif max_model_len < 1:
+            raise ValueError(
+                f"`max_model_len` must be >= 1 (prompt + completion tokens), got "
+                f"{max_model_len}; pass None for the model's max_position_embeddings"
+            )
+        #: the model's positions, when ``max_model_len`` lets sequences go past them (warned
+        #: once, at the first generation that does)
+        self._positions = (
+            int(positions) if positions is not None and max_model_len > positions else None
+        )
         self.model = model
         self.tokenizer = tokenizer
-        self.max_model_len = max_model_len or int(model.config.max_position_embeddings)
+        self.max_model_len = int(max_model_len)
         self.prompts_per_batch = prompts_per_batch
         self.token_budget = token_budget
         self.truncation = truncation
@@ -282,10 +357,43 @@ class HFEngine:
 
     # -- inputs ------------------------------------------------------------------------------
 
+    @property
+    def vocab_size(self) -> int | None:
+        """Rows of the model's input embedding: the ids it accepts (``len(tokenizer)`` may differ).
+
+        ``config.vocab_size`` for a model without an input embedding, else None.
+        """
+        get = getattr(self.model, "get_input_embeddings", None)
+        size = getattr(get() if callable(get) else None, "num_embeddings", None)
+        if size is None:
+            size = getattr(self.model.config, "vocab_size", None)
+        return None if size is None else int(size)
+
     def _encode(self, prompts: Prompts, params: SamplingParams) -> list[list[int]]:
         return encode_prompts(
-            prompts, self.tokenizer, self.max_model_len, params.max_new_tokens, self.truncation
+            prompts,
+            self.tokenizer,
+            self.max_model_len,
+            params.max_new_tokens,
+            self.truncation,
+            vocab_size=self.vocab_size,
         )
+
+    def _check_params(self, params: SamplingParams) -> None:
+        """The vocabulary-sized parts of ``params`` against the model's vocabulary."""
+        vocab = self.vocab_size
+        if vocab is None:
+            return
+        if params.logit_mask is not None and params.logit_mask.numel() != vocab:
+            raise ValueError(
+                f"`logit_mask` has {params.logit_mask.numel()} entries, the model's vocabulary "
+                f"has {vocab}: pass a [{vocab}] bool tensor"
+            )
+        bad = [t for t in params.stop_token_ids if t >= vocab]
+        if bad:
+            raise ValueError(
+                f"`stop_token_ids` has {bad[0]}, outside the model's vocabulary [0, {vocab})"
+            )
 
     def _chunks(self, encoded: list[list[int]], params: SamplingParams) -> list[list[int]]:
         """Indices of the prompts of each ``generate`` call."""
@@ -384,8 +492,15 @@ class HFEngine:
         )
 
     def generate(self, prompts: Prompts, params: SamplingParams) -> RolloutResult:
-        """Sample ``params.n`` completions for each prompt; see :class:`RolloutResult`."""
+        """Sample ``params.n`` completions for each prompt; see :class:`RolloutResult`.
+
+        Raises:
+            ValueError: bad prompts (see :func:`encode_prompts`), or a ``logit_mask`` or
+                ``stop_token_ids`` that does not fit the model's vocabulary.
+        """
+        self._check_params(params)
         encoded = self._encode(prompts, params)
+        self._warn_past_positions(encoded, params)
         completions: list[list[int]] = []
         logprobs: list[list[float]] = []
         # chunks are contiguous runs of prompts, so the rows stay prompt-major
@@ -406,6 +521,21 @@ class HFEngine:
         )
         result.weight_version = self.weight_version
         return result
+
+    def _warn_past_positions(self, encoded: list[list[int]], params: SamplingParams) -> None:
+        """Warn (once) when a prompt plus ``max_new_tokens`` goes past the model's positions."""
+        if self._positions is None:
+            return
+        longest = max(len(ids) for ids in encoded) + params.max_new_tokens
+        if longest > self._positions:
+            warnings.warn(
+                f"a prompt plus max_new_tokens reaches {longest} tokens, more than the model's "
+                f"max_position_embeddings = {self._positions} (`max_model_len` = "
+                f"{self.max_model_len}): past the positions it was trained on only a "
+                f"rope-scaled model is right; pass max_model_len <= {self._positions} otherwise",
+                stacklevel=3,
+            )
+            self._positions = None
 
     def _decode(self, tokens: list[int]) -> str:
         return str(self.tokenizer.decode(tokens, skip_special_tokens=True))

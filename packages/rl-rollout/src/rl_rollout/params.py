@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -12,6 +14,14 @@ __all__ = ["LogitsHook", "SamplingParams", "process_logits"]
 
 #: ``(input_ids [B, t], scores [B, V]) -> scores [B, V]``
 LogitsHook = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty")
+_INT_FIELDS = ("top_k", "max_new_tokens", "min_new_tokens", "n")
+
+
+def _is_int(value: object) -> bool:
+    """An integer that is not a bool (a JSON ``true`` is never a count)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -33,9 +43,11 @@ class SamplingParams:
     min_new_tokens: int = 0
     """EOS and stop token ids are forbidden before this many tokens."""
     stop: tuple[str, ...] = ()
-    """Stop strings: generation ends at the token completing one; the text is cut before it."""
+    """Stop strings (non-empty): generation ends at the token completing one; the text is cut
+    before it. A list is stored as a tuple."""
     stop_token_ids: tuple[int, ...] = ()
-    """Token ids that end a completion like EOS (included in the completion mask)."""
+    """Token ids that end a completion like EOS (included in the completion mask); ints >= 0,
+    checked against the model's vocabulary by the engine."""
     n: int = 1
     """Samples per prompt (the GRPO group size G)."""
     seed: int | None = None
@@ -48,6 +60,7 @@ class SamplingParams:
     """Return the log-probs of the sampled tokens under the processed distribution."""
 
     def __post_init__(self) -> None:
+        self._check_types()
         checks = [
             ("temperature", self.temperature >= 0, ">= 0"),
             ("top_p", 0 < self.top_p <= 1, "in (0, 1]"),
@@ -68,6 +81,48 @@ class SamplingParams:
             raise ValueError("`logit_mask` must be a 1-D bool tensor [V] (True = allowed)")
         if self.logit_mask is not None and not bool(self.logit_mask.any()):
             raise ValueError("`logit_mask` allows no token at all")
+
+    def _check_types(self) -> None:
+        """Types first, so the range checks compare numbers; stop lists become tuples."""
+        for name in _FLOAT_FIELDS:
+            value = getattr(self, name)
+            if not (
+                isinstance(value, numbers.Real)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+            ):
+                raise ValueError(f"`{name}` must be a finite real number, got {value!r}")
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if not _is_int(value):
+                raise ValueError(f"`{name}` must be an int, got {value!r}")
+            object.__setattr__(self, name, int(value))
+        if self.seed is not None:
+            if not _is_int(self.seed):
+                raise ValueError(f"`seed` must be an int or None, got {self.seed!r}")
+            object.__setattr__(self, "seed", int(self.seed))
+        if isinstance(self.stop, str):
+            raise ValueError(
+                f"`stop` must be a tuple of strings, e.g. stop=({self.stop!r},), got the string "
+                f"{self.stop!r}"
+            )
+        if not isinstance(self.stop, (tuple, list)) or not all(
+            isinstance(s, str) for s in self.stop
+        ):
+            raise ValueError(f"`stop` must be a tuple of strings, got {self.stop!r}")
+        if any(s == "" for s in self.stop):
+            raise ValueError(
+                f"`stop` has an empty string, which would end every completion at once: "
+                f"pass non-empty stop strings, got {self.stop!r}"
+            )
+        object.__setattr__(self, "stop", tuple(self.stop))
+        ids = self.stop_token_ids
+        if not isinstance(ids, (tuple, list)) or not all(_is_int(t) and t >= 0 for t in ids):
+            raise ValueError(
+                f"`stop_token_ids` must be a tuple of token ids (ints >= 0), e.g. "
+                f"stop_token_ids=(2,), got {ids!r}"
+            )
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
 
     @property
     def greedy(self) -> bool:

@@ -3,8 +3,9 @@
 The trainer talks to a rollout server (a vLLM engine on its own GPUs, or an ``HFEngine``
 anywhere) through :class:`RemoteEngine`, which implements the same :class:`~rl_rollout.Engine`
 interface, so rl-algos does not know the difference. Every call has a connect timeout and a
-read timeout and fails with a :class:`RolloutServerError` naming the URL, the call and what to
-do, instead of hanging (the most common complaint about peers' weight sync).
+deadline for the rest of the call and fails with a :class:`RolloutServerError` naming the URL,
+the call and what to do, instead of hanging (the most common complaint about peers' weight
+sync).
 
 Endpoints (JSON unless noted; no pickle anywhere):
 
@@ -64,6 +65,75 @@ _CLIENT_ERRORS: dict[str, type[Exception]] = {
     "KeyError": ValueError,
     "NotImplementedError": NotImplementedError,
 }
+
+
+def _prompts_to_json(prompts: Prompts) -> Any:
+    """Prompts as JSON, passed on as they are (the server's checks answer a bad shape)."""
+    if isinstance(prompts, str):
+        return prompts
+    out: list[Any] = []
+    for prompt in prompts:
+        tolist = getattr(prompt, "tolist", None)  # a tensor or array of ids, or one id
+        if callable(tolist):
+            out.append(tolist())
+        elif isinstance(prompt, (str, int, float)) or not isinstance(prompt, Iterable):
+            out.append(prompt)
+        else:
+            out.append(list(prompt))
+    return out
+
+
+def _exchange(
+    conn: http.client.HTTPConnection,
+    path: str,
+    body: bytes | None,
+    content_type: str,
+    timeout: float,
+    replied: list[bool],
+) -> tuple[int, bytes]:
+    """Send the request and read the whole reply on the connected ``conn`` within ``timeout``.
+
+    Each socket operation gets the time left, so a reply trickling in byte by byte ends at
+    the deadline too. ``replied`` gets an entry once the status line and headers are in.
+
+    Returns:
+        The HTTP status and the body.
+
+    Raises:
+        TimeoutError: the deadline passed.
+        http.client.IncompleteRead: the server closed before sending its Content-Length.
+    """
+    sock = conn.sock  # kept: the connection lets go of it once a response owns it
+    assert sock is not None
+    deadline = time.monotonic() + timeout
+
+    def time_left() -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"the {timeout} s deadline passed")
+        return left
+
+    sock.settimeout(time_left())
+    if body is None:
+        conn.request("GET", path)
+    else:
+        conn.request("POST", path, body=body, headers={"Content-Type": content_type})
+    sock.settimeout(time_left())
+    response = conn.getresponse()
+    replied.append(True)
+    try:
+        chunks = []
+        while True:  # one socket read at a time, each within the time left
+            sock.settimeout(time_left())
+            chunk = response.read1(1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        if response.length:  # the server closed before the Content-Length was read
+            raise http.client.IncompleteRead(b"".join(chunks), response.length)
+        return response.status, b"".join(chunks)
+    finally:
+        response.close()
 
 
 class RolloutServerError(RuntimeError):
@@ -185,6 +255,8 @@ class RolloutServer:
             self.engine.load_adapter(adapter.name, adapter.tensors, adapter.config, adapter.version)
             return {"loaded": adapter.name, "version": adapter.version, "bytes": len(body)}
         request = json.loads(body or b"{}")
+        if not isinstance(request, dict):
+            raise ValueError(f"the body of {path} must be a JSON object")
         if path == "/generate":
             params = params_from_json(request.get("params", {}))
             result = self.engine.generate(request["prompts"], params)
@@ -232,7 +304,8 @@ class RemoteEngine:
 
     Args:
         base_url: ``http://host:port`` of the server.
-        timeout: Seconds to wait for any part of a reply (generation included) before failing.
+        timeout: Seconds for a whole call once connected (sending the request, generation,
+            reading the reply) before failing: a deadline, however slowly the reply comes.
         connect_timeout: Seconds to wait for the TCP connection.
         weight_sync_timeout: Seconds for ``update_weights`` / ``load_lora`` /
             ``load_adapter`` / ``sleep`` / ``wake_up`` (default: ``timeout``), each try.
@@ -283,7 +356,13 @@ class RemoteEngine:
         *,
         timeout: float,
         content_type: str = "application/json",
+        setting: str = "timeout",
     ) -> dict[str, Any]:
+        """One call: ``connect_timeout`` for the connection, then ``timeout`` as a deadline.
+
+        The deadline covers sending the request and reading the whole reply, however slowly
+        it comes; ``setting`` is the name of the setting ``timeout`` came from, for the errors.
+        """
         url = f"{self.base_url}{path}"
         start = time.monotonic()
         conn = http.client.HTTPConnection(self._host, self._port, timeout=self.connect_timeout)
@@ -301,20 +380,21 @@ class RemoteEngine:
                     "`rl-rollout-server --engine vllm --model PATH --port PORT` or "
                     "check `base_url`"
                 ) from exc
-            assert conn.sock is not None
-            conn.sock.settimeout(timeout)
+            replied: list[bool] = []
             try:
-                if body is None:
-                    conn.request("GET", path)
-                else:
-                    conn.request("POST", path, body=body, headers={"Content-Type": content_type})
-                response = conn.getresponse()
-                data = response.read()
+                status, data = _exchange(conn, path, body, content_type, timeout, replied)
             except TimeoutError as exc:
+                if not replied:
+                    raise RolloutServerError(
+                        f"no reply from {url} within {timeout} s (`{setting}`); the server is "
+                        "busy or stuck (a weight sync waiting on a collective, an engine out of "
+                        "memory); raise the timeout for long generations or check the server's "
+                        "log"
+                    ) from exc
                 raise RolloutServerError(
-                    f"no reply from {url} within {timeout} s; the server is busy or stuck (a "
-                    "weight sync waiting on a collective, an engine out of memory); raise the "
-                    "timeout for long generations or check the server's log"
+                    f"the reply from {url} did not finish within {timeout} s (`{setting}`, a "
+                    "deadline for the whole call): the server sends it too slowly or stalled "
+                    "mid-body; check the server and the network, or raise the timeout"
                 ) from exc
             except (OSError, http.client.HTTPException) as exc:
                 raise RolloutServerError(
@@ -324,29 +404,58 @@ class RemoteEngine:
         finally:
             conn.close()
         try:
-            payload: dict[str, Any] = json.loads(data)
+            payload = json.loads(data)
         except ValueError as exc:
             raise RolloutServerError(
-                f"{url} answered HTTP {response.status} with a body that is not JSON: "
-                f"{data[:200]!r}"
+                f"{url} answered HTTP {status} with a body that is not JSON: {data[:200]!r}"
             ) from exc
-        if response.status != 200:
+        if not isinstance(payload, dict):
+            raise RolloutServerError(
+                f"{url} answered HTTP {status} with JSON that is not an object: "
+                f"{data[:200]!r}; is this an rl-rollout server?"
+            )
+        if status != 200:
             message = f"{path.lstrip('/')} failed on the server: {payload.get('message', payload)}"
             error = _CLIENT_ERRORS.get(str(payload.get("error")), RolloutServerError)
             raise error(message)
         return payload
 
     def health(self) -> dict[str, Any]:
-        """The server's ``/health`` answer (raises :class:`RolloutServerError` when down)."""
-        return self._request("/health", timeout=self.connect_timeout)
+        """The server's ``/health`` answer (raises :class:`RolloutServerError` when down).
+
+        The call's deadline is the smaller of ``timeout`` and ``connect_timeout``.
+        """
+        if self.timeout < self.connect_timeout:
+            return self._request("/health", timeout=self.timeout)
+        return self._request("/health", timeout=self.connect_timeout, setting="connect_timeout")
 
     def generate(self, prompts: Prompts, params: SamplingParams) -> RolloutResult:
-        """Sample on the server; see :meth:`rl_rollout.Engine.generate`."""
+        """Sample on the server; see :meth:`rl_rollout.Engine.generate`.
+
+        Raises:
+            ValueError: the server refused the prompts or the parameters (its message).
+            RolloutServerError: the server is down, stuck or failed, or answered with something
+                that is not a rollout result for these prompts.
+        """
         body = json.dumps(
-            {"prompts": [p if isinstance(p, str) else list(p) for p in prompts],
-             "params": params_to_json(params)}
-        ).encode()  # fmt: skip
-        return result_from_json(self._request("/generate", body, timeout=self.timeout))
+            {"prompts": _prompts_to_json(prompts), "params": params_to_json(params)}
+        ).encode()
+        url = f"{self.base_url}/generate"
+        payload = self._request("/generate", body, timeout=self.timeout)
+        try:
+            result = result_from_json(payload)
+            rows = len(prompts) * params.n
+            if result.completion_ids.shape[0] != rows:
+                raise ValueError(
+                    f"{result.completion_ids.shape[0]} rows for {len(prompts)} prompts x "
+                    f"n = {params.n}"
+                )
+        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
+            raise RolloutServerError(
+                f"{url} answered a body that is not a rollout result: {exc}; is this an "
+                "rl-rollout server?"
+            ) from exc
+        return result
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Send tensors (safetensors bytes over HTTP) for a full-weight sync."""
@@ -358,12 +467,15 @@ class RemoteEngine:
             save_safetensors(tensors),
             timeout=self.weight_sync_timeout,
             content_type="application/octet-stream",
+            setting="weight_sync_timeout",
         )
 
     def load_lora(self, name: str, path: str) -> None:
         """Have the server (re)load the peft adapter at ``path`` (a path it can read)."""
         body = json.dumps({"name": name, "path": path}).encode()
-        self._request("/load_lora", body, timeout=self.weight_sync_timeout)
+        self._request(
+            "/load_lora", body, timeout=self.weight_sync_timeout, setting="weight_sync_timeout"
+        )
 
     def load_adapter(
         self,
@@ -396,6 +508,7 @@ class RemoteEngine:
                     body,
                     timeout=self.weight_sync_timeout,
                     content_type="application/octet-stream",
+                    setting="weight_sync_timeout",
                 )
                 break
             except (ValueError, NotImplementedError) as exc:
@@ -417,12 +530,16 @@ class RemoteEngine:
     def sleep(self, level: int = 1) -> None:
         """Put the server's engine to sleep (frees its GPU memory)."""
         body = json.dumps({"level": level}).encode()
-        self._request("/sleep", body, timeout=self.weight_sync_timeout)
+        self._request(
+            "/sleep", body, timeout=self.weight_sync_timeout, setting="weight_sync_timeout"
+        )
 
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
         """Wake the server's engine."""
         body = json.dumps({"tags": None if tags is None else list(tags)}).encode()
-        self._request("/wake_up", body, timeout=self.weight_sync_timeout)
+        self._request(
+            "/wake_up", body, timeout=self.weight_sync_timeout, setting="weight_sync_timeout"
+        )
 
 
 def _build_engine(args: argparse.Namespace) -> Engine:

@@ -175,7 +175,12 @@ class VLLMEngine:
         if self.sleeping:
             raise RuntimeError("the engine is asleep: call wake_up() before generate()")
         encoded = encode_prompts(
-            prompts, self.tokenizer, self.max_model_len, params.max_new_tokens, self.truncation
+            prompts,
+            self.tokenizer,
+            self.max_model_len,
+            params.max_new_tokens,
+            self.truncation,
+            vocab_size=self.vocab_size,
         )
         sampling = to_vllm_sampling_params(params, self.vocab_size)
         outputs = self.llm.generate(
