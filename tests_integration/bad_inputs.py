@@ -80,6 +80,15 @@ IDS = torch.tensor([[1, 8, 9, 10, 2], [1, 8, 11, 2, 0]])
 MASKS = torch.tensor([[False, True, True, True], [False, True, True, False]])
 
 
+def _non_empty_dir() -> str:
+    import tempfile
+    from pathlib import Path
+
+    directory = tempfile.mkdtemp()
+    (Path(directory) / "notes.txt").write_text("not a checkpoint")
+    return directory
+
+
 def _config(text: str) -> Any:
     import tempfile
 
@@ -110,6 +119,8 @@ def cases() -> list[Case]:
              lambda: adv.discounted_returns(_t(2, 3), _m(2, 3), 1.5)),
         Case("rl-advantages", "group_relative(empty batch)", ValueError, "rewards",
              lambda: adv.group_relative(torch.zeros(0), 2)),
+        Case("rl-advantages", "gae(mask holding 0.5)", ValueError, "mask",
+             lambda: adv.gae(_t(2, 3), _t(2, 3), torch.full((2, 3), 0.5), 1.0, 0.95)),
         # rl-losses
         Case("rl-losses", "clipped_surrogate(old_logprobs of another shape)", ValueError, "old_logprobs",
              lambda: los.clipped_surrogate(_t(2, 3), _t(2, 4), _t(2), _m(2, 3))),
@@ -123,6 +134,10 @@ def cases() -> list[Case]:
              lambda: los.clipped_surrogate(_t(2, 3), _t(2, 3), _t(2), _m(2, 3), level="turn")),
         Case("rl-losses", "value_loss(returns of another shape)", ValueError, "returns",
              lambda: los.value_loss(_t(2, 3), _t(2, 3), _t(3, 3), _m(2, 3))),
+        Case("rl-losses", "clipped_surrogate(integer advantages)", ValueError, "advantages",
+             lambda: los.clipped_surrogate(_t(2, 3), _t(2, 3), torch.ones(2, dtype=torch.long), _m(2, 3))),
+        Case("rl-losses", "aggregate(normalizer=torch.tensor(0.0))", ValueError, "normalizer",
+             lambda: los.aggregate(_t(2, 3), _m(2, 3), normalizer=torch.tensor(0.0))),
         # rl-kernels
         Case("rl-kernels", "fused_logprobs(targets >= V)", ValueError, "targets",
              lambda: ker.fused_logprobs(_t(4, 8), _t(10, 8), torch.tensor([0, 1, 2, 10]))),
@@ -130,6 +145,8 @@ def cases() -> list[Case]:
              lambda: ker.fused_logprobs(_t(4, 8), _t(10, 6), torch.tensor([0, 1, 2, 3]))),
         Case("rl-kernels", "fused_policy_loss(objective='gspo')", ValueError, "objective",
              lambda: ker.fused_policy_loss(_t(2, 3, 8), _t(10, 8), torch.zeros(2, 3, dtype=torch.long), _m(2, 3), _t(2), objective="gspo")),
+        Case("rl-kernels", "fused_policy_loss(kl_coef=0.1, no ref_logprobs)", ValueError, "ref_logprobs",
+             lambda: ker.fused_policy_loss(_t(2, 3, 8), _t(10, 8), torch.zeros(2, 3, dtype=torch.long), _m(2, 3), _t(2), kl_coef=0.1)),
         # rl-adapters
         Case("rl-adapters", "PolicyModel(reference='copy') in LoRA mode", ValueError, "reference",
              lambda: __import__("rl_adapters").PolicyModel(_tiny()[0], reference="copy")),
@@ -137,6 +154,8 @@ def cases() -> list[Case]:
              lambda: __import__("rl_adapters").PolicyModel(_tiny()[0], critic=True, full_finetune=True, reference="copy")),
         Case("rl-adapters", "load_checkpoint(a directory that is not one)", ValueError, "manifest",
              lambda: __import__("rl_adapters").load_checkpoint(__import__("rl_adapters").PolicyModel(_tiny()[0]), "/tmp")),
+        Case("rl-adapters", "save_checkpoint(into a directory that holds other files)", ValueError, "directory",
+             lambda: __import__("rl_adapters").save_checkpoint(__import__("rl_adapters").PolicyModel(_tiny()[0]), _non_empty_dir())),
         # rl-rollout
         Case("rl-rollout", "SamplingParams(top_p=0)", ValueError, "top_p", lambda: SamplingParams(top_p=0.0)),
         Case("rl-rollout", "SamplingParams(n=0)", ValueError, "n", lambda: SamplingParams(n=0)),
@@ -146,6 +165,9 @@ def cases() -> list[Case]:
              lambda: HFEngine(*_tiny(), max_model_len=16).generate([[5] * 20], SamplingParams(max_new_tokens=4))),
         Case("rl-rollout", "RemoteEngine('localhost:8000')", ValueError, "base_url",
              lambda: RemoteEngine("localhost:8000")),
+        Case("rl-rollout", "SamplingParams(stop='###')", ValueError, "stop", lambda: SamplingParams(stop="###")),  # type: ignore[arg-type]
+        Case("rl-rollout", "HFEngine.generate('hello')", ValueError, "prompts",
+             lambda: HFEngine(*_tiny()).generate("hello", SamplingParams())),  # type: ignore[arg-type]
         # rl-envs
         Case("rl-envs", "ReasoningGym(dataset without question/answer)", ValueError, "question",
              lambda: _gym(ds=__import__("datasets").Dataset.from_dict({"prompt": ["x"], "solution": ["y"]}))),
@@ -163,6 +185,10 @@ def cases() -> list[Case]:
              lambda: __import__("rl_envs.remote_reward").remote_reward.RemoteReward("localhost:8001")),
         Case("rl-envs", "RemoteReward(url, retries=-1)", ValueError, "retries",
              lambda: __import__("rl_envs.remote_reward").remote_reward.RemoteReward("http://h:1", retries=-1)),
+        Case("rl-envs", "ReasoningGym(reward_weights=[nan])", ValueError, "reward_weights",
+             lambda: _gym(reward_weights=[math.nan])),
+        Case("rl-envs", "ReasoningGym(reward_timeout=0)", ValueError, "reward_timeout",
+             lambda: _gym(reward_timeout=0)),
         # rl-algos
         Case("rl-algos", "GRPO.learn(N=2 rows, group_size=4)", ValueError, "group_size",
              lambda: _learn(IDS, MASKS, torch.ones(2), group_size=4)),
