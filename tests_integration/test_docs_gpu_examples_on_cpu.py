@@ -38,8 +38,10 @@ Blocks left out, and why:
 
 Each block trains two steps: ``metrics.jsonl`` must show steps 1 and 2, each with a finite loss
 and gradient norm and no skipped update. With a random-weight model most rewards are 0, so the
-group-normalised updates (GRPO, DAPO, REINFORCE here) are often exactly zero; the forward and
-the backward through the checkpointed layers still run, and PPO's value loss and the multi-turn
+group-normalised updates (GRPO, REINFORCE here) are often exactly zero; the forward and
+the backward through the checkpointed layers still run (DAPO's filter would drop every group, and
+a step with no group left takes no update: its page's format bonus is swapped for one that differs
+between completions), and PPO's value loss and the multi-turn
 game's rewards give non-zero gradients. Where the page turns on ``gradient_checkpointing``, the
 model must be checkpointing and the backward must have recomputed layers (counted at
 ``rl_adapters.replay``'s replay context); elsewhere nothing may be recomputed.
@@ -147,6 +149,12 @@ PAGES: dict[str, Table] = {
         ("max_steps=1000", "max_steps=2"),
         ("evaluation_interval=50", "evaluation_interval=2"),
         ("checkpoint_steps=100", "checkpoint_steps=2"),
+        # a random-weight model never writes the tags, and DAPO drops groups of equal rewards
+        # (a step with none left takes no update): distinct completions get distinct bonuses
+        (
+            'return tagged_format_reward(completion, ("answer",), 0.2)',
+            'return __import__("zlib").crc32(completion.encode()) % 1000 / 5000',
+        ),
     ],
     "tutorials/multiturn.md": [
         *ON_CPU,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 
@@ -16,6 +17,7 @@ from rl_algos import (
     LLMPPO,
     LLMREINFORCE,
     ActionResult,
+    CosineLRScheduleConfig,
     HyperparameterConfig,
     RLParameter,
     dapo,
@@ -415,6 +417,37 @@ def test_filtered_groups_leave_the_loss_and_its_normaliser() -> None:
     ga = tl.agent_grads(a.policy, names)
     assert max(float(g.abs().max()) for g in ga.values()) > 1e-3, "degenerate test case"
     tl.assert_grads_close(ga, tl.agent_grads(b.policy, names))
+
+
+def test_every_group_filtered_takes_no_optimizer_step() -> None:
+    """DAPO's dynamic sampling with every group all-equal: no row carries a gradient, so no
+    optimizer step runs (AdamW would still move the weights by its moments and count the step,
+    the schedule would advance) and the call reports kept_groups 0 and no loss diagnostics."""
+    kw = {"filter_zero_adv": True, "loss_aggregation": "token_mean", "beta": 0.0}
+    schedule = CosineLRScheduleConfig(num_epochs=10, warmup_proportion=0.0)
+    agent = tl.make_agent("GRPO", cosine_lr_schedule_config=schedule, **kw)
+    first = agent.learn(make_batch().experiences())  # a real step: AdamW now has moments
+    assert first["kept_groups"] == 2.0 and "loss" in first and agent.steps == 1
+    params = {n: p.detach().clone() for n, p in agent.policy.named_parameters()}
+    optimizer = copy.deepcopy(agent.optimizer.state_dict())
+    scheduler = copy.deepcopy(agent.lr_scheduler.state_dict())
+    flat = make_batch(rewards=(1.0, 1.0, 1.0, 0.5, 0.5, 0.5))  # both groups all-equal
+    metrics = agent.learn(flat.experiences())
+    assert metrics["kept_groups"] == 0.0
+    shown = {"loss", "mean_loss", "grad_norm", "pg_loss", "entropy", "clip_fraction", "approx_kl"}
+    assert not shown & set(metrics), sorted(metrics)
+    assert metrics["mean_reward"] == pytest.approx(0.75)
+    assert agent.steps == 1
+    for n, p in agent.policy.named_parameters():
+        assert torch.equal(p, params[n]), n  # bit-exact: no optimizer step ran
+    after = agent.optimizer.state_dict()
+    assert after["param_groups"] == optimizer["param_groups"]
+    assert after["state"].keys() == optimizer["state"].keys()
+    for i, state in optimizer["state"].items():
+        for key, value in state.items():
+            # bit-exact: AdamW's moments and step count were not touched
+            assert torch.equal(after["state"][i][key], value), (i, key)
+    assert agent.lr_scheduler.state_dict() == scheduler
 
 
 def test_shared_value_head_seeding_leaves_the_cuda_generators_alone(

@@ -149,3 +149,28 @@ def test_options_that_cannot_be_honoured_are_refused_or_warned() -> None:
         )  # fmt: skip
     with pytest.warns(UserWarning, match="GSPO is loss_type='gspo'"):
         assert tl.make_agent("GSPO", loss_type="cispo").loss_type == "gspo"
+
+
+@rl_losses.register_policy_loss("test_extending_bare_tensor")
+def bare_tensor(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    **kwargs: object,
+) -> torch.Tensor:
+    """PPO's clipped surrogate as a bare scalar tensor: no diagnostics."""
+    out = rl_losses.clipped_surrogate(logprobs, old_logprobs, advantages, mask, **kwargs)  # type: ignore[arg-type]
+    return out.loss
+
+
+def test_a_loss_without_diagnostics_reports_none() -> None:
+    """A registered loss that returns a bare tensor computed no clip fraction, approx KL or
+    ratio: the metrics leave them out (no placeholder 0, 0 and 1); beta=0: no KL either."""
+    agent = tl.make_agent("GRPO", loss_type="test_extending_bare_tensor", beta=0.0)
+    metrics = agent.learn(tl.make_batch().experiences())
+    shown = {"clip_fraction", "approx_kl", "ratio_mean", "kl", "mean_kl"}
+    assert not shown & set(metrics), sorted(metrics)
+    assert {"loss", "pg_loss", "entropy", "grad_norm"} <= set(metrics), sorted(metrics)
+    builtin = tl.make_agent("GRPO", beta=0.0).learn(tl.make_batch().experiences())
+    assert {"clip_fraction", "approx_kl", "ratio_mean"} <= set(builtin), sorted(builtin)

@@ -88,6 +88,19 @@ def test_target_heads_sync_every_k_steps() -> None:
         assert_close(v, 0.5 * online[k] + 0.5 * old[k], msg=k)  # elementwise: no sum
 
 
+def test_metrics_leave_out_constants_and_copies() -> None:
+    """``awac_weight_mean`` only with ``awac_beta > 0`` (with 0 every weight is exp(0) = 1) and
+    ``mean_loss`` only over several steps (over one it is ``loss``); ``target_syncs`` varies
+    with the steps a call takes (test_target_heads_sync_every_k_steps)."""
+    batch = tl.make_batch()
+    cloning = make_ilql(awac_beta=0.0).learn(batch.experiences())  # one step per learn
+    assert not {"awac_weight_mean", "mean_loss", "mean_kl"} & set(cloning), sorted(cloning)
+    assert {"loss", "awac_loss", "target_syncs"} <= set(cloning), sorted(cloning)
+    weighted = make_ilql(awac_beta=0.5, batch_size=2).learn(batch.experiences())  # 3 steps
+    assert abs(weighted["awac_weight_mean"] - 1.0) > 1e-3, weighted
+    assert weighted["mean_loss"] != weighted["loss"], weighted
+
+
 # --------------------------------------------------------------------------- decoding
 
 

@@ -227,6 +227,21 @@ def test_reinforce_loss_and_grads_match_reference(clip_coef: float | None) -> No
     _learn_and_compare(agent, reference)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["plain", "fused"])
+def test_reinforce_reports_a_clip_fraction_only_when_it_clips(fused: bool) -> None:
+    """Plain REINFORCE (``clip_coef=None``) never clips: no ``clip_fraction`` (not a constant 0)
+    and, with ``beta=0``, no KL; its ``approx_kl`` is computed (the second epoch's policy has
+    moved from the old one). The clipped surrogate (``clip_coef=0.2``) reports both."""
+    b = tl.make_batch()
+    kw = {"update_epochs": 2, "beta": 0.0, "use_liger_loss": fused}
+    plain = tl.make_agent("LLMREINFORCE", clip_coef=None, **kw).learn(b.experiences())
+    assert not {"clip_fraction", "kl", "mean_kl"} & set(plain), sorted(plain)
+    assert plain["approx_kl"] > 1e-6, plain
+    assert "mean_loss" in plain  # two steps: their mean is reported beside the last loss
+    clipped = tl.make_agent("LLMREINFORCE", clip_coef=0.2, **kw).learn(b.experiences())
+    assert {"clip_fraction", "approx_kl"} <= set(clipped), sorted(clipped)
+
+
 # --------------------------------------------------------------------------- PPO
 
 

@@ -367,6 +367,13 @@ class LLMAlgorithm:
         (ratio 1, as TRL's GRPO with ``num_iterations == 1``), and a mismatch correction
         weighs each micro-batch by its own log-probs (the fused loss needs them scored).
 
+        With a row filter (``filter_zero_adv``, DAPO's dynamic sampling) the metrics include
+        ``kept_groups``, the groups of this process's batch with a row left in the loss. A
+        minibatch with no row left on any process takes no optimizer step (nor a scheduler
+        step; :attr:`steps` counts the steps taken, so it does not advance) and reports
+        nothing: when every group is filtered out the call returns ``kept_groups`` 0 and
+        ``mean_reward``, without ``loss``, ``grad_norm`` or loss diagnostics.
+
         Raises:
             ValueError: malformed experiences (shapes, NaN rewards, options the batch lacks).
             FloatingPointError: a non-finite loss (weights untouched), unless
@@ -387,6 +394,9 @@ class LLMAlgorithm:
         estimates = self.correction.weigh_batch(batch, scores, estimates)  # 5. correction
         metrics = self._update(batch, scores, estimates, parts)  # 6. update
         out = summarize(metrics, batch.rewards)
+        if estimates.keep is not None:
+            groups = estimates.keep.view(-1, self._group_size(True)).any(dim=1)
+            out["kept_groups"] = float(groups.sum())
         if self.config.use_vllm and metrics.get("loss"):
             self._push_weights_to_engine()
         return out
@@ -467,6 +477,8 @@ class LLMAlgorithm:
 
     def _apply(self, result: StepResult, metrics: dict[str, list[float]]) -> None:
         """Count an applied step and collect its metrics (or the skip)."""
+        if result.empty:  # nothing to learn from: no step taken, nothing to report
+            return
         if not result.applied:
             metrics.setdefault("skipped_steps", []).append(1.0)
             return

@@ -298,6 +298,9 @@ class Normalizers:
     """Counting rows with at least one action (the ``seq_mean_*`` modes)."""
     turns: float = 1.0
     """Counting existing turns (PPO's value loss)."""
+    empty: bool = False
+    """No action token in the minibatch on any process (every row filtered out, DAPO's dynamic
+    sampling): nothing carries a gradient, and :meth:`rl_algos.Learner.step` takes no step."""
 
 
 @dataclass(frozen=True)

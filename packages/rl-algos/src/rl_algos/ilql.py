@@ -366,6 +366,8 @@ class ILQL(LLMAlgorithm):
         )
         info = result.metrics()
         info.pop("loss", None)
+        if cfg.awac_beta == 0:  # every AWAC weight is exp(0) = 1 (or awac_max_weight): a constant
+            info.pop("awac_weight_mean", None)
         # the terms are normalised by the whole minibatch's token count; report them as this
         # micro-batch's means (the learner weighs micro-batches by their token share)
         share = norm.tokens / max(1.0, float(mask.sum()))
@@ -391,7 +393,11 @@ class ILQL(LLMAlgorithm):
         the loops' signature and unused (ILQL's transitions are the action tokens; there is no
         importance ratio). Rows must be right-padded (the attention covers each row up to its
         last real token). The last action of every row is terminal (V after it is 0), also for
-        outputs cut off by a length limit, as in trlX.
+        outputs cut off by a length limit, as in trlX. The metrics: the loss terms and head
+        means of :func:`rl_losses.ilql_loss` averaged over the steps (``awac_weight_mean`` only
+        with ``awac_beta > 0``: otherwise every weight is the same constant), ``loss`` (the
+        last step's), ``mean_loss`` over several steps, ``grad_norm``, ``mean_reward`` and
+        ``target_syncs``, the target updates this call made.
 
         Raises:
             ValueError: bad offline data (empty, mismatched lengths, missing or NaN rewards,
@@ -416,7 +422,6 @@ class ILQL(LLMAlgorithm):
             if self.steps > before and self.heads.maybe_sync(self.steps):  # 3. targets
                 syncs += 1
         out = summarize(metrics, batch.rewards)
-        out.pop("mean_kl", None)
         out["target_syncs"] = float(syncs)
         return out
 

@@ -9,7 +9,9 @@ accumulated gradient, summed over processes, is exactly the gradient of the whol
 No training continues on NaN: a non-finite loss or gradient on any process leaves the weights
 untouched and raises ``FloatingPointError`` (or, with ``skip_nonfinite``, warns and skips the
 step). Every process runs the same collectives whatever its micro-batches hold, so a NaN on one
-rank never hangs the others.
+rank never hangs the others. A minibatch without an action token on any process (every row
+filtered out) takes no step at all; every process sees the same all-reduced counts, so all of
+them skip it together.
 """
 
 from __future__ import annotations
@@ -37,13 +39,16 @@ class StepResult:
     """What one optimizer step did."""
 
     applied: bool
-    """False when the step was skipped (non-finite, ``skip_nonfinite``)."""
+    """False when the step was skipped (non-finite with ``skip_nonfinite``, or ``empty``)."""
     loss: float
     """The minibatch loss (sum of the micro-batch losses)."""
     grad_norm: float
     """Gradient norm before clipping (NaN when skipped)."""
     metrics: dict[str, float] = field(default_factory=dict)
     """Loss diagnostics, micro-batches weighted by their share of the action tokens."""
+    empty: bool = False
+    """The minibatch had no action token on any process (``Normalizers.empty``): no loss was
+    computed and no step taken."""
 
 
 def distributed() -> bool:
@@ -182,8 +187,9 @@ class Learner:
         )
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(counts)
+        empty = float(counts[0]) == 0.0  # the same on every process: the counts are global
         tokens, sequences, turns = (max(1.0, float(c)) for c in counts)
-        return Normalizers(tokens, sequences, turns)
+        return Normalizers(tokens, sequences, turns, empty)
 
     # -- the step --------------------------------------------------------------------------------
 
@@ -198,6 +204,13 @@ class Learner:
         else:
             loss.backward()
 
+    def _zero_grad(self) -> None:
+        if self.ds_engine is None:
+            for p in self.trainable():  # zero_grad(set_to_none=True), without its overhead
+                p.grad = None
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+
     def step(
         self,
         micro_batches: Sequence[MicroBatch],
@@ -206,6 +219,12 @@ class Learner:
         where: str = "",
     ) -> StepResult:
         """Accumulate ``loss_fn`` over ``micro_batches`` and take one guarded optimizer step.
+
+        With ``norm.empty`` (no action token on any process: every row filtered out) nothing
+        runs: no loss, no optimizer or scheduler step (AdamW would still move the weights by
+        its moments and count the step), and the result has ``empty=True``. Every process gets
+        the same ``norm``, so all of them return here together and no collective is left
+        waiting.
 
         Args:
             micro_batches: One minibatch, split.
@@ -217,12 +236,10 @@ class Learner:
             FloatingPointError: A non-finite loss or gradient (weights untouched), unless
                 ``skip_nonfinite``.
         """
+        if norm.empty:
+            return StepResult(False, math.nan, math.nan, empty=True)
         ds = self.ds_engine
-        if ds is None:
-            for p in self.trainable():  # zero_grad(set_to_none=True), without its overhead
-                p.grad = None
-        else:
-            self.optimizer.zero_grad(set_to_none=True)
+        self._zero_grad()
         total = 0.0
         parts: dict[str, float] = {}
         for i, mb in enumerate(micro_batches):
@@ -290,14 +307,21 @@ class Learner:
 def summarize(metrics: dict[str, list[float]], rewards: torch.Tensor) -> dict[str, float]:
     """``learn()``'s metrics from the per-step values it collected.
 
-    Each value averaged over the steps; ``loss`` the last step's and ``mean_loss`` their mean;
-    ``mean_reward`` of [N] ``rewards`` (per-turn [N, K] summed per row); ``mean_kl``.
+    Each value averaged over the steps; ``loss`` the last step's (NaN when every step was
+    skipped as non-finite, absent when no step ran: every row filtered out) and, over several
+    steps, ``mean_loss`` their mean; ``mean_reward`` of [N] ``rewards`` (per-turn [N, K]
+    summed per row); ``mean_kl`` where a KL was computed. Only computed values are reported.
     """
     out = {k: sum(v) / len(v) for k, v in metrics.items() if v}
     losses = metrics.get("loss", [])
-    out["loss"] = losses[-1] if losses else math.nan
-    out["mean_loss"] = sum(losses) / len(losses) if losses else math.nan
+    if losses:
+        out["loss"] = losses[-1]
+    elif metrics.get("skipped_steps"):
+        out["loss"] = math.nan
+    if len(losses) > 1:  # one step: it would be ``loss`` again
+        out["mean_loss"] = sum(losses) / len(losses)
     r = rewards.float()
     out["mean_reward"] = float(r.sum(-1).mean() if r.dim() == 2 else r.mean())
-    out["mean_kl"] = out.get("kl", 0.0)
+    if "kl" in out:
+        out["mean_kl"] = out["kl"]
     return out

@@ -29,6 +29,7 @@ from rl_algos.scoring import Scorer
 
 __all__ = [
     "LOSS_ALIASES",
+    "UNCLIPPED_OBJECTIVES",
     "LossTerms",
     "PolicyObjective",
     "clip_options",
@@ -40,6 +41,11 @@ __all__ = [
 #: Agent-facing names of registered rl-losses objectives (GRPO's ``loss_type="grpo"`` is PPO's
 #: clipped surrogate, ``rl_losses.get_policy_loss("ppo")``).
 LOSS_ALIASES: Mapping[str, str] = {"grpo": "ppo"}
+#: Registered objectives that never clip: their clip fractions are 0 by construction, so the
+#: agents report no ``clip_fraction`` for them.
+UNCLIPPED_OBJECTIVES: frozenset[str] = frozenset(
+    {"reinforce", "cross_entropy", "importance_sampling", "sapo", "vespo", "dro", "kl_cov"}
+)
 
 
 def resolve_loss_name(loss_type: str) -> str:
@@ -82,7 +88,9 @@ class LossTerms:
     loss: torch.Tensor
     """Scalar, with gradient; already divided by the minibatch's global normaliser."""
     metrics: Mapping[str, float] = field(default_factory=dict)
-    """Diagnostics (``pg_loss``, ``clip_fraction``, ``approx_kl``, ``kl``, ...)."""
+    """Diagnostics (``pg_loss``, ``clip_fraction``, ``approx_kl``, ``kl``, ...): only those
+    computed for this loss (no ``kl`` without a KL term, no ``clip_fraction`` for an objective
+    that never clips)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,11 @@ class PolicyObjective:
         return norm.tokens if self.aggregation == "token_mean" else norm.sequences
 
     @property
+    def clips(self) -> bool:
+        """Whether it clips (reports a ``clip_fraction``): not in :data:`UNCLIPPED_OBJECTIVES`."""
+        return self.loss not in UNCLIPPED_OBJECTIVES
+
+    @property
     def fusable(self) -> bool:
         """Whether :func:`rl_kernels.fused_policy_loss` computes it (token-level objectives)."""
         return self.level == "token" and self.loss in FUSED_OBJECTIVES
@@ -126,7 +139,10 @@ def policy_loss(
     """The objective on ``mb`` with the current ``logprobs`` [M, T] (plain path).
 
     Without ``mb.old_logprobs`` (an on-policy update) the old log-probs are ``logprobs``
-    detached: the ratio is 1 and its gradient that of the log-probs.
+    detached: the ratio is 1 and its gradient that of the log-probs. The metrics hold what the
+    loss computed: ``clip_fraction``, ``approx_kl`` and ``ratio_mean`` only where its output
+    has them (a loss returning a bare tensor reports none) and ``clip_fraction`` only for an
+    objective that clips.
     """
     if mb.advantages is None:
         raise ValueError("a policy objective needs advantages")
@@ -145,12 +161,13 @@ def policy_loss(
     loss: torch.Tensor = out.loss if hasattr(out, "loss") else out
     m = out.metrics() if hasattr(out, "metrics") else {}
     mask = mb.mask
-    metrics: dict[str, float] = {
-        "pg_loss": float(loss.detach()),
-        "clip_fraction": m.get("clip_frac_low", 0.0) + m.get("clip_frac_high", 0.0),
-        "approx_kl": m.get("approx_kl", 0.0),
-        "entropy": float(-(logprobs.detach() * mask).sum() / mask.sum().clamp(min=1)),
-    }
+    metrics: dict[str, float] = {"pg_loss": float(loss.detach())}
+    clipped = [m[k] for k in ("clip_frac_low", "clip_frac_high") if k in m]
+    if objective.clips and clipped:
+        metrics["clip_fraction"] = sum(clipped)
+    if "approx_kl" in m:
+        metrics["approx_kl"] = m["approx_kl"]
+    metrics["entropy"] = float(-(logprobs.detach() * mask).sum() / mask.sum().clamp(min=1))
     if objective.kl_in_loss and mb.ref_logprobs is not None and objective.beta > 0:
         kl = kl_penalty(
             logprobs,
@@ -164,8 +181,8 @@ def policy_loss(
         )
         loss = loss + kl.loss
         metrics["kl"] = kl.metrics()["kl_mean"]
-    if objective.ratio_metric:
-        metrics["ratio_mean"] = m.get("ratio_mean", 1.0)
+    if objective.ratio_metric and "ratio_mean" in m:
+        metrics["ratio_mean"] = m["ratio_mean"]
     return LossTerms(loss, metrics)
 
 
@@ -203,10 +220,10 @@ def fused_objective_loss(
         max_length=objective.max_length,
         **objective.options,
     )
-    metrics = {
-        "pg_loss": float(out.policy_loss.detach()),
-        "clip_fraction": float(out.clip_frac_low + out.clip_frac_high),
-        "approx_kl": float(out.approx_kl),
-        "kl": float(out.kl_loss.detach()) / objective.beta if use_ref else 0.0,
-    }
+    metrics = {"pg_loss": float(out.policy_loss.detach())}
+    if objective.clips:
+        metrics["clip_fraction"] = float(out.clip_frac_low + out.clip_frac_high)
+    metrics["approx_kl"] = float(out.approx_kl)
+    if use_ref:
+        metrics["kl"] = float(out.kl_loss.detach()) / objective.beta
     return LossTerms(out.loss, metrics)
