@@ -160,7 +160,8 @@ def test_a_row_registered_by_a_module_of_imports(
 def test_batch_size_is_prompts_times_group() -> None:
     grpo = load_config(None, ["data.prompts_per_step=3", "agent.group_size=5"])
     assert agent_kwargs(grpo)["batch_size"] == batch_rows(3, 5) == 15
-    ppo = load_config(None, ["algo=ppo", "data.prompts_per_step=3", "agent.group_size=5"])
+    with pytest.warns(UserWarning, match=r"agent\.group_size=5 is ignored: ppo samples one"):
+        ppo = load_config(None, ["algo=ppo", "data.prompts_per_step=3", "agent.group_size=5"])
     assert agent_kwargs(ppo)["batch_size"] == 3 and "group_size" not in agent_kwargs(ppo)
     assert agent_kwargs(ppo)["critic_mode"] == "shared"  # the tiny model: full fine-tuning
     with pytest.raises(ValueError, match="`prompts` and `group_size` must be >= 1"):

@@ -184,6 +184,9 @@ def test_demo_cli_runs_offline(tmp_path: Path, capsys: pytest.CaptureFixture[str
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert set(summary["after"]) == {"lm_accuracy", "lm_reward", "guided_accuracy", "guided_reward"}
     assert (tmp_path / "checkpoints" / "step_00000003" / "agent_0" / "ilql_heads.json").is_file()
+    # the online demo's outputs: a curve (of the evaluations: no logged reward) and TensorBoard
+    assert (tmp_path / "reward_curve.png").is_file()
+    assert any((tmp_path / "tensorboard").iterdir())
 
 
 def test_demo_summary_fields() -> None:

@@ -27,16 +27,29 @@ def demo_agent_env(algo: str = "grpo", seed: int = 0, max_model_len: int = 64): 
     return agent, env
 
 
+def kill_at(step: int):  # type: ignore[no-untyped-def]
+    """A ``log_fn`` that stops the run at ``step``, as a kill would: after the step's metrics
+    row, before its checkpoint (the hooks log before they save)."""
+
+    def log_fn(row: dict[str, float]) -> None:
+        if row["step"] == step:
+            raise KeyboardInterrupt(f"killed at step {step}")
+
+    return log_fn
+
+
 def test_resume_after_interruption_equals_uninterrupted(tmp_path: Path) -> None:
     agent, env = demo_agent_env()
     finetune_llm_reasoning([agent], env, max_steps=8, evaluation_interval=4, checkpoint_steps=4,
                            run_dir=tmp_path / "full", verbose=False, plot=False)  # fmt: skip
     full = MetricsLogger.read(tmp_path / "full" / "metrics.jsonl")
 
-    # the "killed" run: 6 steps, checkpoint at 4; its last 2 steps are lost with it
+    # the "killed" run: killed at step 6, checkpoint at 4; its last 2 steps are lost with it
     agent, env = demo_agent_env()
-    finetune_llm_reasoning([agent], env, max_steps=6, evaluation_interval=4, checkpoint_steps=4,
-                           run_dir=tmp_path / "cut", verbose=False, plot=False)  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        finetune_llm_reasoning([agent], env, max_steps=8, evaluation_interval=4,
+                               checkpoint_steps=4, run_dir=tmp_path / "cut", verbose=False,
+                               plot=False, log_fn=kill_at(6))  # fmt: skip
     assert json.loads((tmp_path / "cut" / "checkpoints" / "latest.json").read_text())["step"] == 4
     agent, env = demo_agent_env()  # a fresh process: new agent, new environment
     finetune_llm_reasoning([agent], env, max_steps=8, evaluation_interval=4, checkpoint_steps=4,
@@ -212,7 +225,8 @@ def test_multiturn_loop_resumes_like_an_uninterrupted_run_and_refuses_unknown_ar
                                tensorboard=False, plot=False, **kw)  # type: ignore[arg-type]  # fmt: skip
 
     run(tmp_path / "full", 4)
-    run(tmp_path / "cut", 3)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "cut", 4, log_fn=kill_at(3))
     assert json.loads((tmp_path / "cut" / "checkpoints" / "latest.json").read_text())["step"] == 2
     run(tmp_path / "cut", 4, resume=True)
     full = MetricsLogger.read(tmp_path / "full" / "metrics.jsonl")
@@ -226,3 +240,90 @@ def test_multiturn_loop_resumes_like_an_uninterrupted_run_and_refuses_unknown_ar
     assert [r["step"] for r in MetricsLogger.read(tmp_path / "stop" / "metrics.jsonl")] == [1, 2]
     with pytest.raises(TypeError, match="checkpoint_step"):
         run(tmp_path / "typo", 1, checkpoint_step=1)
+
+
+def test_the_last_step_and_an_early_stop_are_checkpointed(tmp_path: Path) -> None:
+    """A run whose length is not a multiple of checkpoint_steps saves its last step too, and
+    so does one that max_reward stops early; without checkpoint_steps nothing is saved."""
+    agent, env = demo_agent_env()
+    finetune_llm_reasoning([agent], env, max_steps=3, evaluation_interval=2, checkpoint_steps=2,
+                           run_dir=tmp_path / "odd", verbose=False, plot=False)  # fmt: skip
+    names = sorted(p.name for p in (tmp_path / "odd" / "checkpoints").glob("step_*"))
+    assert names == ["step_00000002", "step_00000003"]
+    assert latest_checkpoint(tmp_path / "odd").name == "step_00000003"  # type: ignore[union-attr]
+
+    agent, env = demo_agent_env()
+    finetune_llm_reasoning([agent], env, max_steps=50, evaluation_interval=1, max_reward=-1.0,
+                           checkpoint_steps=10, run_dir=tmp_path / "stop", verbose=False,
+                           plot=False)  # fmt: skip
+    assert latest_checkpoint(tmp_path / "stop").name == "step_00000001"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("every", [0, -5, True, 2.5])
+def test_checkpoint_steps_must_be_none_or_at_least_one(tmp_path: Path, every: object) -> None:
+    """0 used to mean never and -5 every 5 steps (``step % -5 == 0``); each loop refuses them
+    before it writes anything."""
+    from rl_train.loops import offline_learning_loop
+    from rl_train.offline import make_experience
+
+    agent, env = demo_agent_env()
+    message = r"`checkpoint_steps` must be None \(no checkpoints\) or an integer >= 1"
+    with pytest.raises(ValueError, match=message):
+        finetune_llm_reasoning([agent], env, max_steps=1, checkpoint_steps=every,  # type: ignore[arg-type]
+                               run_dir=tmp_path / "r")  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        finetune_llm_multiturn([agent], 3, lambda: None, max_steps=1, checkpoint_steps=every,  # type: ignore[arg-type,return-value]
+                               run_dir=tmp_path / "m")  # fmt: skip
+    data = make_experience([("1", "2")], [1.0], agent.tokenizer, normalize_rewards=False)
+    with pytest.raises(ValueError, match=message):
+        offline_learning_loop(agent, data, steps=1, checkpoint_steps=every, run_dir=tmp_path / "o")  # type: ignore[arg-type]
+    assert not (tmp_path / "r").exists() and not (tmp_path / "o").exists()
+
+
+def test_a_checkpoint_with_nonfinite_weights_is_refused(tmp_path: Path) -> None:
+    """Weights that an update made inf (here set so after step 3's update) are not saved:
+    the run stops naming the step, and latest.json keeps naming the last good checkpoint."""
+    import torch
+
+    agent, env = demo_agent_env()
+
+    def diverge(row: dict[str, float]) -> None:
+        if row["step"] == 3:  # after the step's update, before its checkpoint
+            with torch.no_grad():
+                agent.actor_parameters()[0].fill_(float("inf"))
+
+    with pytest.raises(FloatingPointError, match=r"checkpoint of step 3 refused.*NaN or inf"):
+        finetune_llm_reasoning([agent], env, max_steps=4, evaluation_interval=4,
+                               checkpoint_steps=1, run_dir=tmp_path, verbose=False, plot=False,
+                               log_fn=diverge)  # fmt: skip
+    assert latest_checkpoint(tmp_path).name == "step_00000002"  # type: ignore[union-attr]
+    assert not (tmp_path / "checkpoints" / "step_00000003").exists()
+
+
+def test_rewriting_a_step_keeps_the_one_latest_names_until_the_new_one_is_complete(
+    tmp_path: Path,
+) -> None:
+    """A save of a step that exists (latest.json names it) dies mid-way: the old step is whole
+    and still the latest. A kill between the two renames of the swap is undone on read."""
+    from rl_train.checkpoint import save_checkpoint
+
+    agent, env = demo_agent_env()
+    finetune_llm_reasoning([agent], env, max_steps=2, evaluation_interval=2, checkpoint_steps=2,
+                           run_dir=tmp_path, verbose=False, plot=False)  # fmt: skip
+    step = tmp_path / "checkpoints" / "step_00000002"
+    before = sorted(p.relative_to(step) for p in step.rglob("*"))
+
+    def dying_save(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        Path(path).mkdir(parents=True)
+        (Path(path) / "partial.safetensors").write_bytes(b"\x00" * 10)
+        raise KeyboardInterrupt("killed while writing")
+
+    agent.save_checkpoint = dying_save  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, 2, [agent], None)
+    assert sorted(p.relative_to(step) for p in step.rglob("*")) == before
+    assert latest_checkpoint(tmp_path) == step
+
+    step.rename(step.parent / ".step_00000002.old")  # killed after moving it aside
+    assert latest_checkpoint(tmp_path) == step
+    assert sorted(p.relative_to(step) for p in step.rglob("*")) == before

@@ -78,3 +78,50 @@ def test_a_missing_tensorboard_or_matplotlib_is_an_error_before_training(
     with pytest.raises(ValueError, match=r"matplotlib.*plot=False"):
         MetricsLog(None, curve=tmp_path / "reward_curve.png")
     MetricsLog(None, curve=None)
+
+
+def test_the_curve_has_whole_steps_and_plots_what_an_offline_run_computes(tmp_path: Path) -> None:
+    """A 3-step run's x axis has no fractional steps; offline training (logged rewards, not
+    earned) plots its evaluations, or its loss when it has none."""
+    import matplotlib.pyplot as plt
+    from rl_train.metrics import curve_figure, plot_reward_curve
+
+    rows = [{"step": s, "mean_reward": 0.1 * s, "loss": 1.0 / s} for s in (1, 2, 3)]
+    rows[-1]["eval_accuracy"] = 0.5
+    fig = curve_figure(rows)
+    ax = fig.axes[0]
+    ticks = [t for t in ax.get_xticks() if 1 <= t <= 3]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    assert [line.get_label() for line in ax.get_lines()] == [
+        "train reward",
+        "greedy accuracy (test)",
+    ]
+    plt.close(fig)
+
+    fig = curve_figure(rows, "offline", train_reward=False)
+    assert [line.get_label() for line in fig.axes[0].get_lines()] == ["greedy accuracy (test)"]
+    assert fig.axes[0].get_ylabel() == "accuracy"
+    plt.close(fig)
+    fig = curve_figure([{k: v for k, v in r.items() if k != "eval_accuracy"} for r in rows],
+                       "offline", train_reward=False)  # fmt: skip
+    assert [line.get_label() for line in fig.axes[0].get_lines()] == ["training loss"]
+    assert fig.axes[0].get_ylabel() == "loss"
+    plt.close(fig)
+    assert plot_reward_curve(rows, tmp_path / "c.png") == tmp_path / "c.png"
+    assert (tmp_path / "c.png").is_file()
+
+
+def test_a_metric_is_the_mean_over_the_agents_that_report_it() -> None:
+    """An agent that took no step (DAPO with every group filtered) reports no loss: the row's
+    loss is the others' mean, not pulled towards 0 by a missing value."""
+    import torch
+    from rl_train.experience import StepOutput
+    from rl_train.loop import step_row
+
+    outputs = [
+        StepOutput({"loss": 0.5, "kept_groups": 2.0}, torch.tensor([1.0, 0.0])),
+        StepOutput({"kept_groups": 0.0}, torch.tensor([0.0, 0.0])),
+        StepOutput({"loss": 1.5, "kept_groups": 1.0}, torch.tensor([1.0, 1.0])),
+    ]
+    row = step_row(outputs, ("loss", "kept_groups", "grad_norm"), 0.25)
+    assert row == {"loss": 1.0, "kept_groups": 1.0, "mean_reward": 0.5, "step_time": 0.25}

@@ -183,7 +183,10 @@ def test_an_env_run_checkpoints_and_resumes_like_an_uninterrupted_one(tmp_path: 
     train(load_config(write(tmp_path / "full", env, steps=4, checkpoint_steps=2)), verbose=False)
     cut = tmp_path / "cut"
     train(load_config(write(cut, env, steps=3, checkpoint_steps=2)), verbose=False)
-    assert json.loads((cut / "run" / "checkpoints" / "latest.json").read_text())["step"] == 2
+    pointer = cut / "run" / "checkpoints" / "latest.json"
+    assert json.loads(pointer.read_text())["step"] == 3  # the last step is saved too
+    # as if killed after step 3, before its checkpoint's pointer: resumed from step 2
+    pointer.write_text(json.dumps({"name": "step_00000002", "step": 2}))
     train(load_config(write(cut, env, steps=4, checkpoint_steps=2, resume=True)), verbose=False)
 
     def rows(root: Path) -> list[dict[str, Any]]:

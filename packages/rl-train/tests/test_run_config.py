@@ -28,6 +28,7 @@ def test_cpu_example_configs_run_a_few_steps(
     assert "greedy accuracy after training" in capsys.readouterr().out
     assert (tmp_path / "config.json").is_file()
     assert (tmp_path / "checkpoints" / "latest.json").is_file()
+    assert (tmp_path / "reward_curve.png").is_file()  # offline (ilql) runs too
     # and the checkpoint evaluates
     assert (
         main(["eval", str(tmp_path / "checkpoints" / "step_00000002"), "--config", str(path)]) == 0
@@ -219,3 +220,176 @@ def test_lean_forwards_reaches_the_agent_from_yaml() -> None:
     )
     assert auto.agent.lean_report.mode == "auto"
     assert auto.agent.lean_report.forwards == ("rotary", "rms_norm", "swiglu")  # full fine-tuning
+
+
+def test_scientific_notation_is_a_number_in_files_and_overrides(tmp_path: Path) -> None:
+    """PyYAML's YAML 1.1 read ``1e-4`` (no dot) as the string '1e-4'; YAML 1.2 reads a number."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("algo: grpo\nagent:\n  lr: 1e-4\ndata:\n  reward_timeout: 1e3\n")
+    config = load_config(cfg)
+    assert config.agent["lr"] == 1e-4 and config.data.reward_timeout == 1000.0
+    assert load_config(cfg, ["agent.lr=1e-5"]).agent["lr"] == 1e-5
+    assert load_config(cfg, ["agent.stop_sequences=['1e3']"]).agent["stop_sequences"] == ["1e3"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["agent.group_size=abc"], "agent.group_size must be an integer >= 1, got 'abc'"),
+        (["agent.group_size=2.5"], "agent.group_size must be an integer >= 1, got 2.5"),
+        (["agent.max_output_tokens=-1"], "agent.max_output_tokens must be an integer >= 1 or null"),
+        (["agent.beta=true"], "agent.beta must be a number >= 0, got True"),
+        (["agent.lr='1e-4'"], "agent.lr must be a number >= 0, got '1e-4'"),
+        (["agent.stop_sequences=abc"], "agent.stop_sequences must be a list, got 'abc'"),
+        (
+            ["agent.adv_norm=std"],
+            "agent.adv_norm must be one of 'mean_std', 'mean_only', got 'std'",
+        ),
+        (["data.prompts_per_step=0"], "data.prompts_per_step must be an integer >= 1, got 0"),
+        (["data.reward_timeout=abc"], "data.reward_timeout must be a number, got 'abc'"),
+        (["train.steps=abc"], "train.steps must be an integer >= 1, got 'abc'"),
+        (["train.steps=-1"], "train.steps must be an integer >= 1, got -1"),
+        (["train.steps=true"], "train.steps must be an integer >= 1, got True"),
+        (["train.evaluation_interval=0"], "train.evaluation_interval must be an integer >= 1"),
+        (["train.checkpoint_steps=0"], "train.checkpoint_steps must be an integer >= 1 or null"),
+        (["train.checkpoint_steps=-5"], "train.checkpoint_steps must be an integer >= 1 or null"),
+        (["model.lora_r=0"], "model.lora_r must be an integer >= 1, got 0"),
+        (
+            ["model.full_finetune=true", "agent.full_finetune=false"],
+            "agent.full_finetune=false contradicts model.full_finetune=true",
+        ),
+        (
+            ["model.name=some/model", "agent.full_finetune=true"],
+            "agent.full_finetune=true contradicts model.full_finetune=false",
+        ),
+        (["model.lora_r=4"], "model.lora_r has no effect: the run trains every weight"),
+        (
+            ["model.name=some/model", "model.full_finetune=true", "model.lora_alpha=8"],
+            "model.lora_alpha has no effect",
+        ),
+        (["agent.lr=[1,"], "override 'agent.lr=[1,' is not valid YAML at line 1, column 4"),
+    ],
+)
+def test_bad_values_name_the_yaml_key_when_the_config_is_read(
+    overrides: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(EXAMPLES / "grpo_tiny.yaml", overrides)
+    assert message in str(info.value), info.value
+    assert "\n" not in str(info.value) and "<class" not in str(info.value)
+
+
+def test_a_bad_value_stops_before_anything_is_built_or_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    code = main(["run", str(EXAMPLES / "grpo_tiny.yaml"), "train.steps=-1",
+                 f"train.run_dir={run}", "--print-config"])  # fmt: skip
+    assert code == EXIT_USAGE
+    assert (
+        capsys.readouterr().err.strip() == "rl-train: train.steps must be an integer >= 1, got -1"
+    )
+    assert not run.exists()
+
+
+def test_bad_yaml_names_the_line_and_column(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("algo: grpo\nmodel:\n  name: tiny\n data: [\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml is not valid YAML at line 4, column 2: "):
+        load_config(cfg)
+
+
+def test_settings_an_algorithm_ignores_warn_unless_a_shared_yaml_holds_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``agent.group_size`` set for ppo (which samples one completion per prompt) warns; a YAML
+    written for grpo and run with ``algo=ppo`` is silent, and so are its LoRA keys on the tiny
+    model when the command line picks it."""
+    import warnings
+
+    message = r"agent\.group_size=7 is ignored: ppo samples one completion per prompt"
+    with pytest.warns(UserWarning, match=message):
+        load_config(EXAMPLES / "ppo_tiny.yaml", ["agent.group_size=7"])
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("algo: ppo\nagent:\n  group_size: 7\n")
+    with pytest.warns(UserWarning, match=message):
+        load_config(cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_config(EXAMPLES / "grpo_tiny.yaml", ["algo=ppo"]).algo == "ppo"
+        tiny = load_config(EXAMPLES / "qwen2.5-0.5b_gsm8k_grpo.yaml", ["model.name=tiny"])
+        assert tiny.model.lora_r == 16
+    code = main(["run", str(cfg), "agent.group_size=7", "--print-config"])
+    assert code == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rl-train: warning: agent.group_size=7"), err
+
+
+def _small_run(run: Path, *extra: str) -> list[str]:
+    return ["run", str(EXAMPLES / "grpo_tiny.yaml"), "data.n_train=40", "data.n_test=8",
+            "data.prompts_per_step=4", "agent.group_size=4", "train.evaluation_interval=2",
+            "train.checkpoint_steps=2", f"train.run_dir={run}", "--quiet", *extra]  # fmt: skip
+
+
+def test_a_used_run_dir_is_refused_and_a_resumed_run_reports_what_it_computed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fresh run in a run directory that holds one would wipe its metrics and mix its
+    checkpoints and events; resuming reports the accuracy at the checkpoint (not of a fresh
+    model), and resuming a finished run only says so."""
+    from rl_train import MetricsLogger
+
+    run = tmp_path / "run"
+    assert main(_small_run(run, "train.steps=3")) == 0  # checkpoints at 2 and 3 (the last)
+    capsys.readouterr()
+    rows = (run / "metrics.jsonl").read_text()
+    assert main(_small_run(run, "train.steps=3")) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        f"rl-train: train.run_dir '{run}' already holds a run (config.json, metrics.jsonl, "
+        "metrics.csv, checkpoints, tensorboard, reward_curve.png): pass train.resume=true to "
+        "continue it, or choose a new train.run_dir, or delete it"
+    )
+    assert (run / "metrics.jsonl").read_text() == rows
+
+    assert main(_small_run(run, "train.steps=3", "train.resume=true")) == 0
+    out = capsys.readouterr().out
+    assert "already finished at step 3" in out and "greedy accuracy" not in out, out
+    assert (run / "metrics.jsonl").read_text() == rows
+
+    assert main(_small_run(run, "train.steps=4", "train.resume=true")) == 0
+    out = capsys.readouterr().out
+    assert "resuming from step 3; greedy accuracy at step 3: " in out, out
+    assert "before training" not in out
+    assert [r["step"] for r in MetricsLogger.read(run / "metrics.jsonl")] == [1, 2, 3, 4]
+
+    first = tmp_path / "first"
+    assert main(_small_run(first, "train.steps=1", "train.resume=true")) == 0
+    out = capsys.readouterr().out
+    assert f"no checkpoint in {first / 'checkpoints'}; starting at step 1" in out, out
+
+
+def test_run_dir_and_server_failures_are_one_line_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert main(_small_run(afile, "train.steps=1")) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.strip() == f"rl-train: train.run_dir '{afile}' is a file, not a directory: " + (
+        "choose a directory"
+    )
+    assert main(_small_run(afile / "sub", "train.steps=1")) == 1  # an OSError on the way
+    err = capsys.readouterr().err
+    assert err.startswith("rl-train: train.run_dir: ") and len(err.strip().splitlines()) == 1
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = main(_small_run(tmp_path / "r", "train.steps=1", f"engine_url=http://127.0.0.1:{port}"))
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("rl-train: engine_url: cannot reach the rollout server"), err
+    assert "base_url" not in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -174,11 +174,12 @@ REWARDS: dict[str, RewardFn] = {
 }
 
 
-def build_reward(name: str) -> RewardFn:
+def build_reward(name: str, key: str = "data.reward") -> RewardFn:
     """The reward function ``data.reward`` names.
 
     Args:
         name: ``demo``, ``exact_match``, ``tagged`` or ``module:function``.
+        key: What errors call the setting (``--reward`` for ``rl-train reward-server``).
 
     Returns:
         ``(completion, answer, question) -> float``.
@@ -193,13 +194,11 @@ def build_reward(name: str) -> RewardFn:
         try:
             fn = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"data.reward {name!r} does not resolve: {exc}") from exc
+            raise ConfigError(f"{key} {name!r} does not resolve: {exc}") from exc
         if not callable(fn):
-            raise ConfigError(f"data.reward {name!r} is not callable")
+            raise ConfigError(f"{key} {name!r} is not callable")
         return fn  # type: ignore[no-any-return]
-    raise ConfigError(
-        f"data.reward must be demo, exact_match, tagged or module:function, got {name!r}"
-    )
+    raise ConfigError(f"{key} must be demo, exact_match, tagged or module:function, got {name!r}")
 
 
 def remote_reward(d: DataConfig) -> RemoteReward:

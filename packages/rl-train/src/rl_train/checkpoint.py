@@ -2,13 +2,17 @@
 
 Layout of one checkpoint: ``agent_<i>/`` (each agent's ``save_checkpoint``), ``loop.json``
 (``{"step": n, "env": source state}``) and, under a launcher, ``env_rank<r>.json`` (each
-process's own data cursor). ``checkpoints/latest.json`` names the newest complete one; it is
-replaced atomically after everything else is on disk, so a kill at any moment leaves the
-previous checkpoint the latest complete one.
+process's own data cursor). A checkpoint is written into a temporary sibling
+(``.step_<n>.tmp``) and renamed into place once complete (an existing ``step_<n>`` is moved
+aside first and deleted after), and ``checkpoints/latest.json`` names the newest complete one;
+it is replaced atomically after everything else is on disk, so a kill at any moment leaves the
+previous checkpoint the latest complete one. A checkpoint whose trainable parameters are not
+all finite is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -17,9 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rl_train.collective import barrier, distributed, is_main_process, rank
+import torch
 
-__all__ = ["LATEST", "Resumed", "latest_checkpoint", "resume", "save_checkpoint"]
+from rl_train.collective import any_process, barrier, distributed, is_main_process, rank
+
+__all__ = [
+    "LATEST",
+    "Resumed",
+    "checkpoint_step",
+    "latest_checkpoint",
+    "resume",
+    "save_checkpoint",
+]
 
 #: The pointer file to the newest complete checkpoint.
 LATEST = "latest.json"
@@ -40,6 +53,9 @@ class Resumed:
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     """The newest complete checkpoint directory of a run.
 
+    A checkpoint that a kill interrupted while it replaced an earlier copy of itself (moved
+    aside as ``.step_<n>.old``) is moved back first.
+
     Args:
         run_dir: The run directory.
 
@@ -50,7 +66,44 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     if not pointer.is_file():
         return None
     path = Path(run_dir) / "checkpoints" / json.loads(pointer.read_text())["name"]
+    _recover(path)
     return path if path.is_dir() else None
+
+
+def _recover(target: Path) -> None:
+    """Move ``.step_<n>.old`` back to ``step_<n>`` when a kill came between the two renames."""
+    old = target.parent / f".{target.name}.old"
+    if not target.exists() and old.is_dir():
+        with contextlib.suppress(OSError):  # another process may have moved it first
+            os.rename(old, target)
+
+
+def checkpoint_step(path: str | Path) -> int:
+    """The loop step a checkpoint directory (``step_<n>``) was written at.
+
+    Args:
+        path: The checkpoint directory.
+
+    Returns:
+        The step of its ``loop.json``.
+    """
+    return int(json.loads((Path(path) / "loop.json").read_text())["step"])
+
+
+def _nonfinite(agents: Sequence[Any]) -> list[int]:
+    """The indices of agents whose trainable parameters hold NaN or inf (on any process)."""
+    bad = []
+    for i, agent in enumerate(agents):
+        groups = agent.param_groups() if callable(getattr(agent, "param_groups", None)) else []
+        params = [p for group in groups for p in group["params"]]
+        local = False
+        for p in params:
+            shard = getattr(p, "ds_tensor", None)  # ZeRO-3: this process's partition
+            values = p.detach() if shard is None else shard
+            local = local or not bool(torch.isfinite(values).all())
+        if any_process(local, getattr(agent, "device", "cpu")):
+            bad.append(i)
+    return bad
 
 
 def save_checkpoint(
@@ -59,7 +112,9 @@ def save_checkpoint(
     """Write ``checkpoints/step_<n>/agent_<i>`` + ``loop.json``, then the ``latest.json`` pointer.
 
     Every process calls it (ZeRO-3 gathers weights collectively); only process 0 writes the
-    pointer and ``loop.json``.
+    pointer and ``loop.json``. The step is written into ``.step_<n>.tmp`` and renamed to
+    ``step_<n>`` once complete, so an earlier ``step_<n>`` (which ``latest.json`` may name)
+    stays whole until the new one is.
 
     Args:
         run_dir: The run directory.
@@ -69,23 +124,48 @@ def save_checkpoint(
 
     Returns:
         The checkpoint directory.
+
+    Raises:
+        FloatingPointError: An agent's trainable parameters are not all finite (the update
+            diverged): nothing is written, and ``latest.json`` still names the previous
+            checkpoint.
     """
     root = run_dir / "checkpoints"
     name = f"step_{step:08d}"
+    bad = _nonfinite(agents)
+    if bad:
+        latest = latest_checkpoint(run_dir)
+        kept = f"{LATEST} still names {latest.name}" if latest else "there is no earlier one"
+        raise FloatingPointError(
+            f"checkpoint of step {step} refused: the trainable parameters of agent "
+            f"{', '.join(map(str, bad))} hold NaN or inf (the update diverged: lower the "
+            f"learning rate, agent.lr); {kept} in {root}"
+        )
     target = root / name
-    if is_main_process() and target.exists():
-        shutil.rmtree(target)
+    tmp, old = root / f".{name}.tmp", root / f".{name}.old"
+    if is_main_process():
+        _recover(target)
+        for leftover in (tmp, old):  # what a kill left behind
+            if leftover.exists():
+                shutil.rmtree(leftover)
+        tmp.mkdir(parents=True)
     barrier()
     for i, agent in enumerate(agents):
-        agent.save_checkpoint(target / f"agent_{i}")
+        agent.save_checkpoint(tmp / f"agent_{i}")
     if distributed():  # each process's data shard has its own cursor and pending batch
-        (target / f"env_rank{rank()}.json").write_text(json.dumps(source_state))
+        (tmp / f"env_rank{rank()}.json").write_text(json.dumps(source_state))
         barrier()
     if is_main_process():
-        (target / "loop.json").write_text(json.dumps({"step": step, "env": source_state}))
-        tmp = root / (LATEST + ".tmp")
-        tmp.write_text(json.dumps({"name": name, "step": step}))
-        os.replace(tmp, root / LATEST)
+        (tmp / "loop.json").write_text(json.dumps({"step": step, "env": source_state}))
+        if target.exists():  # latest.json may name it: moved aside until the new one is in place
+            os.rename(target, old)
+            os.rename(tmp, target)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, target)
+        pointer = root / (LATEST + ".tmp")
+        pointer.write_text(json.dumps({"name": name, "step": step}))
+        os.replace(pointer, root / LATEST)
     barrier()
     return target
 

@@ -12,17 +12,20 @@ algorithm names) are checked before torch or any model library is imported; ``rl
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from importlib.metadata import version
+from pathlib import Path
 
 from rl_algos.names import ALGORITHMS
 from rl_envs.remote_reward import RewardServerError, add_server_arguments, load_reward, serve
 from rl_envs.tasks import available_tasks
 
-from rl_train.config import load_config
-from rl_train.demo import DemoConfig
+from rl_train.config import RunConfig, load_config
+from rl_train.demo import DemoConfig, claim_run_dir
 from rl_train.tinker.command import add_arguments as tinker_arguments
 
 #: Exit status for bad arguments or configuration.
@@ -47,11 +50,24 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train the embedded tiny model on the embedded task, on CPU.",
     )
     defaults = DemoConfig()
-    demo.add_argument("--task", default=defaults.task, help="built-in task (rl_envs.tasks)")
-    demo.add_argument("--algo", default=defaults.algo, choices=ALGORITHMS)
-    demo.add_argument("--steps", type=int, default=defaults.steps)
-    demo.add_argument("--seed", type=int, default=defaults.seed)
-    demo.add_argument("--run-dir", default="runs/demo", help="where the run is written")
+    demo.add_argument(
+        "--task",
+        default=defaults.task,
+        help="built-in task (rl_envs.tasks; default: %(default)s)",
+    )
+    demo.add_argument(
+        "--algo", default=defaults.algo, choices=ALGORITHMS, help="default: %(default)s"
+    )
+    demo.add_argument(
+        "--steps", type=int, default=defaults.steps, help="training steps (default: %(default)s)"
+    )
+    demo.add_argument("--seed", type=int, default=defaults.seed, help="default: %(default)s")
+    demo.add_argument(
+        "--run-dir",
+        default="runs/demo",
+        help="where the run is written; a previous demo run there is replaced "
+        "(default: %(default)s)",
+    )
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
     demo.add_argument("--debug", action="store_true", help="show tracebacks")
     run = sub.add_parser(
@@ -74,7 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="evaluate a checkpoint",
         description="Greedy accuracy of a checkpoint on the data of a config.",
     )
-    ev.add_argument("checkpoint", help="a checkpoint directory (or a step_* directory)")
+    ev.add_argument(
+        "checkpoint",
+        help="a checkpoint (a step_* directory), or a run directory or its checkpoints/ folder "
+        "(their latest checkpoint)",
+    )
     ev.add_argument("--config", default=None, help="the run's YAML (default: built-in demo)")
     ev.add_argument("overrides", nargs="*", help="key.sub=value overrides")
     ev.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -102,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(needs rl-train[tinker]).",
     )
     tinker_arguments(ts)
+    for command in sub.choices.values():  # errors after parsing use the command's usage
+        command.set_defaults(command_parser=command)
     return parser
 
 
@@ -116,6 +138,9 @@ def _demo(args: argparse.Namespace) -> int:
     if args.steps < 1:
         print(f"rl-train: --steps must be >= 1, got {args.steps}", file=sys.stderr)
         return EXIT_USAGE
+    settings = {"task": args.task, "algo": args.algo, "steps": args.steps, "seed": args.seed}
+    if claim_run_dir(args.run_dir, settings):
+        print(f"rl-train demo: replacing the previous demo run in {args.run_dir}")
     import torch  # heavy: only once the arguments are known to be good
 
     # One intra-op thread: the ~78k-parameter model's matrices are too small to gain from
@@ -142,9 +167,19 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load(path: str | None, overrides: list[str]) -> RunConfig:
+    """:func:`load_config`, its warnings (a setting the algorithm ignores) one line each."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = load_config(path, overrides)
+    for warning in caught:
+        print(f"rl-train: warning: {warning.message}", file=sys.stderr)
+    return config
+
+
 def _run(args: argparse.Namespace) -> int:
     """``rl-train run CONFIG [overrides]``."""
-    config = load_config(args.config, args.overrides)  # before torch: errors answer at once
+    config = args.run_config = _load(args.config, args.overrides)  # before torch: at once
     if args.print_config:
         _print_config(config, args)
         return 0
@@ -184,7 +219,7 @@ def _print_config(config: object, args: argparse.Namespace) -> None:
 
 def _eval(args: argparse.Namespace) -> int:
     """``rl-train eval CHECKPOINT [--config CONFIG] [overrides]``."""
-    config = load_config(args.config, args.overrides)
+    config = args.run_config = _load(args.config, args.overrides)
     from rl_train.run import evaluate
 
     result = evaluate(config, args.checkpoint)
@@ -198,7 +233,7 @@ def _reward_server(args: argparse.Namespace) -> int:
         from rl_train.builder import build_reward, import_user_code
 
         import_user_code(args.imports)
-        fn = build_reward(args.reward)
+        fn = build_reward(args.reward, key="--reward")
     else:  # module:function from the working directory, without torch
         if os.getcwd() not in sys.path and "" not in sys.path:
             sys.path.insert(0, os.getcwd())
@@ -214,6 +249,54 @@ def _tinker_server(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``argv``: ``key=value`` overrides anywhere after ``run`` / ``eval``'s positionals
+    (before or after flags), errors with the sub-command's usage and a close option name.
+    """  # noqa: D205
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    if getattr(args, "overrides", None) is not None:
+        args.overrides += [a for a in extra if not a.startswith("-")]
+        extra = [a for a in extra if a.startswith("-")]
+    if extra:
+        sub = getattr(args, "command_parser", parser)
+        message = f"unrecognized arguments: {' '.join(extra)}"
+        options = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
+        for arg in extra:
+            close = difflib.get_close_matches(arg.split("=", 1)[0], options, n=1)
+            if arg.startswith("--") and close:
+                message += f"; did you mean {close[0]}?"
+                break
+        sub.error(message)
+    return args
+
+
+def _rollout_server_error(exc: BaseException) -> BaseException | None:
+    """``exc`` or its cause when it is rl-rollout's ``RolloutServerError`` (not imported here:
+    it is loaded once a run talks to a rollout server).
+    """  # noqa: D205
+    cls: type[BaseException] | None = getattr(
+        sys.modules.get("rl_rollout.server"), "RolloutServerError", None
+    )
+    for error in (exc, exc.__cause__):
+        if cls is not None and isinstance(error, cls):
+            return error
+    return None
+
+
+def _key_of_path(args: argparse.Namespace, filename: object) -> str:
+    """``train.run_dir: `` / ``--run-dir: `` when ``filename`` is in the run directory."""
+    config = getattr(args, "run_config", None)
+    run_dir, key = getattr(args, "run_dir", None), "--run-dir"
+    if config is not None:
+        run_dir, key = config.train.run_dir, "train.run_dir"
+    if filename is None or run_dir is None:
+        return ""
+    path, run = Path(os.fsdecode(filename)).resolve(), Path(run_dir).resolve()  # type: ignore[arg-type]
+    return f"{key}: " if path == run or run in path.parents else ""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``rl-train`` command and return its exit status.
 
@@ -221,28 +304,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: Arguments without the program name; ``None`` reads ``sys.argv``.
 
     Returns:
-        The process exit status.
+        The process exit status (2: bad arguments or configuration, or no command).
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse(parser, argv)
     commands = {"demo": _demo, "run": _run, "eval": _eval, "reward-server": _reward_server}
     commands["tinker-server"] = _tinker_server
-    if args.command in commands:
-        try:
-            return commands[args.command](args)
-        except (ValueError, FileNotFoundError) as exc:
-            if args.debug:
-                raise
-            print(f"rl-train: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        except Exception as exc:  # a reward server down or silent: its message, one line
-            server_error = exc if isinstance(exc, RewardServerError) else exc.__cause__
-            if args.debug or not isinstance(server_error, RewardServerError):
-                raise
+    if args.command not in commands:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return commands[args.command](args)
+    except (ValueError, FileNotFoundError) as exc:
+        if args.debug:
+            raise
+        print(f"rl-train: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (OSError, FloatingPointError) as exc:  # a run directory on a file, a diverged run
+        if args.debug:
+            raise
+        where = _key_of_path(args, exc.filename) if isinstance(exc, OSError) else ""
+        print(f"rl-train: {where}{exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a reward or rollout server down or silent: its message, one line
+        server_error = exc if isinstance(exc, RewardServerError) else exc.__cause__
+        rollout_error = _rollout_server_error(exc)
+        if args.debug or not (isinstance(server_error, RewardServerError) or rollout_error):
+            raise
+        if rollout_error is not None:
+            config = getattr(args, "run_config", None)
+            asynchronous = config is not None and config.async_ is not None
+            key = "async.engine_url" if asynchronous else "engine_url"
+            message = str(rollout_error).replace("`base_url`", f"`{key}`")
+            print(f"rl-train: {key}: {message}", file=sys.stderr)
+        else:
             print(f"rl-train: {server_error}", file=sys.stderr)
-            return 1
-    parser.print_help()
-    return 0
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

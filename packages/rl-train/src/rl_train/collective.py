@@ -10,7 +10,15 @@ from __future__ import annotations
 import torch
 from rl_algos.distributed import is_main_process, world_size
 
-__all__ = ["barrier", "distributed", "global_mean", "is_main_process", "rank", "world_size"]
+__all__ = [
+    "any_process",
+    "barrier",
+    "distributed",
+    "global_mean",
+    "is_main_process",
+    "rank",
+    "world_size",
+]
 
 
 def distributed() -> bool:
@@ -46,3 +54,20 @@ def global_mean(row: dict[str, float], device: torch.device) -> dict[str, float]
     torch.distributed.all_reduce(t)
     t /= world_size()
     return dict(zip(keys, t.tolist(), strict=True))
+
+
+def any_process(flag: bool, device: torch.device | str) -> bool:
+    """Whether ``flag`` is true on any process (``flag`` itself with one).
+
+    Args:
+        flag: This process's value.
+        device: Where the collective runs (the agent's device).
+
+    Returns:
+        The logical or over processes.
+    """
+    if not distributed():
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return bool(t.item() > 0)

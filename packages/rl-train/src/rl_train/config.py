@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import re
 import types
 import typing
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -294,6 +296,9 @@ def _build(cls: type, data: Any, where: str) -> Any:
             kwargs[attr] = section
         else:
             kwargs[attr] = _check_type(value, hint, path)
+            minimum = _MINIMUM.get(path)
+            if minimum is not None and kwargs[attr] is not None and kwargs[attr] < minimum:
+                raise ConfigError(f"{path} must be {_describe(hint, minimum)}, got {value!r}")
     return cls(**kwargs)
 
 
@@ -319,7 +324,49 @@ def _check_type(value: Any, hint: Any, path: str) -> Any:
             if base is int and isinstance(value, bool):
                 continue
             return value
-    raise ConfigError(f"{path} must be {hint}, got {value!r}")
+    raise ConfigError(f"{path} must be {_describe(hint, _MINIMUM.get(path))}, got {value!r}")
+
+
+#: What each Python type of a config field is called in an error message.
+_KINDS: dict[Any, str] = {
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    str: "a string",
+    list: "a list",
+    dict: "a mapping",
+}
+
+#: The least value of numeric fields (``key: minimum``), checked when the YAML is read.
+_MINIMUM: dict[str, int] = {
+    "model.lora_r": 1,
+    "model.lora_alpha": 1,
+    "data.n_train": 1,
+    "data.n_test": 1,
+    "data.prompts_per_step": 1,
+    "data.max_prompt_length": 1,
+    "train.steps": 1,
+    "train.evaluation_interval": 1,
+    "train.checkpoint_steps": 1,
+}
+
+
+def _describe(hint: Any, minimum: int | None = None) -> str:
+    """``int | None`` -> ``an integer or null`` (with ``>= minimum`` after a number)."""
+    origin = typing.get_origin(hint)
+    options = typing.get_args(hint) if origin in (typing.Union, types.UnionType) else (hint,)
+    words = []
+    for option in options:
+        if option is type(None):
+            continue
+        base = typing.get_origin(option) or option
+        word = _KINDS.get(base, getattr(base, "__name__", str(base)))
+        if minimum is not None and base in (int, float):
+            word += f" >= {minimum}"
+        words.append(word)
+    if type(None) in options:
+        words.append("null")
+    return " or ".join(words)
 
 
 def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -332,8 +379,73 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+class _Loader(yaml.SafeLoader):  # type: ignore[misc]
+    """PyYAML's safe loader with YAML 1.2's floats: ``1e-4`` and ``1e3`` are numbers.
+
+    YAML 1.1 (PyYAML's default) needs a dot and a signed exponent (``1.0e-4``) and reads ``1e-4``
+    as the string ``'1e-4'``.
+    """
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:float"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str, where: str) -> Any:
+    """Parse YAML (YAML 1.2 floats: ``1e-4`` is a number).
+
+    Args:
+        text: The YAML text.
+        where: What it is, for errors (a file name, ``override 'key=value'``).
+
+    Returns:
+        The parsed value.
+
+    Raises:
+        ConfigError: Invalid YAML, naming the line, the column and the problem.
+    """
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        context = getattr(exc, "context", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        detail = f"{problem} ({context})" if context else problem
+        raise ConfigError(f"{where} is not valid YAML{at}: {detail}") from exc
+
+
+def _dotted(node: Any, prefix: str = "") -> set[str]:
+    """The dotted keys a parsed YAML mapping sets (``train``, ``train.steps``...)."""
+    if not isinstance(node, dict):
+        return set()
+    out = set()
+    for key, value in node.items():
+        out.add(f"{prefix}{key}")
+        out |= _dotted(value, f"{prefix}{key}.")
+    return out
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     """Read a YAML config (or the defaults) and apply ``key.sub=value`` overrides.
+
+    Numbers in scientific notation without a dot (``1e-4``) are numbers, as in YAML 1.2. Each
+    value is checked against its field's type and range (``agent:`` values against the
+    algorithm's agent config), naming the YAML key.
 
     Args:
         path: The YAML file, or None for the defaults.
@@ -344,28 +456,30 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         the working directory) are made absolute.
 
     Raises:
-        ConfigError: a missing file, bad YAML, an unknown key (with the nearest valid one),
-            a value of the wrong type, or an unknown algorithm.
+        ConfigError: a missing file, bad YAML (with its line and column), an unknown key (with
+            the nearest valid one), a value of the wrong type or out of range, settings that
+            contradict each other, or an unknown algorithm.
     """
     tree: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
-        try:
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p} is not valid YAML: {exc}".splitlines()[0]) from exc
+        loaded = yaml_load(p.read_text(), str(p)) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p} must hold a mapping at the top level")
         tree = loaded
+    in_file = _dotted(tree)
+    command_line: set[str] = set()
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key=value (e.g. train.steps=50)")
         key, raw = item.split("=", 1)
-        _set(tree, key.strip(), yaml.safe_load(raw))
+        _set(tree, key.strip(), yaml_load(raw, f"override {item!r}"))
+        command_line.add(key.strip())
     config: RunConfig = _build(RunConfig, tree, "")
     _check(config)
+    _check_explicit(config, _Given(in_file, command_line))
     if path is not None:  # relative file paths: the working directory's, else the YAML's
         _resolve_paths(config, Path(path).resolve().parent)
     if config.algo not in ALGORITHM_SPECS:  # a row that a module of `imports` registers
@@ -377,6 +491,114 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         raise ConfigError(f"deepspeed_config file {config.deepspeed_config!r} does not exist")
     _check_data_files(config)
     return config
+
+
+@dataclass(frozen=True)
+class _Given:
+    """Which dotted keys the YAML file and the command line set."""
+
+    in_file: set[str]
+    command_line: set[str]
+
+    def where(self, key: str) -> str | None:
+        """``command line`` (the key or a section above it), ``YAML`` or None (a default)."""
+        parts = key.split(".")
+        if any(".".join(parts[:n]) in self.command_line for n in range(1, len(parts) + 1)):
+            return "command line"
+        return "YAML" if key in self.in_file else None
+
+
+def _check_explicit(config: RunConfig, given: _Given) -> None:
+    """Settings that are ignored or contradict each other, by where they were set.
+
+    ``agent.full_finetune`` must agree with ``model.full_finetune`` (the tiny model always
+    trains every weight); ``model.lora_*`` off its default is refused under full fine-tuning
+    (a run's resolved ``config.json`` lists the defaults), and
+    ``agent.group_size`` warns for an algorithm that samples one completion per prompt. Both
+    are silent for a YAML written for other runs: keys the file sets while the command line
+    changed what decides them (``algo``, ``model.name``, ``model.full_finetune``).
+    """
+    tiny = config.model.name == "tiny"
+    full = config.model.full_finetune or tiny
+    why = "model.name: tiny always trains every weight" if tiny else "model.full_finetune: true"
+    if "full_finetune" in config.agent and config.agent["full_finetune"] != full:
+        raise ConfigError(
+            f"agent.full_finetune={str(config.agent['full_finetune']).lower()} contradicts "
+            f"model.full_finetune={str(config.model.full_finetune).lower()}"
+            f"{' (model.name: tiny always trains every weight)' if tiny else ''}: remove "
+            "agent.full_finetune; model.full_finetune decides between LoRA and full fine-tuning"
+        )
+    deciders = ("model.name", "model.full_finetune")
+    if full:
+        for key in ("lora_r", "lora_alpha", "lora_target_modules"):
+            source = given.where(f"model.{key}")
+            shared = source == "YAML" and any(given.where(k) == "command line" for k in deciders)
+            changed = getattr(config.model, key) != getattr(ModelConfig(), key)
+            if source is not None and changed and not shared:
+                raise ConfigError(
+                    f"model.{key} has no effect: the run trains every weight ({why}); remove "
+                    f"model.{key}, or set model.full_finetune: false for LoRA"
+                )
+    spec = ALGORITHM_SPECS.get(config.algo)
+    if spec is not None and not spec.grouped and "group_size" in config.agent:
+        source = given.where("agent.group_size")
+        shared = source == "YAML" and given.where("algo") == "command line"
+        if not shared:
+            warnings.warn(
+                f"agent.group_size={config.agent['group_size']!r} is ignored: {config.algo} "
+                "samples one completion per prompt (data.prompts_per_step sets the batch)",
+                UserWarning,
+                stacklevel=3,
+            )
+
+
+#: What a run writes in its directory: a directory that holds any of them holds a run.
+RUN_FILES = (
+    "config.json",
+    "metrics.jsonl",
+    "metrics.csv",
+    "checkpoints",
+    "tensorboard",
+    "reward_curve.png",
+    "summary.json",
+)
+
+
+def existing_run(run_dir: str | Path) -> list[str]:
+    """The names of :data:`RUN_FILES` that ``run_dir`` holds (empty: none, or no directory).
+
+    Args:
+        run_dir: A run directory.
+
+    Returns:
+        The run files and folders found, in :data:`RUN_FILES` order.
+    """
+    run = Path(run_dir)
+    return [name for name in RUN_FILES if (run / name).exists()] if run.is_dir() else []
+
+
+def check_run_dir(train: TrainConfig) -> None:
+    """A fresh run needs a new (or empty) ``train.run_dir``; a resumed one, a directory.
+
+    Args:
+        train: The run's ``train`` section.
+
+    Raises:
+        ConfigError: ``train.run_dir`` is a file, or already holds a run and
+            ``train.resume`` is false (its metrics, checkpoints and TensorBoard events would
+            mix with the new run's).
+    """
+    run = Path(train.run_dir)
+    if run.exists() and not run.is_dir():
+        raise ConfigError(
+            f"train.run_dir {train.run_dir!r} is a file, not a directory: choose a directory"
+        )
+    found = [] if train.resume else existing_run(run)
+    if found:
+        raise ConfigError(
+            f"train.run_dir {train.run_dir!r} already holds a run ({', '.join(found)}): pass "
+            "train.resume=true to continue it, or choose a new train.run_dir, or delete it"
+        )
 
 
 def _check_data_files(config: RunConfig) -> None:
@@ -493,16 +715,18 @@ def _check_algorithm(config: RunConfig) -> None:
 
 
 def _check_agent_keys(config: RunConfig) -> None:
-    """``agent:`` keys are the agent's keywords (its typed config's fields, its constructor's).
+    """``agent:`` keys are the agent's keywords (its typed config's fields, its constructor's),
+    and each value fits its field's type (and range) in the agent's typed config.
 
     ``group_size`` is also accepted, and dropped, for an algorithm that samples one completion
     per prompt (the row's ``grouped`` is False), so one YAML serves every algorithm.
-    """
+    """  # noqa: D205
     valid = agent_config_fields(config.algo)
     if valid is None:  # the source is unreadable: the agent's constructor checks them
         return
     ignored = () if ALGORITHM_SPECS[config.algo].grouped else ("group_size",)
-    for key in config.agent:
+    annotations = _agent_annotations(config.algo)
+    for key, value in config.agent.items():
         if key in ignored:
             continue
         if key not in valid:
@@ -512,6 +736,155 @@ def _check_agent_keys(config: RunConfig) -> None:
             raise ConfigError(
                 f"unknown key 'agent.{key}': {agent} got unexpected arguments [{key!r}]; {hint}"
             )
+        if key in annotations:
+            _check_agent_value(key, value, annotations[key])
+
+
+#: The least value of numeric agent settings, checked when the YAML is read (the agent's own
+#: checks name its internal arguments, after the model is built).
+_AGENT_MINIMUM: dict[str, int] = {
+    "group_size": 1,
+    "batch_size": 1,
+    "update_epochs": 1,
+    "max_output_tokens": 1,
+    "max_model_len": 1,
+    "micro_batch_size_per_gpu": 1,
+    "micro_batch_tokens": 1,
+    "min_output_tokens": 0,
+    "lr": 0,
+    "beta": 0,
+}
+
+
+def _check_agent_value(key: str, value: Any, annotation: ast.expr) -> None:
+    """``agent.<key>``'s value against its annotation in the agent's typed config."""
+    fits = _fits(value, annotation)
+    tri_state = _fits(None, annotation) and _fits(True, annotation) and not _fits(1, annotation)
+    if value == "auto" and tri_state:  # the YAML spelling of None for a bool | None switch
+        return
+    minimum = _AGENT_MINIMUM.get(key)
+    wanted = _wanted(annotation, minimum)
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if fits is False or (minimum is not None and number and value < minimum):
+        raise ConfigError(f"agent.{key} must be {wanted}, got {value!r}")
+
+
+def _agent_annotations(algo: str) -> dict[str, ast.expr]:
+    """The annotation of each field of ``algo``'s typed agent config, read from the source
+    without importing it (torch-free); empty where the source cannot be read.
+    """  # noqa: D205
+    from rl_algos import names
+
+    try:
+        module, agent = names._location(ALGORITHM_SPECS[algo].agent, "rl_algos")
+        found = names._config_class(module, agent)
+        return {} if found is None else _class_annotations(*found)
+    except (ImportError, SyntaxError, OSError, ValueError, AttributeError, KeyError):
+        return {}
+
+
+def _class_annotations(module: str, name: str, depth: int = 0) -> dict[str, ast.expr]:
+    """The annotated fields of class ``module.name`` and its bases (``ClassVar`` excluded)."""
+    from rl_algos import names
+
+    found = names._class_def(module, name)
+    if found is None or depth > 8:
+        return {}
+    node, where = found
+    out: dict[str, ast.expr] = {}
+    for base in names._bases(node):
+        out.update(_class_annotations(where, base, depth + 1))
+    for stmt in node.body:
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            continue
+        if "ClassVar" not in ast.unparse(stmt.annotation):
+            out[stmt.target.id] = stmt.annotation
+    return out
+
+
+#: Checks of the type names of an annotation (bool is not a number) and their words.
+_CHECKS: dict[str, tuple[Any, str]] = {
+    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "float": (lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "tuple": (lambda v: isinstance(v, list | tuple), "a list"),
+    "list": (lambda v: isinstance(v, list | tuple), "a list"),
+    "Sequence": (lambda v: isinstance(v, list | tuple), "a list"),
+    "dict": (lambda v: isinstance(v, dict), "a mapping"),
+    "Mapping": (lambda v: isinstance(v, dict), "a mapping"),
+}
+
+
+def _options(node: ast.expr) -> list[ast.expr]:
+    """The alternatives of an annotation: ``X | Y``, ``Optional[X]``, ``Union[X, Y]``."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _options(node.left) + _options(node.right)
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):  # a string annotation
+        try:
+            return _options(ast.parse(node.value, mode="eval").body)
+        except SyntaxError:
+            return [node]
+    head = _head(node)
+    if isinstance(node, ast.Subscript) and head in ("Optional", "Union"):
+        inner = node.slice
+        items = list(inner.elts) if isinstance(inner, ast.Tuple) else [inner]
+        if head == "Optional":
+            items.append(ast.Constant(None))
+        return [option for item in items for option in _options(item)]
+    return [node]
+
+
+def _head(node: ast.expr) -> str | None:
+    """``int`` of ``int``, ``list`` of ``list[str]``; None for anything else."""
+    base = node.value if isinstance(node, ast.Subscript) else node
+    return base.id if isinstance(base, ast.Name) else None
+
+
+def _literals(node: ast.expr) -> list[Any] | None:
+    """The values of ``Literal[...]``, or None when ``node`` is not one."""
+    if not (isinstance(node, ast.Subscript) and _head(node) == "Literal"):
+        return None
+    items = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+    return [item.value for item in items if isinstance(item, ast.Constant)]
+
+
+def _fits(value: Any, node: ast.expr) -> bool | None:
+    """Whether ``value`` fits an annotation: True, False, or None (a type not read here)."""
+    results: list[bool | None] = []
+    for option in _options(node):
+        literals = _literals(option)
+        check = _CHECKS.get(_head(option) or "")
+        if isinstance(option, ast.Constant) and option.value is None:
+            results.append(value is None)
+        elif literals is not None:
+            results.append(value in literals)
+        elif _head(option) == "Any":
+            results.append(True)
+        else:
+            results.append(None if check is None else bool(check[0](value)))
+    return True if any(results) else (None if None in results else False)
+
+
+def _wanted(node: ast.expr, minimum: int | None = None) -> str:
+    """An annotation in words (``int | None`` -> ``an integer or null``)."""
+    words = []
+    for option in _options(node):
+        literals = _literals(option)
+        check = _CHECKS.get(_head(option) or "")
+        if isinstance(option, ast.Constant) and option.value is None:
+            continue
+        if literals is not None:
+            words.append("one of " + ", ".join(repr(v) for v in literals))
+        elif check is None:
+            words.append(ast.unparse(option))
+        elif minimum is not None and _head(option) in ("int", "float"):
+            words.append(f"{check[1]} >= {minimum}")
+        else:
+            words.append(check[1])
+    if _fits(None, node):
+        words.append("null")
+    return " or ".join(dict.fromkeys(words))
 
 
 def _check_reward_url(d: DataConfig) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import importlib
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -133,21 +134,33 @@ def fit_episodes(
         say: Where the report lines go (process 0).
 
     Returns:
-        ``(mean return before, mean return after)``.
+        ``(mean return before, mean return after)``; a resumed run: the return at the
+        checkpoint it resumes from first, and NaN for both when it had already finished.
     """
+    from rl_train.run import resume_point
+
     config, agent = built.config, built.agent
     assert config.env is not None  # and no async: section (rl_train.env_config.check_env)
     t = config.train
     run_dir = Path(t.run_dir)
     main = is_main_process()
+    report = say if main else (lambda _: None)
+    checkpoint = resume_point(config, report)
+    if checkpoint is not None and checkpoint[1] >= t.steps:
+        return math.nan, math.nan
     factory = env_factory(config, built.tokenizer, agent)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
     episodes = config.env.eval_episodes
-    before = greedy_return(agent, factory, episodes, seed=10**6)
-    if main:
-        say(f"greedy mean return before training: {before:.3f}")
+    if checkpoint is not None:  # what the loop resumes from (it loads the optimizer too)
+        path, step = checkpoint
+        agent.load_checkpoint(path / "agent_0", load_optimizer=False)
+        before = greedy_return(agent, factory, episodes, seed=10**6)
+        report(f"resuming from step {step}; greedy mean return at step {step}: {before:.3f}")
+    else:
+        before = greedy_return(agent, factory, episodes, seed=10**6)
+        report(f"greedy mean return before training: {before:.3f}")
     finetune_llm_multiturn(
         [agent],
         max_turns(config),

@@ -6,7 +6,8 @@ given. The loop calls :meth:`Hook.on_start` once, :meth:`Hook.after_step` after 
 finished. The usual order is: :class:`Evaluation` (adds ``fitness`` and ``eval_fn``'s values),
 :class:`Evolution` (selection + mutation on evaluation steps), :class:`MetricsLog` (means over
 processes, CSV/JSONL/TensorBoard, the user's ``log_fn``, the reward curve at the end),
-:class:`ProgressBar` or :class:`PrintProgress`, :class:`Checkpoint`, :class:`EarlyStop`,
+:class:`ProgressBar` or :class:`PrintProgress`, :class:`EarlyStop`, :class:`Checkpoint`
+(after :class:`EarlyStop`, so that a run that stops early saves its last step),
 :class:`SaveElite`.
 """
 
@@ -36,6 +37,7 @@ __all__ = [
     "PrintProgress",
     "ProgressBar",
     "SaveElite",
+    "check_checkpoint_steps",
 ]
 
 
@@ -139,6 +141,7 @@ class MetricsLog(Hook):
         log_fn: Called with ``{"step": n, **row}`` (trlX's hook), or None.
         curve: Where the reward-curve PNG goes at the end (process 0), or None.
         title: The curve's title.
+        train_reward: Plot the batches' mean reward (False: offline, logged rewards).
     """
 
     def __init__(
@@ -147,6 +150,7 @@ class MetricsLog(Hook):
         log_fn: Callable[[dict[str, float]], None] | None = None,
         curve: Path | None = None,
         title: str = "reward",
+        train_reward: bool = True,
     ) -> None:
         if curve is not None and importlib.util.find_spec("matplotlib") is None:
             # before training, not after it: the curve is drawn at the end
@@ -158,6 +162,7 @@ class MetricsLog(Hook):
         self.log_fn = log_fn
         self.curve = curve
         self.title = title
+        self.train_reward = train_reward
 
     def after_step(self, state: LoopState, row: dict[str, float]) -> None:
         """Average ``row`` over processes (in place) and log it."""
@@ -176,7 +181,9 @@ class MetricsLog(Hook):
     def on_end(self, state: LoopState) -> None:
         """Plot the logger's whole history (a resumed run's included)."""
         if self.curve is not None and self.logger is not None and is_main_process():
-            plot_reward_curve(self.logger.history, self.curve, title=self.title)
+            plot_reward_curve(
+                self.logger.history, self.curve, self.title, train_reward=self.train_reward
+            )
 
 
 class ProgressBar(Hook):
@@ -243,15 +250,32 @@ class PrintProgress(Hook):
             print(f"step {state.step}/{state.total}: loss {row['loss']:.4f}", flush=True)
 
 
+def check_checkpoint_steps(every: int | None) -> None:
+    """``checkpoint_steps`` is None (no checkpoints) or an integer >= 1.
+
+    Raises:
+        ValueError: Anything else (0, a negative number, a bool or a float).
+    """
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise ValueError(
+            "`checkpoint_steps` must be None (no checkpoints) or an integer >= 1 (steps between "
+            f"checkpoints), got {every!r}"
+        )
+
+
 class Checkpoint(Hook):
-    """Every ``every`` steps: the agents and the source's state, atomically (collective).
+    """Every ``every`` steps and at the last step (also when a hook stops the run early): the
+    agents and the source's state, atomically (collective).
 
     Args:
         run_dir: The run directory (``checkpoints/`` goes under it).
-        every: Steps between checkpoints (None or 0: none).
+        every: Steps between checkpoints (None: none).
         source: The data source whose ``state_dict()`` is saved.
         save_fn: Called with each checkpoint directory after it is written, or None.
-    """
+
+    Raises:
+        ValueError: ``every`` is neither None nor an integer >= 1.
+    """  # noqa: D205
 
     def __init__(
         self,
@@ -260,15 +284,19 @@ class Checkpoint(Hook):
         source: Source,
         save_fn: Callable[[Path], None] | None = None,
     ) -> None:
+        check_checkpoint_steps(every)
         self.run_dir = run_dir
         self.every = every
         self.source = source
         self.save_fn = save_fn
 
     def after_step(self, state: LoopState, row: dict[str, float]) -> None:
-        """Save on checkpoint steps."""
+        """Save on checkpoint steps, the last step and a step a hook stopped the run at."""
         del row
-        if self.every and state.step % self.every == 0:
+        if self.every is None:
+            return
+        last = state.step >= state.total or state.stop
+        if state.step % self.every == 0 or last:
             saved = save_checkpoint(
                 self.run_dir, state.step, state.agents, self.source.state_dict()
             )

@@ -221,6 +221,8 @@ def run_ilql_demo(
         run_dir=run_dir,
         checkpoint_steps=cfg.steps if run_dir is not None else None,
         verbose=verbose and progress,
+        tensorboard=run_dir is not None,
+        plot=run_dir is not None,
     )
     train_seconds = time.perf_counter() - t0
     after = scores()

@@ -36,11 +36,11 @@ def step_row(
     """
     metrics = [o.metrics for o in outputs]
     names = keys if keys is not None else tuple(dict.fromkeys(k for m in metrics for k in m))
-    row = {
-        k: sum(float(m[k]) for m in metrics if k in m) / len(metrics)
-        for k in names
-        if any(k in m for m in metrics)
-    }
+    row = {}
+    for k in names:
+        reported = [float(m[k]) for m in metrics if k in m]
+        if reported:  # an agent that took no step (every group filtered) reports no loss
+            row[k] = sum(reported) / len(reported)
     rewards = [o.rewards for o in outputs if o.rewards is not None]
     if rewards:
         row["mean_reward"] = float(torch.stack([r.float().mean() for r in rewards]).mean())

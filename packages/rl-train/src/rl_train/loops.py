@@ -31,6 +31,7 @@ from rl_train.hooks import (
     PrintProgress,
     ProgressBar,
     SaveElite,
+    check_checkpoint_steps,
 )
 from rl_train.loop import train_loop
 from rl_train.metrics import open_logger
@@ -92,9 +93,11 @@ def finetune_llm_reasoning(
 
     Metrics go to the console (a tqdm bar with reward, KL and step time), ``run_dir``'s
     ``metrics.csv`` / ``metrics.jsonl`` and TensorBoard; a reward-curve PNG is written at the
-    end. Every ``checkpoint_steps`` steps the agents, the loop step and the environment's
-    iteration state are saved under ``run_dir/checkpoints`` (atomic); ``resume=True`` continues
-    from the latest one with the same batches, seeds and metrics history.
+    end. Every ``checkpoint_steps`` steps, and at the last step (also one that ``max_reward``
+    stopped at), the agents, the loop step and the environment's iteration state are saved
+    under ``run_dir/checkpoints`` (atomic; refused when a trainable parameter is NaN or inf);
+    ``resume=True`` continues from the latest one with the same batches, seeds and metrics
+    history (with no checkpoint, from step 1).
 
     Args:
         pop: The agents (one or a population).
@@ -113,7 +116,7 @@ def finetune_llm_reasoning(
         accelerator: Accepted for AgileRL compatibility (agents carry their own).
         max_steps: Steps to train; default ``num_epochs`` (or 1) passes over the data.
         num_epochs: Passes over the data when ``max_steps`` is None.
-        checkpoint_steps: Steps between checkpoints (None: none).
+        checkpoint_steps: Steps between checkpoints, the last step saved too (None: none).
         checkpoint_path: Default of ``run_dir``.
         run_dir: Where metrics, checkpoints and the curve go (default ``checkpoint_path`` or
             ``runs/reasoning``).
@@ -152,6 +155,7 @@ def finetune_llm_reasoning(
         raise ValueError("`pop` is empty: pass at least one agent")
     if evaluation_interval < 1:
         raise ValueError(f"`evaluation_interval` must be >= 1, got {evaluation_interval}")
+    check_checkpoint_steps(checkpoint_steps)
     evolution = _evolution(evo_steps, tournament, mutation)
     steps_per_epoch = max(1, len(env) // len(pop))
     total = max_steps if max_steps is not None else steps_per_epoch * (num_epochs or 1)
@@ -237,7 +241,7 @@ def finetune_llm_multiturn(
         run_dir: Where metrics, checkpoints and the curve go (default ``checkpoint_path`` or
             ``runs/multiturn``).
         resume: Continue from the latest checkpoint in ``run_dir``.
-        checkpoint_steps: Steps between checkpoints (None: none).
+        checkpoint_steps: Steps between checkpoints, the last step saved too (None: none).
         checkpoint_path: Default of ``run_dir``.
         max_reward: Stop once the evaluation's mean return reaches this.
         save_elite: Save the fittest agent at the end.
@@ -282,6 +286,7 @@ def finetune_llm_multiturn(
         raise ValueError("`pop` is empty: pass at least one agent")
     if evaluation_interval < 1:
         raise ValueError(f"`evaluation_interval` must be >= 1, got {evaluation_interval}")
+    check_checkpoint_steps(checkpoint_steps)
     evolution = _evolution(evo_steps, tournament, mutation)
     run = Path(run_dir or checkpoint_path or "runs/multiturn")
     agents = list(pop)
@@ -323,6 +328,7 @@ def offline_learning_loop(
     verbose: bool = False,
     report_to: str | Sequence[str] | None = None,
     project: str = "rl-train",
+    plot: bool = False,
 ) -> list[dict[str, float]]:
     """Train ``agent`` (an :class:`rl_algos.ILQL`) on ``dataset`` for ``steps`` steps.
 
@@ -331,8 +337,10 @@ def offline_learning_loop(
     batch are skipped, like the last partial batch of ``ReasoningGym``'s training split).
     Every ``evaluation_interval`` steps (and after the last) ``eval_fn(agent)`` is added to the
     step's row. Rows go to ``run_dir``'s ``metrics.jsonl`` / ``metrics.csv`` when ``run_dir``
-    is given, and to ``log_fn``; every ``checkpoint_steps`` steps the agent is saved to
-    ``run_dir/checkpoints/step_<n>/agent_0`` (the layout ``rl-train eval`` reads).
+    is given, and to ``log_fn``; every ``checkpoint_steps`` steps and at the last step the agent
+    is saved to ``run_dir/checkpoints/step_<n>/agent_0`` (the layout ``rl-train eval`` reads).
+    With ``plot``, ``run_dir/reward_curve.png`` shows the evaluations (or the loss, without
+    ``eval_fn``) against the step.
 
     Args:
         agent: The agent.
@@ -343,7 +351,8 @@ def offline_learning_loop(
         evaluation_interval: Steps between ``eval_fn`` calls (None: after the last only).
         eval_fn: ``agent -> {name: value}`` logged with the row.
         run_dir: Where metrics and checkpoints go (None: nowhere).
-        checkpoint_steps: Steps between checkpoints (needs ``run_dir``).
+        checkpoint_steps: Steps between checkpoints, the last step saved too (needs
+            ``run_dir``; None: none).
         log_fn: Called with each row (``{"step": n, ...}``).
         save_fn: Called with each checkpoint directory.
         tensorboard: Also write TensorBoard events.
@@ -351,19 +360,25 @@ def offline_learning_loop(
         report_to: Trackers, as in :func:`finetune_llm_reasoning` (needs ``run_dir``; None:
             ``tensorboard`` decides).
         project: The trackers' project.
+        plot: Write ``run_dir/reward_curve.png`` at the end (needs ``run_dir``).
 
     Returns:
         The metrics rows, one per step.
     """
     if steps < 1:
         raise ValueError(f"`steps` must be >= 1, got {steps}")
+    check_checkpoint_steps(checkpoint_steps)
     source = OfflineSource(dataset, batch_size, seed)
     logger = (
         open_logger(run_dir, tensorboard=tensorboard, report_to=report_to, project=project)
         if run_dir is not None
         else None
     )
-    hooks: list[Hook] = [Evaluation(evaluation_interval, extra=eval_fn), MetricsLog(logger, log_fn)]
+    curve = Path(run_dir) / "reward_curve.png" if plot and run_dir is not None else None
+    hooks: list[Hook] = [
+        Evaluation(evaluation_interval, extra=eval_fn),
+        MetricsLog(logger, log_fn, curve, "offline training on logged data", train_reward=False),
+    ]
     if verbose:
         hooks.append(PrintProgress(25))
     if run_dir is not None:
@@ -435,8 +450,8 @@ def _train_population(
     hooks += [
         MetricsLog(logger, log_fn, run / "reward_curve.png" if plot else None, title),
         ProgressBar(verbose, kl=kl),
-        Checkpoint(run, checkpoint_steps, source, save_fn),
         EarlyStop(max_reward),
+        Checkpoint(run, checkpoint_steps, source, save_fn),  # after EarlyStop: saves its stop
     ]
     if save_elite:
         hooks.append(SaveElite(elite_path or run / "elite"))

@@ -17,7 +17,7 @@ from typing import Any
 from rl_train.collective import is_main_process
 from rl_train.trackers import Tracker, check_report_to, open_tracker
 
-__all__ = ["MetricsLogger", "NullLogger", "open_logger", "plot_reward_curve"]
+__all__ = ["MetricsLogger", "NullLogger", "curve_figure", "open_logger", "plot_reward_curve"]
 
 
 class MetricsLogger:
@@ -188,30 +188,81 @@ def open_logger(
 
 
 def plot_reward_curve(
-    history: list[dict[str, Any]], path: str | Path, title: str = "reward"
+    history: list[dict[str, Any]],
+    path: str | Path,
+    title: str = "reward",
+    *,
+    train_reward: bool = True,
 ) -> Path | None:
-    """Plot ``mean_reward`` (and ``eval_accuracy`` / ``fitness`` if present) against the step."""
-    import matplotlib
+    """Plot the run's curves against the step (whole steps on the x axis) to a PNG.
 
-    matplotlib.use("Agg")
+    ``mean_reward`` (the training reward) with ``eval_accuracy`` / ``fitness`` (the
+    evaluations) where present; a run without any of them (offline training without
+    evaluations) plots its ``loss``.
+
+    Args:
+        history: The metrics rows (``{"step": n, ...}``).
+        path: The PNG to write.
+        title: The plot's title.
+        train_reward: Plot ``mean_reward`` (False for offline training, whose batches'
+            rewards were logged, not earned by the model).
+
+    Returns:
+        ``path``, or None when no row has anything to plot.
+    """
     import matplotlib.pyplot as plt
 
-    rows = [r for r in history if "mean_reward" in r]
-    if not rows:
+    fig = curve_figure(history, title, train_reward=train_reward)
+    if fig is None:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([r["step"] for r in rows], [r["mean_reward"] for r in rows], label="train reward")
-    for key, label in (("eval_accuracy", "greedy accuracy (test)"), ("fitness", "test reward")):
-        pts = [(r["step"], r[key]) for r in history if key in r]
-        if pts:
-            ax.plot(*zip(*pts, strict=True), marker="o", label=label)
-    ax.set_xlabel("step")
-    ax.set_ylabel("reward")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def curve_figure(
+    history: list[dict[str, Any]], title: str = "reward", *, train_reward: bool = True
+) -> Any:
+    """The matplotlib figure of :func:`plot_reward_curve` (None: nothing to plot).
+
+    Args:
+        history: The metrics rows.
+        title: The plot's title.
+        train_reward: Plot ``mean_reward``.
+
+    Returns:
+        A ``matplotlib.figure.Figure`` with one axes, or None.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    series = [
+        ("mean_reward", "train reward", None),
+        ("eval_accuracy", "greedy accuracy (test)", "o"),
+        ("fitness", "test reward", "o"),
+    ]
+    if not train_reward:
+        series = series[1:]
+    shown = [s for s in series if any(s[0] in r for r in history)]
+    if not shown and any("loss" in r for r in history):
+        shown = [("loss", "training loss", None)]
+    if not shown:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label, marker in shown:
+        pts = [(r["step"], r[key]) for r in history if key in r]
+        ax.plot(*zip(*pts, strict=True), marker=marker, label=label)
+    keys = {key for key, _, _ in shown}
+    ylabel = "loss" if keys == {"loss"} else "accuracy" if keys == {"eval_accuracy"} else "reward"
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return fig

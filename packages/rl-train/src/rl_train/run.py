@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +19,9 @@ from pathlib import Path
 from rl_algos import get_preset
 
 from rl_train.builder import Built, ProcessShard, build, rollout_pieces
+from rl_train.checkpoint import LATEST, checkpoint_step, latest_checkpoint
 from rl_train.collective import is_main_process
-from rl_train.config import ConfigError, RunConfig, to_dict
+from rl_train.config import ConfigError, RunConfig, check_run_dir, to_dict
 from rl_train.evaluation import greedy_accuracy
 from rl_train.loops import finetune_llm_reasoning, offline_learning_loop
 from rl_train.offline import OfflineDataset, load_offline_data, make_experience
@@ -32,9 +34,10 @@ class Summary:
     """What a run reports."""
 
     accuracy_before: float
-    """Greedy test accuracy before training."""
+    """Greedy test accuracy before training (a resumed run: at the checkpoint it resumed from;
+    NaN when a resumed run had already finished and nothing was evaluated)."""
     accuracy_after: float
-    """Greedy test accuracy after training."""
+    """Greedy test accuracy after training (NaN when nothing was trained)."""
     run_dir: str
     """The run directory (absolute)."""
     main_process: bool
@@ -63,9 +66,11 @@ def prepare(config: RunConfig) -> Built:
         The built pieces (no accelerator for offline algorithms).
 
     Raises:
-        ConfigError: An offline algorithm without ``data.offline_path`` or with
-            ``train.resume`` / ``train.max_reward``, or any build error.
+        ConfigError: ``train.run_dir`` already holds a run and ``train.resume`` is false, an
+            offline algorithm without ``data.offline_path`` or with ``train.resume`` /
+            ``train.max_reward``, or any build error.
     """
+    check_run_dir(config.train)  # before the build: a reused directory answers at once
     online = get_preset(config.algo).online
     if not online and config.data.offline_path is None:
         raise ConfigError(
@@ -101,9 +106,14 @@ def fit(built: Built, *, verbose: bool = True, say: Callable[[str], None] = _sil
     """Phases 2-5: write the run directory, evaluate, train, evaluate again.
 
     2. ``run_dir/config.json`` (process 0);
-    3. greedy accuracy before training (``say`` reports it on process 0);
+    3. greedy accuracy before training (``say`` reports it on process 0); a resumed run
+       reports it at the checkpoint it resumes from, and one without a checkpoint says that it
+       starts at step 1;
     4. the training loop (online: ``finetune_llm_reasoning``; offline: the logged data);
     5. greedy accuracy after training.
+
+    A resumed run whose checkpoint is at ``train.steps`` (or later) says it already finished
+    and returns without evaluating.
 
     Args:
         built: What :func:`prepare` built.
@@ -124,12 +134,21 @@ def fit(built: Built, *, verbose: bool = True, say: Callable[[str], None] = _sil
     run_dir = Path(t.run_dir)
     main = is_main_process()
     report = say if main else _silent
+    checkpoint = resume_point(config, report)
+    if checkpoint is not None and checkpoint[1] >= t.steps:
+        return Summary(math.nan, math.nan, str(run_dir.resolve()), main)
     dataset = None if get_preset(config.algo).online else _offline_dataset(built)
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
-    before = greedy_accuracy(agent, env)
-    report(f"greedy accuracy before training: {before:.2f}")
+    if checkpoint is not None:  # what the loop resumes from (it loads the optimizer too)
+        path, step = checkpoint
+        agent.load_checkpoint(path / "agent_0", load_optimizer=False)
+        before = greedy_accuracy(agent, env)
+        report(f"resuming from step {step}; greedy accuracy at step {step}: {before:.2f}")
+    else:
+        before = greedy_accuracy(agent, env)
+        report(f"greedy accuracy before training: {before:.2f}")
 
     def accuracy(a: object) -> dict[str, float]:
         return {"eval_accuracy": greedy_accuracy(a, env)}
@@ -164,10 +183,42 @@ def fit(built: Built, *, verbose: bool = True, say: Callable[[str], None] = _sil
             verbose=verbose,
             report_to=t.report_to,
             project=t.project,
+            plot=True,
         )
     after = greedy_accuracy(agent, env)
     report(f"greedy accuracy after training:  {after:.2f}")
     return Summary(before, after, str(run_dir.resolve()), main)
+
+
+def resume_point(config: RunConfig, say: Callable[[str], None]) -> tuple[Path, int] | None:
+    """The checkpoint a run with ``train.resume`` continues from, and its step.
+
+    With no checkpoint in ``train.run_dir`` the run starts at step 1 (``resume: true`` on a
+    first launch, as preemptible jobs do), and ``say`` tells so; with one at ``train.steps``
+    or later, ``say`` tells that the run already finished.
+
+    Args:
+        config: The run configuration.
+        say: Where the line goes.
+
+    Returns:
+        ``(checkpoint directory, step)``, or None (no ``train.resume``, or no checkpoint).
+    """
+    t = config.train
+    if not t.resume:
+        return None
+    path = latest_checkpoint(t.run_dir)
+    if path is None:
+        say(f"no checkpoint in {Path(t.run_dir) / 'checkpoints'}; starting at step 1")
+        return None
+    step = checkpoint_step(path)
+    if step >= t.steps:
+        say(
+            f"already finished at step {step} (train.steps={t.steps}, "
+            f"{Path(t.run_dir) / 'checkpoints' / LATEST}): nothing to train; raise train.steps "
+            "to train further"
+        )
+    return path, step
 
 
 def train(
@@ -191,22 +242,65 @@ def evaluate(config: RunConfig, checkpoint: str | Path) -> dict[str, float]:
 
     Args:
         config: The run's configuration (model, data, agent).
-        checkpoint: A checkpoint directory, or its ``agent_0`` directory.
+        checkpoint: A checkpoint directory (``step_<n>``) or its ``agent_0`` directory, or a
+            run directory or its ``checkpoints`` folder (their latest checkpoint).
 
     Returns:
         ``{"accuracy": ..., "test_reward": ...}``.
 
     Raises:
-        ConfigError: ``checkpoint`` is not a checkpoint.
+        ConfigError: ``checkpoint`` is not a checkpoint, or was written by another algorithm's
+            agent than ``config.algo``'s.
     """
-    path = Path(checkpoint)
-    if (path / "agent_0").is_dir():
-        path = path / "agent_0"
-    if not (path / "state.json").is_file():
-        raise ConfigError(f"{str(checkpoint)!r} is not a checkpoint (no state.json)")
+    path = _agent_dir(Path(checkpoint))
+    _check_agent_class(config, path, str(checkpoint))
     built = build(config, distributed=False)
     built.agent.load_checkpoint(path, load_optimizer=False)
     return {
         "accuracy": greedy_accuracy(built.agent, built.env),
         "test_reward": float(built.agent.test(built.env)),
     }
+
+
+def _agent_dir(path: Path) -> Path:
+    """The ``agent_0`` directory a checkpoint argument names (a run directory: its latest)."""
+    for run in (path, path.parent):  # a run directory, or its checkpoints/ folder
+        if (run / "checkpoints" / LATEST).is_file() and path in (run, run / "checkpoints"):
+            latest = latest_checkpoint(run)
+            if latest is not None:
+                path = latest
+            break
+    if (path / "agent_0").is_dir():
+        path = path / "agent_0"
+    if (path / "state.json").is_file():
+        return path
+    steps = sorted(
+        p for base in (path, path / "checkpoints") if base.is_dir() for p in base.glob("step_*")
+    )
+    hint = f"; pass a step directory, e.g. {str(steps[-1])!r}" if steps else ""
+    raise ConfigError(f"{str(path)!r} is not a checkpoint (no state.json){hint}")
+
+
+def _check_agent_class(config: RunConfig, path: Path, shown: str) -> None:
+    """The checkpoint's agent class (its ``state.json``) is the one ``config.algo`` builds."""
+    from rl_algos.names import ALGORITHM_SPECS
+
+    spec = ALGORITHM_SPECS.get(config.algo)
+    saved = json.loads((path / "state.json").read_text())
+    written = saved.get("class") if isinstance(saved, dict) else None
+    if spec is None or written is None:
+        return
+    wanted = spec.agent.rpartition(":")[2]
+    if written == wanted:
+        return
+    run_config = path.parent.parent.parent / "config.json"  # run/checkpoints/step_n/agent_0
+    algo = saved.get("algo", written)
+    if run_config.is_file():
+        algo = json.loads(run_config.read_text()).get("algo", algo)
+        fix = f"pass --config {str(run_config)!r} (the run's resolved config)"
+    else:
+        fix = f"pass --config with algo: {algo}"
+    raise ConfigError(
+        f"{shown!r} was written by a {written} agent (algo: {algo}), but the config's algo "
+        f"{config.algo} builds a {wanted} agent: {fix}"
+    )

@@ -41,6 +41,7 @@ REASONING_METRICS = (
     "approx_kl",
     "grad_norm",
     "value_loss",
+    "kept_groups",
 )
 
 
