@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import random
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from rl_envs._splits import check_template, make_split
 from rl_envs._timeout import check_timeout
 from rl_envs.reward_functions import (
     RewardFunctionError,
@@ -20,14 +18,7 @@ from rl_envs.reward_functions import (
     resolve_reward_styles,
     score_samples,
 )
-from rl_envs.templates import (
-    Message,
-    _template_parts,
-    _unknown_placeholders,
-    _where,
-    render_dataset_prompt,
-    render_prompt,
-)
+from rl_envs.templates import Message, render_prompt
 
 __all__ = ["PromptBatch", "ReasoningGym", "RewardFunctionError", "render_prompt"]
 
@@ -61,39 +52,6 @@ class PromptBatch(list[dict[str, Any]]):
     def indices(self) -> list[int]:
         """The ``B`` dataset row indices."""
         return [int(p["index"]) for p in self]
-
-
-@dataclass
-class _Split:
-    """One split's rows (already sharded) and its cursor."""
-
-    name: str
-    rows: list[dict[str, Any]]
-    batch_size: int
-    shuffle: bool
-    drop_last: bool
-    seed: int
-    epoch: int = 0
-    position: int = 0
-    order: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.restart(0)
-
-    def restart(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.position = 0
-        self.order = list(range(len(self.rows)))
-        if self.shuffle:
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(self.order)
-
-    def next_indices(self) -> list[int]:
-        remaining = len(self.order) - self.position
-        if remaining == 0 or (self.drop_last and remaining < self.batch_size):
-            self.restart(self.epoch + 1)
-        take = self.order[self.position : self.position + self.batch_size]
-        self.position += len(take)
-        return take
 
 
 class ReasoningGym:
@@ -218,7 +176,7 @@ class ReasoningGym:
         self.reward_style = reward_style
         self._styles = resolve_reward_styles(fns, reward_style)
         if conversation_template is not None:
-            _check_template(conversation_template, answer_column)
+            check_template(conversation_template, answer_column)
         self.tokenizer = tokenizer
         self.reward_fns = fns
         self.reward_weights = weights
@@ -239,8 +197,8 @@ class ReasoningGym:
         else:
             self.num_processes, self.process_index = 1, 0
         self._splits = {
-            "train": self._make_split("train", train_dataset, shuffle=shuffle, drop_last=True),
-            "test": self._make_split("test", test_dataset, shuffle=False, drop_last=False),
+            "train": make_split(self, "train", train_dataset, shuffle=shuffle, drop_last=True),
+            "test": make_split(self, "test", test_dataset, shuffle=False, drop_last=False),
         }
         self._mode = "train"
         self._pending: dict[str, PromptBatch | None] = {"train": None, "test": None}
@@ -250,137 +208,6 @@ class ReasoningGym:
         self.last_reward_components: dict[str, torch.Tensor] = {}
 
     # -- data ----------------------------------------------------------------------------------
-
-    def _check_columns(self, name: str, columns: list[str]) -> None:
-        if self.conversation_template is not None:
-            missing = [c for c in (self.question_column, self.answer_column) if c not in columns]
-            if missing:
-                raise ValueError(
-                    f"the {name} dataset lacks the column(s) {missing}; its columns are "
-                    f"{columns}. Rename them (Dataset.rename_column) or pass "
-                    "question_column/answer_column; for TRL-style data with a prompt column, "
-                    "pass conversation_template=None"
-                )
-            self._check_placeholders(name, columns)
-            return
-        if self.prompt_column not in columns:
-            raise ValueError(
-                f"the {name} dataset has no {self.prompt_column!r} column; its columns are "
-                f"{columns}. Pass prompt_column= naming the prompt column, or "
-                "conversation_template=[...] for question/answer data"
-            )
-        if self.answer_column not in columns:
-            for fn, style in zip(self.reward_fns, self._styles, strict=True):
-                if style == "agilerl":
-                    raise ValueError(
-                        f"reward function {getattr(fn, '__name__', fn)!r} takes AgileRL's "
-                        f"(completion, answer, question) but the {name} dataset has no "
-                        f"{self.answer_column!r} column (columns: {columns}): write it "
-                        "TRL-style, reward(completions, **columns) -> list[float | None], or "
-                        "pass answer_column="
-                    )
-
-    def _answer(self, name: str, index: int, row: dict[str, Any]) -> str:
-        """The row's answer as text (``""`` without an answer column)."""
-        if self.answer_column not in row:
-            return ""
-        answer = row[self.answer_column]
-        if answer is None:
-            needs = [
-                getattr(fn, "__name__", type(fn).__name__)
-                for fn, style in zip(self.reward_fns, self._styles, strict=True)
-                if style == "agilerl"
-            ]
-            if needs:
-                raise ValueError(
-                    f"row {index} of the {name} dataset has no answer (None in column "
-                    f"{self.answer_column!r}), which reward function {needs[0]} would score "
-                    "against the text 'None': fill the answer or drop the row (Dataset.filter)"
-                )
-        return str(answer)
-
-    def _row(self, name: str, index: int, row: dict[str, Any]) -> dict[str, Any]:
-        """One dataset row as the environment keeps it (prompt text and reward inputs)."""
-        if self.conversation_template is None:
-            prompt = row[self.prompt_column]
-            text = render_dataset_prompt(
-                self.tokenizer, prompt, f"row {index} of the {name} dataset"
-            )
-            if self.question_column in row:
-                question = str(row[self.question_column])
-            else:
-                question = prompt if isinstance(prompt, str) else str(prompt[-1]["content"])
-            answer = self._answer(name, index, row)
-            columns = {k: v for k, v in row.items() if k != self.prompt_column}
-            return {"prompt": prompt, "text": text, "question": question, "answer": answer,
-                    "columns": columns}  # fmt: skip
-        context = {k: v for k, v in row.items() if k != self.answer_column}
-        context["question"] = row[self.question_column]
-        text = render_prompt(self.tokenizer, self.conversation_template, context)
-        return {"prompt": text, "text": text, "question": str(row[self.question_column]),
-                "answer": self._answer(name, index, row), "columns": dict(row)}  # fmt: skip
-
-    def _make_split(self, name: str, dataset: Any, *, shuffle: bool, drop_last: bool) -> _Split:
-        columns = list(getattr(dataset, "column_names", None) or [])
-        self._check_columns(name, columns)
-        if len(dataset) == 0:
-            raise ValueError(f"the {name} dataset is empty")
-        rows: list[dict[str, Any]] = []
-        dropped = 0
-        for index, row in enumerate(dataset):
-            if index % self.num_processes != self.process_index:
-                continue
-            kept = self._row(name, index, row)
-            ids = list(self.tokenizer(kept["text"], add_special_tokens=False)["input_ids"])
-            if not ids:
-                column = (
-                    self.prompt_column
-                    if self.conversation_template is None
-                    else self.question_column
-                )
-                raise ValueError(
-                    f"row {index} of the {name} dataset renders to an empty prompt (0 tokens; "
-                    f"{kept['text']!r}): fill its {column!r} column or drop the row "
-                    "(Dataset.filter)"
-                )
-            if self.max_context_length is not None and len(ids) > self.max_context_length:
-                dropped += 1
-                continue
-            rows.append({"ids": ids, "index": index, **kept})
-        if dropped:
-            warnings.warn(
-                f"{dropped} {name} prompt(s) longer than max_context_length="
-                f"{self.max_context_length} tokens were dropped",
-                stacklevel=3,
-            )
-        if not rows:
-            raise ValueError(
-                f"no {name} prompt is left on process {self.process_index} (dataset of "
-                f"{len(dataset)} rows, {self.num_processes} processes, {dropped} too long)"
-            )
-        if drop_last and len(rows) < self.data_batch_size_per_gpu:
-            raise ValueError(
-                f"data_batch_size_per_gpu={self.data_batch_size_per_gpu} exceeds the {len(rows)} "
-                f"{name} rows of this process: lower it or add data"
-            )
-        return _Split(name, rows, self.data_batch_size_per_gpu, shuffle, drop_last, self.seed)
-
-    def _check_placeholders(self, name: str, columns: list[str]) -> None:
-        """Every ``{placeholder}`` of the template must be filled from this split's rows."""
-        assert self.conversation_template is not None
-        # what _make_split renders with: the columns but the answer, and the question as
-        # ``question`` whatever its column is called
-        available = sorted((set(columns) - {self.answer_column}) | {"question"})
-        unknown = [
-            (where, placeholder)
-            for index, message in enumerate(self.conversation_template)
-            for where in [_where(index, message)]
-            for _, placeholder in _template_parts(str(message["content"]), available, where)
-            if placeholder is not None and placeholder not in available
-        ]
-        if unknown:
-            source = f"a column of the {name} dataset"
-            raise ValueError(_unknown_placeholders(unknown, available, source))
 
     def _build(self, mode: str, indices: list[int]) -> PromptBatch:
         split = self._splits[mode]
@@ -614,25 +441,3 @@ class ReasoningGym:
     def evaluating(self) -> bool:
         """Whether :meth:`eval_mode` is active."""
         return self._mode == "test"
-
-
-def _check_template(conversation_template: Sequence[Message], answer_column: str) -> None:
-    """A question/answer template: non-empty messages that do not show the answer."""
-    if not conversation_template or not all(
-        isinstance(m, dict) and {"role", "content"} <= set(m) for m in conversation_template
-    ):
-        raise ValueError(
-            "`conversation_template` must be a non-empty list of {'role', 'content'} dicts, "
-            "e.g. [{'role': 'user', 'content': 'Q: {question}\\nA:'}]; None for a dataset "
-            "with a prompt column"
-        )
-    shown = [
-        name
-        for index, m in enumerate(conversation_template)
-        for _, name in _template_parts(str(m["content"]), {answer_column}, _where(index, m))
-    ]
-    if answer_column in shown:
-        raise ValueError(
-            f"`conversation_template` contains {{{answer_column}}}: the prompt would show "
-            "the answer"
-        )

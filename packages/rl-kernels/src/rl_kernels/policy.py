@@ -28,31 +28,27 @@ from rl_losses import (
     kl_estimate,
     rollout_weights,
 )
-from rl_losses.registry import UNPUBLISHED
 from torch.autograd.function import once_differentiable
 
 from rl_kernels._checks import (
     as_mask,
-    check_chunk_rows,
-    check_finite,
     check_finite_rows,
-    check_float,
     check_projection,
     check_targets,
     check_vocab_chunk,
     shape_str,
 )
 from rl_kernels._core import HeadGemms, chunk_ops, compute_dtype, half_gemms_default
+from rl_kernels._policy_checks import (
+    FUSED_OBJECTIVES,
+    _check_log_probs,
+    _check_options,
+    _check_tokens,
+)
 from rl_kernels._vocab_tiles import tiled_grads, tiled_stats
 from rl_kernels.chunking import DEFAULT_MEMORY_BUDGET, auto_chunk_rows
 
 __all__ = ["FUSED_OBJECTIVES", "FusedPolicyLossOutput", "fused_policy_loss"]
-
-#: Token-level objectives of rl-losses that the fused path supports (they act per token).
-FUSED_OBJECTIVES: tuple[str, ...] = (
-    "ppo", "cispo", "reinforce", "sapo", "dppo_tv", "dppo_kl", "dro", "importance_sampling",
-    "cross_entropy",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -326,88 +322,6 @@ def _publish(
     r["logprobs"] = logp.view(n, t)
     if ent is not None:
         r["entropies"] = ent.view(n, t)
-
-
-def _check_tokens(name: str, x: torch.Tensor | None, ref: torch.Tensor) -> None:
-    if x is not None and x.shape != ref.shape:
-        raise ValueError(
-            f"`{name}` has shape {shape_str(x)} but `targets` has shape {shape_str(ref)}; "
-            "they must match"
-        )
-
-
-def _check_options(
-    objective: str,
-    objective_kwargs: dict[str, Any],
-    kl_coef: float,
-    entropy_coef: float,
-    ref_logprobs: torch.Tensor | None,
-    chunk_rows: int | None,
-    correction: tuple[str, str, float, float | None],
-) -> None:
-    """The options of :func:`fused_policy_loss`; pops an explicit ``level="token"``."""
-    if objective not in FUSED_OBJECTIVES:
-        why = UNPUBLISHED.get(objective)
-        raise ValueError(
-            f"`objective` {objective!r} is not fused: {why}"
-            if why
-            else f"`objective` must be one of {FUSED_OBJECTIVES} (token-level objectives); got "
-            f"{objective!r}. For turn/trajectory-level ones use fused_logprobs + rl_losses."
-        )
-    level = objective_kwargs.pop("level", "token")
-    if level != "token":
-        raise ValueError(
-            f"`level` {level!r} is not fused: fused_policy_loss is token level (each token is "
-            "its own importance-sampling unit). For turn or trajectory level, compute the "
-            "log-probs with rl_kernels.fused_logprobs and pass them to the rl_losses objective "
-            "with its `level`"
-        )
-    if not kl_coef >= 0 or not entropy_coef >= 0:
-        raise ValueError(
-            f"`kl_coef` and `entropy_coef` must be >= 0, got {kl_coef}, {entropy_coef}"
-        )
-    if kl_coef > 0 and ref_logprobs is None:
-        raise ValueError(
-            f"`ref_logprobs` is required when `kl_coef` > 0 (got kl_coef={kl_coef}): pass the "
-            "reference policy's [N, T] log-probs, or kl_coef=0 for no KL term"
-        )
-    # the correction options are checked whether or not a correction is computed
-    level_c, mode_c, cap, lower = correction
-    for name, value, choices in (
-        ("correction_level", level_c, ("token", "sequence")),
-        ("correction_mode", mode_c, ("truncate", "mask")),
-    ):
-        if value not in choices:
-            raise ValueError(f"`{name}` must be one of {choices}, got {value!r}")
-    if not cap > 0:
-        raise ValueError(f"`correction_cap` must be > 0, got {cap}")
-    if lower is not None and not lower < cap:
-        raise ValueError(f"`correction_lower` must be < `correction_cap` = {cap}, got {lower}")
-    check_chunk_rows(chunk_rows)
-
-
-def _check_log_probs(
-    advantages: torch.Tensor,
-    old_logprobs: torch.Tensor | None,
-    ref_logprobs: torch.Tensor | None,
-    sampling_logprobs: torch.Tensor | None,
-    mask: torch.Tensor,
-) -> None:
-    """Floating-point inputs, and ``ref_logprobs`` finite at valid tokens (as ``kl_penalty``).
-
-    The chunks run the policy objective, which checks the others, but compute the KL with
-    ``kl_estimate``, which has no mask to check against.
-    """
-    check_float("advantages", advantages)
-    for name, x in (
-        ("old_logprobs", old_logprobs),
-        ("ref_logprobs", ref_logprobs),
-        ("sampling_logprobs", sampling_logprobs),
-    ):
-        if x is not None:
-            check_float(name, x)
-    if ref_logprobs is not None:
-        check_finite("ref_logprobs", ref_logprobs, mask)
 
 
 def fused_policy_loss(

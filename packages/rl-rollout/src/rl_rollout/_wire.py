@@ -1,18 +1,42 @@
-"""JSON encodings shared by the rollout server and its client (no pickle anywhere)."""
+"""JSON encodings of what the rollout server and its client exchange (no pickle anywhere)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
+from rl_rollout._prompts import Prompts
 from rl_rollout.params import SamplingParams
 from rl_rollout.result import RolloutResult
 
 _FLOAT_DTYPES = {str(d): d for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)}
 
-__all__ = ["params_from_json", "params_to_json", "result_from_json", "result_to_json"]
+__all__ = [
+    "params_from_json",
+    "params_to_json",
+    "prompts_to_json",
+    "result_from_json",
+    "result_to_json",
+]
+
+
+def prompts_to_json(prompts: Prompts) -> Any:
+    """Prompts as JSON, passed on as they are (the server's checks answer a bad shape)."""
+    if isinstance(prompts, str):
+        return prompts
+    out: list[Any] = []
+    for prompt in prompts:
+        tolist = getattr(prompt, "tolist", None)  # a tensor or array of ids, or one id
+        if callable(tolist):
+            out.append(tolist())
+        elif isinstance(prompt, (str, int, float)) or not isinstance(prompt, Iterable):
+            out.append(prompt)
+        else:
+            out.append(list(prompt))
+    return out
 
 
 def params_to_json(params: SamplingParams) -> dict[str, Any]:

@@ -47,8 +47,16 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from rl_rollout._wire import params_from_json, params_to_json, result_from_json, result_to_json
-from rl_rollout.engine import Engine, Prompts
+from rl_rollout._http import exchange
+from rl_rollout._prompts import Prompts
+from rl_rollout._wire import (
+    params_from_json,
+    params_to_json,
+    prompts_to_json,
+    result_from_json,
+    result_to_json,
+)
+from rl_rollout.engine import Engine
 from rl_rollout.lora_sync import LoraAdapter, adapter_from_bytes, adapter_to_bytes
 from rl_rollout.openai_api import OpenAIError, OpenAIRoutes
 from rl_rollout.openai_tools import TOOL_PARSERS, ToolParser
@@ -65,75 +73,6 @@ _CLIENT_ERRORS: dict[str, type[Exception]] = {
     "KeyError": ValueError,
     "NotImplementedError": NotImplementedError,
 }
-
-
-def _prompts_to_json(prompts: Prompts) -> Any:
-    """Prompts as JSON, passed on as they are (the server's checks answer a bad shape)."""
-    if isinstance(prompts, str):
-        return prompts
-    out: list[Any] = []
-    for prompt in prompts:
-        tolist = getattr(prompt, "tolist", None)  # a tensor or array of ids, or one id
-        if callable(tolist):
-            out.append(tolist())
-        elif isinstance(prompt, (str, int, float)) or not isinstance(prompt, Iterable):
-            out.append(prompt)
-        else:
-            out.append(list(prompt))
-    return out
-
-
-def _exchange(
-    conn: http.client.HTTPConnection,
-    path: str,
-    body: bytes | None,
-    content_type: str,
-    timeout: float,
-    replied: list[bool],
-) -> tuple[int, bytes]:
-    """Send the request and read the whole reply on the connected ``conn`` within ``timeout``.
-
-    Each socket operation gets the time left, so a reply trickling in byte by byte ends at
-    the deadline too. ``replied`` gets an entry once the status line and headers are in.
-
-    Returns:
-        The HTTP status and the body.
-
-    Raises:
-        TimeoutError: the deadline passed.
-        http.client.IncompleteRead: the server closed before sending its Content-Length.
-    """
-    sock = conn.sock  # kept: the connection lets go of it once a response owns it
-    assert sock is not None
-    deadline = time.monotonic() + timeout
-
-    def time_left() -> float:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"the {timeout} s deadline passed")
-        return left
-
-    sock.settimeout(time_left())
-    if body is None:
-        conn.request("GET", path)
-    else:
-        conn.request("POST", path, body=body, headers={"Content-Type": content_type})
-    sock.settimeout(time_left())
-    response = conn.getresponse()
-    replied.append(True)
-    try:
-        chunks = []
-        while True:  # one socket read at a time, each within the time left
-            sock.settimeout(time_left())
-            chunk = response.read1(1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        if response.length:  # the server closed before the Content-Length was read
-            raise http.client.IncompleteRead(b"".join(chunks), response.length)
-        return response.status, b"".join(chunks)
-    finally:
-        response.close()
 
 
 class RolloutServerError(RuntimeError):
@@ -382,7 +321,7 @@ class RemoteEngine:
                 ) from exc
             replied: list[bool] = []
             try:
-                status, data = _exchange(conn, path, body, content_type, timeout, replied)
+                status, data = exchange(conn, path, body, content_type, timeout, replied)
             except TimeoutError as exc:
                 if not replied:
                     raise RolloutServerError(
@@ -438,7 +377,7 @@ class RemoteEngine:
                 that is not a rollout result for these prompts.
         """
         body = json.dumps(
-            {"prompts": _prompts_to_json(prompts), "params": params_to_json(params)}
+            {"prompts": prompts_to_json(prompts), "params": params_to_json(params)}
         ).encode()
         url = f"{self.base_url}/generate"
         payload = self._request("/generate", body, timeout=self.timeout)

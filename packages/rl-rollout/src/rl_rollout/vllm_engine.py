@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 import torch
 
-from rl_rollout.engine import Prompts, encode_prompts, register_engine
+from rl_rollout._prompts import Prompts, encode_prompts
+from rl_rollout.engine import register_engine
 from rl_rollout.lora_sync import LoraAdapter, adapter_to_bytes
 from rl_rollout.params import SamplingParams
 from rl_rollout.result import RolloutResult, assemble_result

@@ -7,10 +7,10 @@ model, environment and agent from a :class:`RunConfig`; :class:`MetricsLogger` w
 JSONL and TensorBoard; :func:`plot_reward_curve` the PNG.
 
 Modules, bottom to top (each imports only those before it): ``tiny``, ``collective``,
-``user_code``, ``config``, ``settings``, ``metrics``, ``checkpoint``, ``offline``,
-``evaluation``, ``sources``, ``hooks``, ``loop``, ``rollout_worker``, ``async_loop``,
-``loops``, ``builder``, ``hpo``, ``run``, ``trainer``, ``ilql``, ``demo``, ``ilql_demo``,
-``trl``, ``cli``.
+``user_code``, ``config`` (its private ``_config_*`` and ``_run_dir`` modules first),
+``settings``, ``metrics``, ``checkpoint``, ``offline``, ``evaluation``, ``sources``, ``hooks``,
+``loop``, ``rollout_worker``, ``async_loop``, ``loops``, ``builder``, ``hpo``, ``run``,
+``trainer``, ``ilql``, ``demo``, ``ilql_demo``, ``trl``, ``cli``.
 """
 
 from importlib import import_module

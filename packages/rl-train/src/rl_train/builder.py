@@ -27,13 +27,8 @@ from rl_envs.rewards import exact_match_reward, tagged_format_reward
 from rl_envs.tasks import available_tasks, train_test_split_task
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rl_train.config import (
-    DATA_FILE_KINDS,
-    ConfigError,
-    DataConfig,
-    RunConfig,
-    _template_path,
-)
+from rl_train._config_files import DATA_FILE_KINDS, _template_path
+from rl_train.config import ConfigError, DataConfig, RunConfig
 from rl_train.rollout_worker import RolloutPieces
 from rl_train.settings import agent_kwargs, full_finetune
 from rl_train.tiny import demo_reward, tiny_model, tiny_tokenizer

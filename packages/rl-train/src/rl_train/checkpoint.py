@@ -7,7 +7,8 @@ process's own data cursor). A checkpoint is written into a temporary sibling
 aside first and deleted after), and ``checkpoints/latest.json`` names the newest complete one;
 it is replaced atomically after everything else is on disk, so a kill at any moment leaves the
 previous checkpoint the latest complete one. A checkpoint whose trainable parameters are not
-all finite is refused.
+all finite is refused. :func:`resume_point` is where a run with ``train.resume`` continues
+from.
 """
 
 from __future__ import annotations
@@ -16,14 +17,17 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rl_train.collective import any_process, barrier, distributed, is_main_process, rank
+
+if TYPE_CHECKING:
+    from rl_train.config import RunConfig
 
 __all__ = [
     "LATEST",
@@ -191,3 +195,34 @@ def resume(run_dir: str | Path, agents: Sequence[Any]) -> Resumed | None:
         own = ckpt / f"env_rank{rank()}.json"
         state = json.loads(own.read_text()) if own.is_file() else state
     return Resumed(int(loop["step"]), state, ckpt)
+
+
+def resume_point(config: RunConfig, say: Callable[[str], None]) -> tuple[Path, int] | None:
+    """The checkpoint a run with ``train.resume`` continues from, and its step.
+
+    With no checkpoint in ``train.run_dir`` the run starts at step 1 (``resume: true`` on a
+    first launch, as preemptible jobs do), and ``say`` tells so; with one at ``train.steps``
+    or later, ``say`` tells that the run already finished.
+
+    Args:
+        config: The run configuration.
+        say: Where the line goes.
+
+    Returns:
+        ``(checkpoint directory, step)``, or None (no ``train.resume``, or no checkpoint).
+    """
+    t = config.train
+    if not t.resume:
+        return None
+    path = latest_checkpoint(t.run_dir)
+    if path is None:
+        say(f"no checkpoint in {Path(t.run_dir) / 'checkpoints'}; starting at step 1")
+        return None
+    step = checkpoint_step(path)
+    if step >= t.steps:
+        say(
+            f"already finished at step {step} (train.steps={t.steps}, "
+            f"{Path(t.run_dir) / 'checkpoints' / LATEST}): nothing to train; raise train.steps "
+            "to train further"
+        )
+    return path, step

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rl_train.checkpoint import resume_point
 from rl_train.collective import is_main_process
 from rl_train.config import ConfigError, RunConfig, to_dict
 from rl_train.evaluation import greedy_return
@@ -137,8 +138,6 @@ def fit_episodes(
         ``(mean return before, mean return after)``; a resumed run: the return at the
         checkpoint it resumes from first, and NaN for both when it had already finished.
     """
-    from rl_train.run import resume_point
-
     config, agent = built.config, built.agent
     assert config.env is not None  # and no async: section (rl_train.env_config.check_env)
     t = config.train

@@ -19,7 +19,7 @@ from pathlib import Path
 from rl_algos import get_preset
 
 from rl_train.builder import Built, ProcessShard, build, rollout_pieces
-from rl_train.checkpoint import LATEST, checkpoint_step, latest_checkpoint
+from rl_train.checkpoint import LATEST, latest_checkpoint, resume_point
 from rl_train.collective import is_main_process
 from rl_train.config import ConfigError, RunConfig, check_run_dir, to_dict
 from rl_train.evaluation import greedy_accuracy
@@ -188,37 +188,6 @@ def fit(built: Built, *, verbose: bool = True, say: Callable[[str], None] = _sil
     after = greedy_accuracy(agent, env)
     report(f"greedy accuracy after training:  {after:.2f}")
     return Summary(before, after, str(run_dir.resolve()), main)
-
-
-def resume_point(config: RunConfig, say: Callable[[str], None]) -> tuple[Path, int] | None:
-    """The checkpoint a run with ``train.resume`` continues from, and its step.
-
-    With no checkpoint in ``train.run_dir`` the run starts at step 1 (``resume: true`` on a
-    first launch, as preemptible jobs do), and ``say`` tells so; with one at ``train.steps``
-    or later, ``say`` tells that the run already finished.
-
-    Args:
-        config: The run configuration.
-        say: Where the line goes.
-
-    Returns:
-        ``(checkpoint directory, step)``, or None (no ``train.resume``, or no checkpoint).
-    """
-    t = config.train
-    if not t.resume:
-        return None
-    path = latest_checkpoint(t.run_dir)
-    if path is None:
-        say(f"no checkpoint in {Path(t.run_dir) / 'checkpoints'}; starting at step 1")
-        return None
-    step = checkpoint_step(path)
-    if step >= t.steps:
-        say(
-            f"already finished at step {step} (train.steps={t.steps}, "
-            f"{Path(t.run_dir) / 'checkpoints' / LATEST}): nothing to train; raise train.steps "
-            "to train further"
-        )
-    return path, step
 
 
 def train(
