@@ -8,6 +8,7 @@ error. The only upper bound on elapsed time is a hang guard far beyond any budge
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -18,7 +19,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -182,14 +183,19 @@ def test_down_server_is_refused_not_waited_for_with_the_fix() -> None:
     assert "down or failing" in message and "timeout" not in message
 
 
-@pytest.fixture
-def silent_server() -> Iterator[str]:
-    """A real socket server that accepts connections, reads, and never answers."""
+@contextlib.contextmanager
+def _socket_server(handle: Callable[[socket.socket, int, threading.Event], None]) -> Iterator[str]:
+    """A real socket server on a free local port; yields its URL.
+
+    Each accepted connection goes to ``handle(conn, index, stop)`` on its own thread (``index``
+    counts the connections from 0; ``stop`` is set when the server shuts down, and every
+    thread is joined then).
+    """
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
-    held: list[socket.socket] = []
     stop = threading.Event()
+    workers: list[threading.Thread] = []
 
     def accept() -> None:
         listener.settimeout(0.1)
@@ -198,18 +204,32 @@ def silent_server() -> Iterator[str]:
                 conn, _ = listener.accept()
             except TimeoutError:
                 continue
-            held.append(conn)
+            worker = threading.Thread(target=handle, args=(conn, len(workers), stop), daemon=True)
+            workers.append(worker)
+            worker.start()
 
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
     try:
         yield f"http://127.0.0.1:{listener.getsockname()[1]}"
     finally:
         stop.set()
-        thread.join()
+        acceptor.join()
+        for worker in workers:
+            worker.join()
+        listener.close()
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """A real socket server that accepts connections, reads, and never answers."""
+    held: list[socket.socket] = []
+    try:
+        with _socket_server(lambda conn, index, stop: held.append(conn)) as url:
+            yield url
+    finally:
         for conn in held:
             conn.close()
-        listener.close()
 
 
 def test_silent_server_fails_within_the_timeout(silent_server: str) -> None:
@@ -227,21 +247,17 @@ def test_silent_server_fails_within_the_timeout(silent_server: str) -> None:
 
 
 @pytest.fixture
-def trickling_server() -> Iterator[tuple[str, list[int]]]:
+def trickling_server() -> Iterator[tuple[str, dict[int, int]]]:
     """A real socket server that sends the headers of a reply, then its body a byte at a time,
     waiting on an Event between bytes (each read gets a byte long before any timeout).
 
     Yields the URL and, per connection, the bytes of the body it sent.
     """
     body = b'{"status": "ok"' + b" " * 100 + b"}"  # sent in >= 6 s: 0.05 s a byte at least
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    stop = threading.Event()
-    sent: list[int] = []
-    workers: list[threading.Thread] = []
+    sent: dict[int, int] = {}
 
-    def trickle(conn: socket.socket, index: int) -> None:
+    def trickle(conn: socket.socket, index: int, stop: threading.Event) -> None:
+        sent[index] = 0
         with conn:
             request = b""
             while b"\r\n\r\n" not in request:
@@ -259,32 +275,12 @@ def trickling_server() -> Iterator[tuple[str, list[int]]]:
                     return
                 sent[index] += 1
 
-    def accept() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except TimeoutError:
-                continue
-            sent.append(0)
-            worker = threading.Thread(target=trickle, args=(conn, len(sent) - 1), daemon=True)
-            workers.append(worker)
-            worker.start()
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}", sent
-    finally:
-        stop.set()
-        thread.join()
-        for worker in workers:
-            worker.join()
-        listener.close()
+    with _socket_server(trickle) as url:
+        yield url, sent
 
 
 def test_a_trickling_reply_is_cut_off_at_the_call_deadline(
-    trickling_server: tuple[str, list[int]],
+    trickling_server: tuple[str, dict[int, int]],
 ) -> None:
     url, sent = trickling_server
     remote = RemoteReward(url, timeout=1.0, retries=3, backoff=0.01)

@@ -187,8 +187,9 @@ class Learner:
         )
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(counts)
-        empty = float(counts[0]) == 0.0  # the same on every process: the counts are global
-        tokens, sequences, turns = (max(1.0, float(c)) for c in counts)
+        values = counts.tolist()  # one read back for the three counts
+        empty = values[0] == 0.0  # the same on every process: the counts are global
+        tokens, sequences, turns = (max(1.0, c) for c in values)
         return Normalizers(tokens, sequences, turns, empty)
 
     # -- the step --------------------------------------------------------------------------------

@@ -100,11 +100,13 @@ def _nonfinite(agents: Sequence[Any]) -> list[int]:
     for i, agent in enumerate(agents):
         groups = agent.param_groups() if callable(getattr(agent, "param_groups", None)) else []
         params = [p for group in groups for p in group["params"]]
-        local = False
-        for p in params:
-            shard = getattr(p, "ds_tensor", None)  # ZeRO-3: this process's partition
-            values = p.detach() if shard is None else shard
-            local = local or not bool(torch.isfinite(values).all())
+        shards = [getattr(p, "ds_tensor", None) for p in params]  # ZeRO-3: this process's part
+        flags = [
+            torch.isfinite(p.detach() if s is None else s).all()
+            for p, s in zip(params, shards, strict=True)
+        ]
+        # one read back per agent, not one per tensor
+        local = bool(flags) and not bool(torch.stack([f.to(flags[0].device) for f in flags]).all())
         if any_process(local, getattr(agent, "device", "cpu")):
             bad.append(i)
     return bad
