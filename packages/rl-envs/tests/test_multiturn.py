@@ -338,3 +338,45 @@ def test_factory_is_picklable_and_wraps_a_fresh_env_per_call() -> None:
     assert isinstance(a, TokenObservationWrapper) and a.env is not b.env
     assert (a.max_turns, a.max_model_len) == (2, 64)
     assert a.reset(seed=3)[0]["input_ids"].tolist() == b.reset(seed=3)[0]["input_ids"].tolist()
+
+
+def test_a_template_that_drops_the_generation_prompt_says_so() -> None:
+    """The assistant marker only inside assistant messages, none for add_generation_prompt:
+    the error used to say the template changes the assistant's text."""
+    from rl_testing.tokenizer import char_tokenizer
+
+    t = char_tokenizer()
+    t.chat_template = (
+        "{%- for m in messages -%}{%- if m['role'] == 'assistant' -%}"
+        "{{ '<|assistant|>' + m['content'] + '<eos>' }}"
+        "{%- else -%}{{ '<|' + m['role'] + '|>' + m['content'] + '<eos>' }}{%- endif -%}"
+        "{%- endfor -%}"
+    )
+    w = TokenObservationWrapper(Scripted(), t, max_turns=3, pad_id=PAD, max_model_len=64,
+                                max_output_tokens=6)  # fmt: skip
+    w.reset(seed=0)
+    with pytest.raises(ValueError, match=r"^the chat template puts '<\|assistant\|>' in front of the assistant's text, but its generation prompt \(add_generation_prompt=True\) does not end with it"):  # fmt: skip
+        w.step([*encode("ab"), EOS])
+
+
+def test_a_reply_the_chat_template_drops_is_an_error() -> None:
+    from rl_testing.tokenizer import char_tokenizer
+
+    class System(Scripted):
+        def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+            return "r", 0.0, False, False, {}
+
+    class SystemReplies(TokenObservationWrapper):
+        def _reply_messages(self, observation: Any) -> list[dict[str, Any]]:
+            return [{"role": "observation", "content": observation}]
+
+    t = char_tokenizer()
+    t.chat_template = (
+        "{%- for m in messages if m['role'] in ['system', 'user', 'assistant'] -%}"
+        "{{ '<|' + m['role'] + '|>' + m['content'] + '<eos>' }}{%- endfor -%}"
+        "{%- if add_generation_prompt -%}{{ '<|assistant|>' }}{%- endif -%}"
+    )
+    w = SystemReplies(System(), t, max_turns=3, pad_id=PAD, max_model_len=64, max_output_tokens=6)
+    w.reset(seed=0)
+    with pytest.raises(ValueError, match=r"^the chat template dropped message 0 \(role 'observation'\) of the reply on turn 0"):  # fmt: skip
+        w.step([*encode("ab"), EOS])

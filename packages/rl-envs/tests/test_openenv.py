@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import string
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +18,7 @@ from openenv.core.env_server.types import State
 from rl_envs import SyncMultiTurnVecEnv
 from rl_envs.openenv import OpenEnvError, OpenEnvTextEnv, OpenEnvWrapper, observation_text
 from rl_envs.openenv_game import EchoAction, EchoDigitEnvironment, EchoObservation
-from rl_testing.serving import free_port, serving
+from rl_testing.serving import free_port, raised_by, serving
 from rl_testing.tokenizer import char_tokenizer
 
 EOS = 2
@@ -139,6 +140,8 @@ class _Broken(Environment):  # type: ignore[misc]
             raise KeyError("board exploded")
         if self.mode == "no_reward":
             return EchoObservation(prompt="over", done=True)
+        if self.mode == "none":
+            return None
         return EchoObservation(prompt="again", reward=0.5)  # never ends
 
     @property
@@ -288,3 +291,39 @@ def test_mcp_tool_environments_take_hermes_calls_by_default() -> None:
     w.reset(seed=0)
     with pytest.raises(OpenEnvError, match=r"refused 'hi' \(ValueError: no <tool_call>"):
         w.step([*encode(w.tokenizer, "hi"), EOS])
+
+
+def test_a_step_that_returns_no_observation_names_the_environment() -> None:
+    w = wrapper(tok(), _Broken("none"))
+    w.reset(seed=0)
+    with pytest.raises(OpenEnvError, match=r"^_Broken\.step returned None; it must return an OpenEnv Observation \(with `done` and `reward`\)"):  # fmt: skip
+        w.step([*encode(w.tokenizer, "1"), EOS])
+
+
+_RELEASE = threading.Event()
+
+
+class _Stuck(EchoDigitEnvironment):
+    """The game, except that an answer starting with 'h' blocks the server until released."""
+
+    def step(self, action: EchoAction, timeout_s: float | None = None, **kw: Any) -> Any:
+        if action.text.startswith("h"):
+            _RELEASE.wait()
+        return super().step(action)
+
+
+def test_a_server_that_stops_answering_mid_episode_is_an_error_naming_it_and_the_timeout() -> None:
+    app = create_app(_Stuck, EchoAction, EchoObservation, max_concurrent_envs=2)
+    t = tok()
+    _RELEASE.clear()
+    try:
+        with serving(app) as url:
+            w = wrapper(t, url=url, action_cls=EchoAction, observation_cls=EchoObservation, timeout=1)  # fmt: skip
+            w.reset(seed=0)
+            error = raised_by(lambda: w.step([*encode(t, "h"), EOS]), 120)
+            _RELEASE.set()
+    finally:
+        _RELEASE.set()
+    assert isinstance(error, OpenEnvError), repr(error)
+    assert str(error).startswith(f"the OpenEnv server at {url} did not answer within 1s on step")
+    assert w.text_env.client is None  # the session is dropped

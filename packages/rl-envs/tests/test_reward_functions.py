@@ -514,3 +514,83 @@ def test_a_remote_reward_scores_a_whole_step_in_one_request() -> None:
     assert requests == [4]  # one request for B x G = 4 completions
     # bit-exact: rewards are small dyadic constants, exact in float32
     assert rewards.tolist() == [[1.0, 2.0], [0.0, 1.0]]
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        (
+            None,
+            r"compute_score judge returned None for sample 1; verl's compute_score returns a number",
+        ),
+        (
+            {"acc": 1.0},
+            r"compute_score judge returned a dict without 'score' \(keys \['acc'\]\) for sample 1",
+        ),
+        ({"score": None}, r"compute_score judge returned None for sample 1"),
+    ],
+)
+def test_a_verl_none_is_an_error_not_a_silent_not_applicable(value: Any, match: str) -> None:
+    """verl has no "not applicable": a None (or a dict without its score) used to become TRL's
+    None, so the sample silently got reward 0."""
+
+    def judge(data_source: Any, solution_str: str, ground_truth: str, extra_info: Any) -> Any:
+        return value if solution_str == "c1" else 1.0
+
+    s = samples(4)
+    s.columns["answer"] = ["a"] * 4
+    with pytest.raises(RewardFunctionError, match=match):
+        score_samples([judge], [1.0], ["verl"], s)
+
+
+def test_numpy_rewards_are_numbers() -> None:
+    """TRL turns the returned list into a tensor: numpy scalars, ``np.bool_`` and 0-d arrays are
+    numbers there, and here."""
+    np = pytest.importorskip("numpy")
+
+    def trl(completions: list[str], **kwargs: Any) -> list[Any]:
+        return [np.bool_(True), np.float32(0.5), np.array(2.0), np.int64(3)]
+
+    def agilerl(completion: str, answer: str, question: str) -> Any:
+        return np.bool_(completion == "c0")
+
+    # bit-exact: rewards are small dyadic constants, exact in float32
+    assert score_samples([trl], [1.0], ["trl"], samples(4)).total.tolist() == [1.0, 0.5, 2.0, 3.0]
+    # bit-exact: rewards are small dyadic constants, exact in float32
+    assert score_samples([agilerl], [1.0], ["agilerl"], samples(4)).total.tolist() == [1, 0, 0, 0]
+
+
+def test_an_openrlhf_reward_func_is_named_with_the_fix() -> None:
+    """OpenRLHF's ``reward_func(queries, prompts, labels)`` names ``prompts``, so it used to be
+    taken for a TRL function and fail at the first step with a missing-argument TypeError."""
+
+    def reward_func(queries: list[str], prompts: list[str], labels: list[str]) -> Any:
+        return {"rewards": torch.zeros(len(queries))}
+
+    with pytest.raises(ValueError, match=r"^reward function reward_func takes `queries`: OpenRLHF's reward_func\(queries, prompts, labels\) convention, which rl-envs does not call; write it as TRL's"):  # fmt: skip
+        resolve_reward_styles([reward_func], None)
+    with pytest.raises(ValueError, match=r"takes `queries`: OpenRLHF's"):
+        prompt_gym([{"prompt": "p"}] * 2, reward_func)
+
+
+# A Qwen2.5-style template: roles it does not know are left out without a word.
+ROLE_CHAIN_TEMPLATE = (
+    "{%- for m in messages -%}{%- if m['role'] in ['system', 'user', 'assistant'] -%}"
+    "{{ '<|' + m['role'] + '|>' + m['content'] + '<eos>' }}{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|assistant|>' }}{%- endif -%}"
+)
+
+
+def test_a_message_the_chat_template_drops_names_the_row_and_the_role() -> None:
+    """ShareGPT-style roles ('human') are dropped by templates that chain known roles: the
+    model was silently trained on prompts missing the question."""
+    t = char_tokenizer()
+    t.chat_template = ROLE_CHAIN_TEMPLATE
+    rows = [{"prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "q"}]},
+            {"prompt": [{"role": "system", "content": "be brief"}, {"role": "human", "content": "q"}]}]  # fmt: skip
+    with pytest.raises(ValueError, match=r"^the chat template dropped message 1 \(role 'human'\) of the prompt of row 1 of the train dataset: its content is not in the rendering; use a role the template renders"):  # fmt: skip
+        prompt_gym(rows, lambda completions, **kw: [0.0] * len(completions), tokenizer=t)
+    template = [{"role": "system", "content": "s"}, {"role": "human", "content": "{question}"}]
+    with pytest.raises(ValueError, match=r"^the chat template dropped message 1 \(role 'human'\) of `conversation_template`"):  # fmt: skip
+        ReasoningGym(qa_dataset(2), qa_dataset(2), t, lambda c, a, q: 0.0, template,
+                     data_batch_size_per_gpu=1)  # fmt: skip

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
+import re
 import string
 import threading
 from functools import cache
@@ -282,6 +284,8 @@ def test_bad_arguments_name_the_fix() -> None:
         wrap(tok=plain)
     with pytest.raises(ValueError, match="max_tool_calls"):
         wrap(max_tool_calls=-1)
+    with pytest.raises(ValueError, match=r"^`max_tool_calls` must be an int >= 0, got None"):
+        wrap(max_tool_calls=None)  # TRL's max_tool_calling_iterations=None has no counterpart
     with pytest.raises(ValueError, match="'prompt'"):
         wrap(rows=[{"question": "q"}]).reset(seed=0)
 
@@ -427,3 +431,150 @@ def test_call_reward_pays_turns_whose_calls_all_ran() -> None:
     assert act(w, call("mul", a=1, b=0))[1] == 0.0  # unknown
     # bit-exact: rewards are small dyadic constants, exact in float32
     assert w.trajectory().turn_rewards.tolist() == [0.25, 0.0, 0.0]
+
+
+def test_async_tools_and_an_async_get_reward_are_awaited_as_in_trl() -> None:
+    """TRL awaits ``async def`` tools and ``get_reward``: the model sees the result, not a
+    coroutine's repr; a raising async tool is an error message like a raising sync one."""
+
+    class AsyncCalculator(Calculator):
+        async def mul(self, a: int, b: int) -> int:
+            """Multiply two integers.
+
+            Args:
+                a: The first.
+                b: The second.
+            """
+            await asyncio.sleep(0)
+            if b == 0:
+                raise ValueError("zero")
+            self.calls += 1
+            return a * b
+
+        async def get_reward(self) -> float:
+            await asyncio.sleep(0)
+            return self.calls * 0.5
+
+    w = wrap(AsyncCalculator(), max_model_len=4096)
+    w.reset(seed=0)
+    _, _, _, _, info = act(w, call("mul", a=2, b=3))
+    assert w.messages[-1] == {"role": "tool", "name": "mul", "content": "6"}
+    assert info == {"tool_calls": 1, "tool_errors": 0}
+    act(w, call("mul", a=2, b=0))
+    assert w.messages[-1]["content"] == "error: ValueError: zero"
+    _, reward, term, _, _ = act(w, "6")
+    assert (reward, term) == (0.5, True)
+
+
+def test_a_hung_async_tool_times_out_with_tool_timeout() -> None:
+    release = threading.Event()
+
+    class SlowAsync(Calculator):
+        async def wait(self, seconds: int) -> str:
+            """Wait for the operator.
+
+            Args:
+                seconds: How long.
+            """
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+            return "done"
+
+    w = wrap(SlowAsync(), tool_timeout=0.2)
+    w.reset(seed=0)
+    try:
+        with pytest.raises(EnvTimeoutError, match=r"^tool wait of SlowAsync did not return within 0\.2 s \(tool_timeout\) on turn 0"):  # fmt: skip
+            act(w, call("wait", seconds=5))
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("value", [None, math.nan, "1.5", [1.0]])
+def test_a_get_reward_that_returns_no_number_names_it_and_the_row(value: Any) -> None:
+    class Bad(Calculator):
+        def get_reward(self) -> Any:
+            return value
+
+    w = wrap(Bad())
+    w.reset(seed=1)
+    with pytest.raises(ValueError, match=rf"^`Bad\.get_reward\(\)` returned {re.escape(repr(value))} on row 1 \(seed 1\); it must return a finite number"):  # fmt: skip
+        act(w, "5")
+    assert w.messages[-1]["role"] == "user"  # the episode is as it was before the step
+
+
+def test_a_reward_fn_that_returns_none_names_it() -> None:
+    class NoReward:
+        def reset(self, **row: Any) -> None:
+            return None
+
+    def judge(completion: str, environment: Any, **row: Any) -> Any:
+        return None if completion == "?" else torch.tensor(0.25)
+
+    w = wrap(NoReward(), reward_fn=judge)
+    w.reset(seed=0)
+    with pytest.raises(ValueError, match=r"^`reward_fn` judge returned None on row 0 \(seed 0\); it must return a finite number"):  # fmt: skip
+        act(w, "?")
+    assert act(w, "5")[1] == 0.25  # a one-element tensor is a number
+
+
+def test_reset_must_take_the_rows_columns_and_return_text_or_none() -> None:
+    class Narrow(Calculator):
+        def reset(self, prompt: str) -> None:  # type: ignore[override]
+            return None
+
+    with pytest.raises(ValueError, match=r"^`Narrow\.reset` does not take the columns \['answer', 'prompt'\] of row 0 \(seed 0\): .*add \*\*kwargs"):  # fmt: skip
+        wrap(Narrow()).reset(seed=0)
+
+    class GymStyle(Calculator):
+        def reset(self, **row: Any) -> Any:
+            return "obs", {}
+
+    with pytest.raises(ValueError, match=r"^`GymStyle\.reset\(\*\*row\)` returned a tuple on row 0 \(seed 0\); it must return the text to add to the prompt \(a str\) or None"):  # fmt: skip
+        wrap(GymStyle()).reset(seed=0)
+
+    class NoUser(Calculator):
+        def reset(self, **row: Any) -> str:
+            return "!"
+
+    rows = [{"prompt": [{"role": "system", "content": "s"}]}]
+    with pytest.raises(ValueError, match=r"^`NoUser\.reset\(\*\*row\)` returned text for row 0 \(seed 0\), whose prompt has no user message"):  # fmt: skip
+        wrap(NoUser(), rows=rows).reset(seed=0)
+
+
+def test_tools_with_star_args_are_refused_with_the_fix() -> None:
+    class Variadic(Calculator):
+        def total(self, *numbers: int) -> int:
+            """Sum numbers.
+
+            Args:
+                numbers: The numbers.
+            """
+            return sum(numbers)
+
+    class Keywords(Calculator):
+        def config(self, name: str, **options: str) -> str:
+            """Configure.
+
+            Args:
+                name: The name.
+                options: More.
+            """
+            return name
+
+    with pytest.raises(ValueError, match=r"^tool 'total' takes \*numbers, which a JSON tool call cannot pass: give it named parameters"):  # fmt: skip
+        wrap(Variadic())
+    with pytest.raises(ValueError, match=r"^tool 'config' takes \*\*options"):
+        wrap(Keywords())
+
+
+def test_a_template_that_drops_tool_messages_is_an_error_not_a_silent_reply() -> None:
+    """A chat template without a 'tool' role used to leave the tool's result out: the model
+    went on without ever seeing it."""
+    no_tool = HERMES_TEMPLATE.replace(
+        "{%- for m in messages -%}", "{%- for m in messages if m['role'] != 'tool' -%}"
+    )
+    w = wrap(tok=_tok(no_tool))
+    w.reset(seed=0)
+    with pytest.raises(ValueError, match=r"^the chat template dropped message 0 \(role 'tool'\) of the reply on turn 0: its content is not in the rendering"):  # fmt: skip
+        act(w, call("add", a=2, b=3))
+    assert [m["role"] for m in w.messages] == ["user"]  # the episode is as it was

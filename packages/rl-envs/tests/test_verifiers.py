@@ -3,6 +3,8 @@ task's own rewards score a verifiers Trace whose tokens are the trajectory's."""
 
 from __future__ import annotations
 
+import asyncio
+import math
 import re
 import sys
 from collections.abc import Iterator
@@ -134,3 +136,54 @@ def test_without_the_extra_the_error_names_it(monkeypatch: pytest.MonkeyPatch) -
     assert str(info.value) == (
         "rl_envs.verifiers needs the 'verifiers' extra: pip install 'rl-envs[verifiers]'"
     )
+
+
+class _Echo(vf.Task):  # type: ignore[misc]
+    """Reward 1 when the answer repeats the last prompt message's text, else ``value``."""
+
+    value: Any = 0.0
+
+    @vf.reward
+    async def echo(self, trace: Any) -> float:
+        last = self.data.prompt[-1] if isinstance(self.data.prompt, list) else None
+        asked = self.data.prompt if last is None else last.content
+        return 1.0 if trace.last_reply == asked else self.value
+
+
+def test_a_few_shot_prompt_with_assistant_messages_is_scored() -> None:
+    """verifiers prompts may hold assistant turns (few-shot); they used to be a bare
+    KeyError: 'assistant' when the trace was built."""
+    from verifiers.v1.types import AssistantMessage, UserMessage
+
+    prompt = [
+        UserMessage(role="user", content="a"),
+        AssistantMessage(role="assistant", content="a"),
+        UserMessage(role="user", content="b"),
+    ]
+    w = wrapper([_Echo(vf.TaskData(prompt=prompt))])
+    obs, _ = w.reset(seed=0)
+    assert obs["text"] == "<|user|>a<eos><|assistant|>a<eos><|user|>b<eos><|assistant|>"
+    _, reward, terminated, _, info = w.step([*encode(w.tokenizer, "b"), EOS])
+    assert (reward, terminated) == (1.0, True)
+    roles = [n.message.role for n in info["trace"].nodes]
+    assert roles == ["user", "assistant", "user", "assistant"]
+    assert info["trace"].branches[0].token_ids == w.trajectory().input_ids.tolist()
+
+
+def test_a_task_scores_from_inside_a_running_event_loop() -> None:
+    """A notebook or an async rollout worker runs a loop: asyncio.run() used to refuse there."""
+
+    async def episode() -> float:
+        w = wrapper()
+        w.reset(seed=2)
+        return w.step([*encode(w.tokenizer, "2"), EOS])[1]
+
+    assert asyncio.run(episode()) == 1.0
+
+
+def test_a_non_finite_task_reward_names_the_task_and_its_rewards() -> None:
+    w = wrapper([_Echo(vf.TaskData(prompt="hi"))])
+    w.text_env.tasks[0].value = math.nan
+    w.reset(seed=0)
+    with pytest.raises(ValueError, match=r"^task 0 \(_Echo\) scored nan \(rewards \{'echo': nan\}\): its rewards must return finite numbers"):  # fmt: skip
+        w.step([*encode(w.tokenizer, "x"), EOS])

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from rl_envs import _timeout
+from rl_envs.templates import check_rendered
 
 __all__ = [
     "SyncMultiTurnVecEnv",
@@ -293,6 +294,15 @@ class TokenObservationWrapper:
         with_action = self._render(self._messages, generation_prompt=False)
         closing = self._suffix(before, with_action, "the assistant message")
         if not closing.startswith(action_text):
+            at = closing.find(action_text) if action_text else -1
+            if at > 0:
+                raise ValueError(
+                    f"the chat template puts {closing[:at]!r} in front of the assistant's text, "
+                    "but its generation prompt (add_generation_prompt=True) does not end with "
+                    "it: the template drops the generation prompt, so the policy answers "
+                    "without it. Render it in the template's add_generation_prompt branch, or "
+                    "pass apply_chat_template=False"
+                )
             raise ValueError(
                 "the chat template changes the assistant's text; pass apply_chat_template=False"
             )
@@ -300,9 +310,12 @@ class TokenObservationWrapper:
         eos_text = str(self.tokenizer.eos_token)
         if ended_with_eos and closing.startswith(eos_text):
             closing = closing[len(eos_text) :]  # the policy generated the closing EOS itself
-        self._messages.extend(self._reply_messages(observation))
+        replies = self._reply_messages(observation)
+        self._messages.extend(replies)
         after = self._render(self._messages, generation_prompt=True)
-        return self._encode(closing + self._suffix(with_action, after, "the reply"))
+        reply = self._suffix(with_action, after, "the reply")
+        check_rendered(replies, reply, f"the reply on turn {len(self._rewards)}")
+        return self._encode(closing + reply)
 
     # -- the environment -----------------------------------------------------------------------
 
@@ -386,6 +399,7 @@ class TokenObservationWrapper:
         if self.apply_chat_template:
             self._messages.extend(self._prompt_messages(observation))
             text = self._render(self._messages, generation_prompt=True)
+            check_rendered(self._messages, text, f"the first prompt (reset seed={seed})")
         else:
             text = (self.system_prompt + "\n" if self.system_prompt else "") + observation
         self._ids = self._encode(text)

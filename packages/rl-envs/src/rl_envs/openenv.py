@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -259,10 +260,17 @@ class OpenEnvTextEnv:
         try:
             result = call()
         except Exception as exc:
-            self.close()
-            kind = "did not answer" if isinstance(exc, TimeoutError) else "failed"
+            # a stuck server would hold a polite close for the WebSocket's own close timeout
+            # (10 s): the session is dropped in the background, the error raised now
+            self.close(wait=False)
+            kind = (
+                f"did not answer within {self.timeout:g}s"
+                if isinstance(exc, TimeoutError)
+                else "failed"
+            )
+            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             raise OpenEnvError(
-                f"the OpenEnv server at {self.url} {kind} on {what} ({type(exc).__name__}: {exc})"
+                f"the OpenEnv server at {self.url} {kind} on {what} ({detail})"
             ) from exc
         observation: Any = dict(result.observation)
         if self.observation_cls is not None:
@@ -276,6 +284,11 @@ class OpenEnvTextEnv:
             observation = call()
         except Exception as exc:
             raise OpenEnvError(f"{self.name}.{what} raised {type(exc).__name__}: {exc}") from exc
+        if not (hasattr(observation, "done") and hasattr(observation, "reward")):
+            raise OpenEnvError(
+                f"{self.name}.{what} returned {observation!r:.80}; it must return an OpenEnv "
+                "Observation (with `done` and `reward`)"
+            )
         return observation, observation.reward, bool(observation.done)
 
     # -- TextEnv ---------------------------------------------------------------------------------
@@ -322,12 +335,25 @@ class OpenEnvTextEnv:
             reward = 0.0
         return self.observation_fn(obs), float(reward), done, False, {"observation": obs}
 
-    def close(self) -> None:
-        """End the server session, if any (in-process: nothing to do)."""
+    def close(self, wait: bool = True) -> None:
+        """End the server session, if any (in-process: nothing to do).
+
+        Args:
+            wait: Wait for the close to finish; False closes on a daemon thread (a server that
+                does not answer would hold the close for the WebSocket's close timeout).
+        """
         client, self.client = self.client, None
-        if client is not None:
+        if client is None:
+            return
+
+        def close() -> None:
             with contextlib.suppress(Exception):  # the session is gone either way
                 client.close()
+
+        if wait:
+            close()
+        else:
+            threading.Thread(target=close, name="openenv-close", daemon=True).start()
 
 
 def _annotated_action(env: Any) -> Any:

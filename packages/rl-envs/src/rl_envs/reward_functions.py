@@ -142,8 +142,19 @@ def resolve_reward_styles(
         ``len(fns)`` styles.
 
     Raises:
-        ValueError: An unknown style, or a list of the wrong length.
+        ValueError: An unknown style, a list of the wrong length, or a function in OpenRLHF's
+            convention (``reward_func(queries, prompts, labels)``), which is not called here.
     """
+    for fn in fns:
+        found = _parameters(fn)
+        if found is not None and "queries" in found[0] and "completions" not in found[0]:
+            raise ValueError(
+                f"reward function {_name(fn)} takes `queries`: OpenRLHF's reward_func(queries, "
+                "prompts, labels) convention, which rl-envs does not call; write it as TRL's "
+                "reward_func(prompts, completions, **columns) -> list[float] (OpenRLHF's "
+                "queries are prompt + completion; its labels are a dataset column, e.g. "
+                "`answer`, passed by name)"
+            )
     styles = [style] * len(fns) if style is None or isinstance(style, str) else list(style)
     if len(styles) != len(fns):
         raise ValueError(
@@ -210,7 +221,9 @@ def verl_reward(
     completion text), ``ground_truth`` (see the module docstring, or ``ground_truth_column``)
     and ``extra_info`` (the ``extra_info`` column, or None); only the arguments
     ``compute_score`` takes are passed. A returned dict gives its ``"score"``. An ``async def
-    compute_score`` gives an ``async`` function whose samples run concurrently.
+    compute_score`` gives an ``async`` function whose samples run concurrently. verl has no
+    "not applicable": a ``None`` (or a dict without ``"score"``) is a ``ValueError`` naming
+    the sample.
 
     Args:
         compute_score: The verl scoring function.
@@ -238,8 +251,23 @@ def verl_reward(
             )
         return out
 
-    def unpack(value: Any) -> Any:
-        return value["score"] if isinstance(value, dict) and "score" in value else value
+    name = _name(compute_score)
+
+    def unpack(value: Any, n: int) -> Any:
+        if isinstance(value, dict):
+            if "score" not in value:
+                raise ValueError(
+                    f"compute_score {name} returned a dict without 'score' (keys "
+                    f"{sorted(value)}) for sample {n}; verl reads the reward from its 'score'"
+                )
+            value = value["score"]
+        if value is None:
+            raise ValueError(
+                f"compute_score {name} returned None for sample {n}; verl's compute_score "
+                "returns a number (or a dict with 'score'): None does not mean 'not applicable' "
+                "there"
+            )
+        return value
 
     if inspect.iscoroutinefunction(compute_score):
 
@@ -247,7 +275,7 @@ def verl_reward(
             columns.pop("prompts", None)
             columns.pop("completion_ids", None)
             calls = [compute_score(**a) for a in arguments(completions, columns)]
-            return [unpack(v) for v in await asyncio.gather(*calls)]
+            return [unpack(v, n) for n, v in enumerate(await asyncio.gather(*calls))]
 
         reward_async.__name__ = _name(compute_score)
         return reward_async
@@ -255,7 +283,9 @@ def verl_reward(
     def reward(completions: list[Any], **columns: Any) -> list[Any]:
         columns.pop("prompts", None)
         columns.pop("completion_ids", None)
-        return [unpack(compute_score(**a)) for a in arguments(completions, columns)]
+        return [
+            unpack(compute_score(**a), n) for n, a in enumerate(arguments(completions, columns))
+        ]
 
     reward.__name__ = _name(compute_score)
     return reward
@@ -311,7 +341,13 @@ def _gather(awaitables: list[Awaitable[Any]], timeout: float | None = None) -> l
 
 
 def _number(value: Any) -> Any:
+    """A one-element tensor or numpy value as a Python number; anything else as it is.
+
+    Numpy values: ``np.float32``, ``np.bool_``, 0-d arrays (TRL takes them as numbers).
+    """
     if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    if type(value).__module__ == "numpy" and getattr(value, "size", 0) == 1:
         return value.item()
     return value
 

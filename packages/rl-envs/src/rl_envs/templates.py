@@ -9,11 +9,12 @@ groups that are not names (JSON objects, LaTeX ``{1}``, ``{}``) stay as written.
 from __future__ import annotations
 
 import difflib
+import json
 import string
 from collections.abc import Collection, Sequence
 from typing import Any
 
-__all__ = ["is_conversation", "render_dataset_prompt", "render_prompt"]
+__all__ = ["check_rendered", "is_conversation", "render_dataset_prompt", "render_prompt"]
 
 Message = dict[str, str]
 
@@ -110,7 +111,8 @@ def render_prompt(
 
     Raises:
         ValueError: A placeholder names no key of ``row`` (the message says which, and the
-            keys), or a content is not a valid template (a lone brace).
+            keys), a content is not a valid template (a lone brace), or the chat template drops
+            a message (:func:`check_rendered`).
     """
     messages = []
     for index, message in enumerate(conversation_template):
@@ -127,10 +129,43 @@ def render_prompt(
             pieces.append(str(row[name]))
         messages.append({"role": message["role"], "content": "".join(pieces)})
     if getattr(tokenizer, "chat_template", None):
-        return str(
+        text = str(
             tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         )
+        check_rendered(messages, text, "`conversation_template`")
+        return text
     return "\n".join(m["content"] for m in messages)
+
+
+def check_rendered(messages: Sequence[dict[str, Any]], text: str, where: str) -> None:
+    """Raise when the chat template left a message out of its rendering ``text``.
+
+    A template that chains the roles it knows (``if role == 'user' ... elif ...``) drops any
+    other role (ShareGPT's ``human``, a typo) without a word. A message is dropped when its
+    text content (stripped, or JSON-escaped as ``tojson`` writes it) is not in ``text``;
+    assistant messages (templates may rewrite them, e.g. drop past reasoning) and empty or
+    non-text contents are not checked.
+
+    Args:
+        messages: The messages rendered.
+        text: Their rendering (or the part of it they produced).
+        where: What the messages are, for the message (e.g. ``"the prompt of row 3 ..."``).
+
+    Raises:
+        ValueError: A message's content is not in ``text`` (the message names its index, its
+            role and ``where``).
+    """
+    for index, message in enumerate(messages):
+        content = message.get("content")
+        if message.get("role") == "assistant" or not isinstance(content, str):
+            continue
+        content = content.strip()
+        if content and content not in text and json.dumps(content)[1:-1] not in text:
+            raise ValueError(
+                f"the chat template dropped message {index} (role {message.get('role')!r}) of "
+                f"{where}: its content is not in the rendering; use a role the template renders "
+                "(system, user, assistant, tool) or fix the template"
+            )
 
 
 def is_conversation(prompt: Any) -> bool:
@@ -157,8 +192,9 @@ def render_dataset_prompt(tokenizer: Any, prompt: Any, where: str) -> str:
         The prompt text.
 
     Raises:
-        ValueError: The value is neither, or a conversation meets a tokenizer without a chat
-            template (the message says how to set one).
+        ValueError: The value is neither, a conversation meets a tokenizer without a chat
+            template (the message says how to set one), or the template drops a message
+            (:func:`check_rendered`).
     """
     if isinstance(prompt, str):
         return prompt
@@ -175,7 +211,7 @@ def render_dataset_prompt(tokenizer: Any, prompt: Any, where: str) -> str:
         )
     messages = [dict(m) for m in prompt]
     last_is_assistant = messages[-1]["role"] == "assistant"
-    return str(
+    text = str(
         tokenizer.apply_chat_template(
             messages,
             tokenize=False,
@@ -183,3 +219,5 @@ def render_dataset_prompt(tokenizer: Any, prompt: Any, where: str) -> str:
             continue_final_message=last_is_assistant,
         )
     )
+    check_rendered(messages, text, f"the prompt of {where}")
+    return text

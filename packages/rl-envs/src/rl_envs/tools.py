@@ -13,7 +13,8 @@ template (``apply_chat_template(messages, tools=schemas)``):
    run and answered with ``{"role": "tool", "name": ..., "content": ...}``;
 3. the episode ends (terminated) at the first action without a tool call: its reward is
    ``environment.get_reward()`` if defined, else ``reward_fn(completion, environment, **row)``
-   (the final answer's text; TRL hands reward functions the environments too).
+   (the final answer's text; TRL hands reward functions the environments too), a finite
+   number. Tools and ``get_reward`` may be ``async def`` (awaited, as TRL does).
 
 Errors never end an episode: a tool that raises, an unknown tool name, arguments that do not
 fit the signature and an unparseable call are all answered with a tool message
@@ -34,6 +35,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
+import numbers
 import random
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -210,12 +213,21 @@ def tool_schemas(environment: Any) -> list[dict[str, Any]]:
         ``[{"type": "function", "function": {"name", "description", "parameters"}}]``.
 
     Raises:
-        ValueError: a tool without a docstring or type hints (the error names the tool).
+        ValueError: a tool without a docstring or type hints, or one taking ``*args`` or
+            ``**kwargs`` (the error names the tool).
     """
     from transformers.utils.chat_template_utils import get_json_schema
 
     schemas = []
     for name, method in tool_methods(environment).items():
+        for param in inspect.signature(method).parameters.values():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                star = "*" if param.kind is param.VAR_POSITIONAL else "**"
+                raise ValueError(
+                    f"tool {name!r} takes {star}{param.name}, which a JSON tool call cannot pass: "
+                    "give it named parameters (its schema would name a required argument "
+                    f"{param.name!r})"
+                )
         try:
             schemas.append(get_json_schema(method))
         except Exception as exc:
@@ -227,6 +239,39 @@ def tool_schemas(environment: Any) -> list[dict[str, Any]]:
 
 
 _CONVERT: dict[Any, Callable[[str], Any]] = {int: int, float: float, "int": int, "float": float}
+
+
+def _awaited(value: Any, timeout: float | None) -> Any:
+    """``value``, or its result when it is awaitable; raises what it raised.
+
+    An ``async def`` tool or ``get_reward`` runs on the shared event loop, as TRL awaits them.
+    """
+    if not inspect.isawaitable(value):
+        return value
+    from rl_envs.reward_functions import _gather
+
+    result = _gather([value], timeout)[0]
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def _finite(what: str, value: Any, where: str) -> float:
+    """``value`` as the episode's reward.
+
+    Raises:
+        ValueError: ``value`` is not a finite number (a one-element tensor or numpy value is
+            one); the message names ``what`` and ``where``.
+    """
+    from rl_envs.reward_functions import _number
+
+    number = _number(value)
+    if not isinstance(number, numbers.Real) or not math.isfinite(float(number)):
+        raise ValueError(
+            f"{what} returned {value!r:.80} on {where}; it must return a finite number (the "
+            "episode's reward)"
+        )
+    return float(number)
 
 
 def _run(
@@ -247,6 +292,7 @@ def _run(
             if convert is not None and isinstance(value, str):
                 bound.arguments[key] = convert(value)
         result = _timeout.call(tool, timeout, *bound.args, **bound.kwargs)
+        result = _awaited(result, timeout)
     except _timeout.CallTimeoutError:
         raise
     except Exception as exc:  # the model sees the error and goes on
@@ -309,7 +355,10 @@ class ToolEnvWrapper(TokenObservationWrapper):
             final answer) may take.
 
     Raises:
-        ValueError: An argument is invalid (the message names it).
+        ValueError: An argument is invalid (the message names it). Later, from :meth:`reset`
+            and :meth:`step`: ``reset`` does not take the row's columns or returns neither a
+            str nor None, or ``get_reward`` / ``reward_fn`` returns no finite number (the
+            message names the method and the row).
     """
 
     _observation_types = (list,)
@@ -332,8 +381,16 @@ class ToolEnvWrapper(TokenObservationWrapper):
         step_timeout: float | None = None,
     ) -> None:
         self.tool_timeout = _timeout.check_timeout("tool_timeout", tool_timeout)
-        if max_tool_calls < 0:
-            raise ValueError(f"`max_tool_calls` must be >= 0, got {max_tool_calls}")
+        if (
+            isinstance(max_tool_calls, bool)
+            or not isinstance(max_tool_calls, int)
+            or max_tool_calls < 0
+        ):
+            raise ValueError(
+                f"`max_tool_calls` must be an int >= 0, got {max_tool_calls!r}: the most turns "
+                "with tool calls per episode (TRL's max_tool_calling_iterations=None, no limit, "
+                "has no counterpart here)"
+            )
         if not callable(getattr(environment, "reset", None)):
             raise ValueError(
                 "`environment` needs a reset(**row) method (TRL's environment_factory convention)"
@@ -360,6 +417,7 @@ class ToolEnvWrapper(TokenObservationWrapper):
         self.tools = tool_methods(environment)
         self.schemas = tool_schemas(environment)
         self._row: dict[str, Any] = {}
+        self._where = ""
         self._calls = self._errors = 0
         self._scored = False
         self._answer = self._last_text = ""
@@ -393,7 +451,11 @@ class ToolEnvWrapper(TokenObservationWrapper):
 
     def _start(self, seed: int | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         index = random.randrange(2**31) if seed is None else seed
-        row = dict(self.rows(index) if callable(self.rows) else self.rows[index % len(self.rows)])
+        if callable(self.rows):
+            row, where = dict(self.rows(index)), f"the row of seed {index}"
+        else:
+            row = dict(self.rows[index % len(self.rows)])
+            where = f"row {index % len(self.rows)} (seed {index})"
         if "prompt" not in row:
             raise ValueError(f"row {index} has no 'prompt' (columns: {sorted(row)})")
         prompt = row["prompt"]
@@ -402,20 +464,47 @@ class ToolEnvWrapper(TokenObservationWrapper):
             if isinstance(prompt, str)
             else [dict(m) for m in prompt]
         )
+        name = self._env_name()
+        try:
+            inspect.signature(self.environment.reset).bind(**row)
+        except TypeError:
+            raise ValueError(
+                f"`{name}.reset` does not take the columns {sorted(row)} of {where}: TRL's "
+                "environment_factory passes every column of the row as a keyword argument; add "
+                "**kwargs to reset"
+            ) from None
+        except ValueError:  # no readable signature: call it and see
+            pass
         extra = self.environment.reset(**row)
         if extra is not None:
-            last = max(i for i, m in enumerate(messages) if m["role"] == "user")
-            messages[last]["content"] = str(messages[last]["content"]) + str(extra)
-        self._row, self._calls, self._errors = row, 0, 0
+            if not isinstance(extra, str):
+                raise ValueError(
+                    f"`{name}.reset(**row)` returned a {type(extra).__name__} on {where}; it must "
+                    "return the text to add to the prompt (a str) or None"
+                )
+            users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+            if not users:
+                raise ValueError(
+                    f"`{name}.reset(**row)` returned text for {where}, whose prompt has no user "
+                    "message to add it to: give the prompt a user message or return None"
+                )
+            messages[users[-1]]["content"] = str(messages[users[-1]]["content"]) + extra
+        self._row, self._where, self._calls, self._errors = row, where, 0, 0
         self._scored, self._answer = False, ""
         return messages, {"row": row}
 
     def _score(self) -> float:
-        self._scored = True
         if callable(getattr(self.environment, "get_reward", None)):
-            return float(self.environment.get_reward())
-        assert self.reward_fn is not None
-        return float(self.reward_fn(self._answer, self.environment, **self._row))
+            what = f"`{self._env_name()}.get_reward()`"
+            value = _awaited(self.environment.get_reward(), None)
+        else:
+            assert self.reward_fn is not None
+            name = getattr(self.reward_fn, "__name__", type(self.reward_fn).__name__)
+            what = f"`reward_fn` {name}"
+            value = _awaited(self.reward_fn(self._answer, self.environment, **self._row), None)
+        reward = _finite(what, value, self._where)
+        self._scored = True
+        return reward
 
     def _info(self) -> dict[str, Any]:
         return {"tool_calls": self._calls, "tool_errors": self._errors}

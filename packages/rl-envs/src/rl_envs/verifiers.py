@@ -5,14 +5,16 @@ system prompt) and data fields, scored by the task's ``@vf.reward`` methods (wei
 ``Trace.reward``). :class:`TasksetEnvWrapper` plays each task as one episode in-process, with
 no harness program, sandbox, ``uv`` or network:
 
-1. ``reset(seed)`` takes task ``seed % len(tasks)``; its prompt, rendered with the tokenizer's
-   chat template, is the prompt the policy answers;
+1. ``reset(seed)`` takes task ``seed % len(tasks)``; its prompt (few-shot assistant turns
+   included), rendered with the tokenizer's chat template, is the prompt the policy answers;
 2. the policy's answer (its tokens kept exactly as generated) ends the episode: a
    ``verifiers`` ``Trace`` of the conversation is built, its nodes carrying the episode's
    token ids and sampled mask (``Trace.branches[0].token_ids`` equals the ids the trainer
    learns on), and ``await task.score(trace)`` scores it with the task's own rewards (rewards
    that need a sandbox runtime are skipped, as verifiers does offline);
-3. the reward is ``trace.reward``; the trace is kept (``wrapper.trace``).
+3. the reward is ``trace.reward`` (a non-finite one is a ``ValueError`` naming the task and
+   its rewards); the trace is kept (``wrapper.trace``). Scoring runs on a shared event loop in
+   a daemon thread, so it also works where a loop is running (a notebook).
 
 One model turn per task (verifiers' single-call tasks); multi-turn harnesses (tools, user
 simulators) are not run here.
@@ -20,7 +22,7 @@ simulators) are not run here.
 
 from __future__ import annotations
 
-import asyncio
+import math
 import random
 from collections.abc import Callable
 from typing import Any
@@ -216,24 +218,39 @@ class TasksetEnvWrapper(TokenObservationWrapper):
             messages.insert(0, {"role": "system", "content": self.default_system_prompt})
         return messages
 
+    def _trace_prompt(self, task: Any) -> list[Any]:
+        """The prompt as verifiers messages.
+
+        The task's own (few-shot assistant turns included), after its system prompt or the
+        wrapper's default one.
+        """
+        from verifiers.v1.types import SystemMessage, UserMessage
+
+        data = task.data
+        out: list[Any] = []
+        if data.system_prompt:
+            out.append(SystemMessage(role="system", content=data.system_prompt))
+        if isinstance(data.prompt, str):
+            out.append(UserMessage(role="user", content=data.prompt))
+        else:
+            out.extend(data.prompt or [])
+        system = self.default_system_prompt
+        if self.apply_chat_template and system and out[0].role != "system":
+            out.insert(0, SystemMessage(role="system", content=system))
+        return out
+
     def _score(self, answer: str) -> tuple[float, Any]:
         """Build the verifiers ``Trace`` of the episode and score it with the task."""
         vf = _vf()
         from verifiers.v1.graph import MessageNode  # type: ignore[import-untyped]
-        from verifiers.v1.types import (
-            AssistantMessage,
-            SystemMessage,
-            UserMessage,
-        )
+        from verifiers.v1.types import AssistantMessage
+
+        from rl_envs.reward_functions import _gather
 
         task = self.text_env.task
-        kinds = {"system": SystemMessage, "user": UserMessage}
-        prompt = self.text_env.prompt
-        if self.apply_chat_template:
-            prompt = self._prompt_messages(prompt)
         nodes = [
-            MessageNode(parent=i - 1 if i else None, message=kinds[m["role"]](**m))
-            for i, m in enumerate(prompt)
+            MessageNode(parent=i - 1 if i else None, message=message)
+            for i, message in enumerate(self._trace_prompt(task))
         ]
         nodes[-1].token_ids = list(self._ids[: self._prompt_length])
         nodes[-1].mask = [False] * self._prompt_length
@@ -252,11 +269,19 @@ class TasksetEnvWrapper(TokenObservationWrapper):
             agent=vf.AgentInfo(config=vf.AgentConfig()),
             nodes=nodes,
         )
-        try:
-            asyncio.run(task.score(trace))
-        except Exception as exc:
-            raise RuntimeError(
-                f"scoring task {self.text_env.index} ({type(task).__name__}) failed: {exc}"
-            ) from exc
+        where = f"task {self.text_env.index} ({type(task).__name__})"
+        # on the shared event loop's thread: works inside a running loop (a notebook) too
+        result = _gather([task.score(trace)])[0]
+        if isinstance(result, Exception):
+            raise RuntimeError(f"scoring {where} failed: {result}") from result
+        if isinstance(result, BaseException):
+            raise result
+        reward = float(trace.reward)
+        if not math.isfinite(reward):
+            scores = {k: None if r is None else r.score for k, r in trace.rewards.items()}
+            raise ValueError(
+                f"{where} scored {reward} (rewards {scores}): its rewards must return finite "
+                "numbers"
+            )
         self.trace = trace
-        return float(trace.reward), trace
+        return reward, trace
