@@ -204,6 +204,10 @@ def cases() -> list[Case]:
              lambda: _grpo(clip_coef=(1.2, 0.8))),
         Case("rl-algos", "GRPO(no_such_option=1)", TypeError, "no_such_option",
              lambda: _grpo(no_such_option=1)),
+        Case("rl-algos", "GRPO(loss_type='gspo', importance_sampling_level='token')", ValueError, "importance_sampling_level",
+             lambda: _grpo(loss_type="gspo", importance_sampling_level="token")),
+        Case("rl-algos", "GRPO(importance_sampling_level='turn', loss_aggregation='token_mean', loss_kwargs={'unit_weight': 'unit'})", ValueError, "unit_weight",
+             lambda: _grpo(importance_sampling_level="turn", loss_aggregation="token_mean", loss_kwargs={"unit_weight": "unit"})),
         # rl-train
         Case("rl-train", "config with key train.stepz", ValueError, "train.stepz",
              lambda: _config("train:\n  stepz: 3\n")),

@@ -603,3 +603,40 @@ def token_rewards(batch: Batch) -> torch.Tensor:
     r = torch.randn(batch.masks.shape, generator=gen)
     keep = batch.masks & (torch.rand(batch.masks.shape, generator=gen) < 0.5)
     return torch.where(keep, r, torch.zeros(()))
+
+
+# -- multi-turn batches (test_packing.py) --------------------------------------------------------
+
+# Per row: the prompt, turn 0's actions, the environment's observation (not actions), turn 1's
+# actions. Row 2 plays one turn only, so micro-batches of some rows hold fewer turns than the
+# batch.
+MULTI_TURN: tuple[tuple[tuple[int, ...], ...], ...] = (
+    ((BOS_ID, 10, 11), (30, 31), (5, 6), (32, EOS_ID)),
+    ((BOS_ID, 10, 11), (33,), (5, 6), (34, 35, 36)),
+    ((BOS_ID, 10, 11), (37, 38, 39), (), ()),
+    ((BOS_ID, 20), (40, 41), (7,), (42,)),
+    ((BOS_ID, 20), (43,), (7,), (44, 45, 46, EOS_ID)),
+    ((BOS_ID, 20), (47, 48), (7,), (49,)),
+)
+#: [N, K = 2] per-turn rewards (row 2's second turn does not exist).
+MULTI_TURN_REWARDS = ((0.5, 1.0), (0.0, 0.25), (1.0, 0.0), (0.2, -0.5), (0.0, 2.0), (1.0, 0.7))
+
+
+def multi_turn_batch(
+    width: int = SEQ_LEN,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids [N, L], masks [N, L - 1], rewards [N, K], turn_ids [N, L - 1])`` of
+    :data:`MULTI_TURN`, right-padded; ``turn_ids`` is -1 off the action tokens."""
+    n = len(MULTI_TURN)
+    ids = torch.full((n, width), PAD_ID, dtype=torch.long)
+    masks = torch.zeros((n, width - 1), dtype=torch.bool)
+    turn_ids = torch.full((n, width - 1), -1, dtype=torch.long)
+    for row, (prompt, first, observation, second) in enumerate(MULTI_TURN):
+        seq = [*prompt, *first, *observation, *second]
+        ids[row, : len(seq)] = torch.tensor(seq)
+        start = len(prompt) - 1
+        for turn, actions in ((0, first), (1, second)):
+            masks[row, start : start + len(actions)] = True
+            turn_ids[row, start : start + len(actions)] = turn
+            start += len(actions) + len(observation)
+    return ids, masks, torch.tensor(MULTI_TURN_REWARDS), turn_ids

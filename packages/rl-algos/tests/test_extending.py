@@ -151,6 +151,56 @@ def test_options_that_cannot_be_honoured_are_refused_or_warned() -> None:
         assert tl.make_agent("GSPO", loss_type="cispo").loss_type == "gspo"
 
 
+@rl_losses.register_policy_loss("test_extending_per_unit")
+def per_unit(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    aggregation: rl_losses.Aggregation,
+    normalizer: float | None,
+    max_length: int | None,
+    is_weights: torch.Tensor | None,
+    level: str = "token",
+    pooling: str = "sum",
+    turn_ids: torch.Tensor | None = None,
+) -> rl_losses.PolicyLossOutput:
+    """PPO's surrogate with each turn or sequence counted once: no ``unit_weight`` option."""
+    return rl_losses.clipped_surrogate(
+        logprobs, old_logprobs, advantages, mask, aggregation=aggregation,
+        normalizer=normalizer, max_length=max_length, is_weights=is_weights,
+        level=level, pooling=pooling, turn_ids=turn_ids,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("level", ["turn", "trajectory"])
+def test_token_mean_at_a_unit_level_needs_a_loss_with_unit_weight(level: str) -> None:
+    """``token_mean`` with turn or sequence ratios counts each unit's loss once per token
+    (``unit_weight="tokens"``): a registered loss that cannot is refused when the agent is
+    built, naming both options and the loss; the other aggregations and token ratios build."""
+    kw = {"loss_type": "test_extending_per_unit", "importance_sampling_level": level}
+    match = rf"loss_aggregation='token_mean'.*importance_sampling_level='{level}'.*"
+    match += r"'test_extending_per_unit'.*`unit_weight`.*seq_mean_token_mean"
+    with pytest.raises(ValueError, match=match):
+        tl.make_agent("GRPO", loss_aggregation="token_mean", perturb_seed=None, **kw)
+    tl.make_agent("GRPO", loss_aggregation="seq_mean_token_mean", perturb_seed=None, **kw)
+    tl.make_agent(
+        "GRPO", loss_type="test_extending_per_unit", loss_aggregation="token_mean",
+        perturb_seed=None,
+    )  # fmt: skip
+
+
+def test_token_mean_with_turn_units_counted_once_is_refused() -> None:
+    """``unit_weight="unit"`` asked for with ``token_mean`` and turn ratios would average over
+    turns, which no normaliser of the agent counts: refused, saying what to pass."""
+    with pytest.raises(ValueError, match=r"unit_weight='unit'.*pass unit_weight='tokens'"):
+        tl.make_agent(
+            "GRPO", importance_sampling_level="turn", loss_aggregation="token_mean",
+            loss_kwargs={"unit_weight": "unit"}, perturb_seed=None,
+        )  # fmt: skip
+
+
 @rl_losses.register_policy_loss("test_extending_bare_tensor")
 def bare_tensor(
     logprobs: torch.Tensor,

@@ -97,6 +97,23 @@ def test_liger_loss_with_non_token_level_raises_at_construction(level: str) -> N
         tl.make_agent("GRPO", use_liger_loss=True, importance_sampling_level=level)
 
 
+@pytest.mark.parametrize("level", ["token", "turn"])
+def test_gspo_with_another_ratio_level_raises_at_construction(level: str) -> None:
+    """GSPO's ratio is one per sequence: a token or turn ratio asked for with it is refused
+    (it used to be replaced by the sequence ratio without a word); unset or "trajectory" builds."""
+    with pytest.raises(ValueError, match=rf"loss_type='gspo'.*importance_sampling_level='{level}'"):
+        tl.make_agent("GRPO", loss_type="gspo", importance_sampling_level=level, perturb_seed=None)
+    with pytest.raises(ValueError, match=rf"loss_type='gspo'.*importance_sampling_level='{level}'"):
+        tl.make_agent("GSPO", importance_sampling_level=level, perturb_seed=None)
+    agent = tl.make_agent("GSPO", importance_sampling_level="trajectory", perturb_seed=None)
+    assert agent.importance_sampling_level == "trajectory"
+
+
+def test_reinforce_liger_loss_with_turn_level_names_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"use_liger_loss=True.*'turn'.*use_liger_loss=False"):
+        tl.make_agent("LLMREINFORCE", use_liger_loss=True, importance_sampling_level="turn")
+
+
 @pytest.mark.parametrize("algo", ALGOS)
 def test_completion_ids_action_masks_shape_mismatch_raises(algo: str) -> None:
     agent = tl.make_agent(algo)

@@ -20,6 +20,9 @@ from typing import Any
 
 import algos_testlib as tl
 import pytest
+import rl_advantages
+import rl_losses
+import torch
 
 
 def _learn_and_compare(
@@ -210,6 +213,118 @@ def test_grpo_micro_batches_match_full_batch(aggregation: str) -> None:
     m_micro, _ = _learn_and_compare(micro, reference)
     tl.assert_loss_close(m_micro["loss"], m_full["loss"])
     tl.assert_grads_close(tl.agent_grads(micro.policy, names), tl.agent_grads(full.policy, names))
+
+
+# --------------------------------------------------------------------------- token_mean per unit
+
+
+def _unit_advantages(algo: str, batch: tl.Batch, turn_ids: torch.Tensor | None) -> torch.Tensor:
+    """[N, T] float64 advantages: GRPO's group-relative ones (per turn with [N, K] rewards and
+    ``turn_ids``) or REINFORCE's ReBN turn returns (gamma 1)."""
+    r = batch.rewards.double()
+    if turn_ids is None:
+        adv = rl_advantages.group_relative(r, tl.GROUP_SIZE, scale="group")
+        return adv[:, None].expand(batch.masks.shape)
+    turn_mask = rl_advantages.pool_to_turns(batch.masks.double(), turn_ids, r.shape[1]).mask
+    if algo == "GRPO":
+        fallback = rl_advantages.group_relative(r.sum(-1), tl.GROUP_SIZE, scale="group")
+        per_turn = rl_advantages.group_relative_per_turn(
+            r, turn_mask, tl.GROUP_SIZE, scale="group", fallback=fallback
+        )
+    else:
+        returns = rl_advantages.discounted_returns(r, turn_mask, 1.0)
+        per_turn = rl_advantages.rebn(returns, mask=turn_mask)
+    adv = rl_advantages.broadcast_to_tokens(per_turn, turn_ids)
+    return torch.where(batch.masks, adv, torch.zeros_like(adv))
+
+
+#: Losses whose units are turns or sequences. With ``loss_aggregation="token_mean"`` every valid
+#: token weighs the same: one learn() is the rl-losses function on the whole batch with
+#: ``unit_weight="tokens"`` (GSPO: ``gradient="token"``) and its default normaliser.
+UNIT_LEVEL_CASES = [
+    # (agent, its options, multi-turn batch, the rl-losses function, its options)
+    pytest.param("LLMREINFORCE", {"importance_sampling_level": "turn"}, True,
+                 "clipped_surrogate",
+                 {"level": "turn", "pooling": "sum", "unit_weight": "tokens", "clip_low": 0.2},
+                 id="reinforce-turn"),
+    pytest.param("GRPO", {"importance_sampling_level": "turn", "loss_aggregation": "token_mean"},
+                 True, "clipped_surrogate",
+                 {"level": "turn", "pooling": "mean", "unit_weight": "tokens", "clip_low": 0.2,
+                  "clip_high": 0.2}, id="grpo-turn"),
+    pytest.param("GRPO", {"importance_sampling_level": "trajectory",
+                          "loss_aggregation": "token_mean"}, False, "clipped_surrogate",
+                 {"level": "trajectory", "pooling": "mean", "unit_weight": "tokens",
+                  "clip_low": 0.2, "clip_high": 0.2}, id="grpo-trajectory"),
+    # an explicit unit weight: each sequence once, divided by the sequence count
+    pytest.param("GRPO", {"importance_sampling_level": "trajectory",
+                          "loss_aggregation": "token_mean", "loss_kwargs": {"unit_weight": "unit"}},
+                 False, "clipped_surrogate",
+                 {"level": "trajectory", "pooling": "mean", "unit_weight": "unit",
+                  "clip_low": 0.2, "clip_high": 0.2}, id="grpo-trajectory-explicit-unit"),
+    # the sequence means are unchanged: each turn once, divided by the sequence count
+    pytest.param("GRPO", {"importance_sampling_level": "turn"}, True, "clipped_surrogate",
+                 {"level": "turn", "pooling": "mean", "clip_low": 0.2, "clip_high": 0.2},
+                 id="grpo-turn-seq-mean-token-mean"),
+    pytest.param("GSPO", {}, False, "gspo_loss", {"clip_low": 3e-4, "clip_high": 4e-4},
+                 id="gspo-seq-mean-token-mean"),
+    pytest.param("GSPO", {"loss_aggregation": "token_mean"}, False, "gspo_loss",
+                 {"gradient": "token", "clip_low": 3e-4, "clip_high": 4e-4}, id="gspo-class"),
+    pytest.param("GRPO", {"loss_type": "gspo", "loss_aggregation": "token_mean"}, False,
+                 "gspo_loss", {"gradient": "token", "clip_low": 3e-4, "clip_high": 4e-4},
+                 id="grpo-gspo"),
+    # an explicit sequence gradient: one unit per sequence, divided by the sequence count
+    pytest.param("GSPO", {"loss_aggregation": "token_mean",
+                          "loss_kwargs": {"gradient": "sequence"}}, False, "gspo_loss",
+                 {"gradient": "sequence", "clip_low": 3e-4, "clip_high": 4e-4},
+                 id="gspo-explicit-sequence-gradient"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("micro", [None, 1], ids=["whole", "rows1"])
+@pytest.mark.parametrize(("algo", "options", "multi_turn", "loss", "loss_options"),
+                         UNIT_LEVEL_CASES)  # fmt: skip
+def test_unit_level_loss_matches_the_whole_batch_loss(
+    algo: str,
+    options: dict[str, Any],
+    multi_turn: bool,
+    loss: str,
+    loss_options: dict[str, Any],
+    micro: int | None,
+) -> None:
+    """``token_mean`` with turn or sequence ratios weighs every valid token the same (the loss
+    of its turn or sequence counted once per token) and divides by the token count, alone or
+    over 1-row micro-batches: the library's whole-batch value, not its sum over units divided
+    by the token count (a scale of 1 / mean tokens per unit). The sequence means divide by the
+    sequence count as before."""
+    turn_ids = None
+    if multi_turn:
+        ids, masks, rewards, turn_ids = tl.multi_turn_batch()
+        batch = tl.Batch(ids, masks, rewards)
+    else:
+        batch = tl.make_batch()
+    agent = tl.make_agent(algo, micro_batch_size_per_gpu=micro, **options)
+    names = tl.trainable_names(agent)
+    twin = tl.float64_copy(agent.policy)
+    adv = _unit_advantages(algo, batch, turn_ids)
+    aggregation = options.get("loss_aggregation", "token_mean" if algo == "LLMREINFORCE" else
+                              "seq_mean_token_mean")  # fmt: skip
+
+    def reference(policy: Any) -> tl.RefLoss:
+        lp, old_lp, ref_lp, _ = tl._lp_old_ref(policy, batch, tl.TEMPERATURE)
+        m = batch.masks
+        kw = dict(loss_options) if turn_ids is None else {**loss_options, "turn_ids": turn_ids}
+        pg = getattr(rl_losses, loss)(lp, old_lp, adv, m, aggregation=aggregation, **kw)
+        kl = rl_losses.kl_penalty(lp, ref_lp, m, kind="k3", coef=tl.BETA, aggregation=aggregation)
+        return tl.RefLoss(pg.loss + kl.loss, {})
+
+    if turn_ids is None:
+        metrics = agent.learn(batch.experiences())
+    else:
+        metrics = agent.learn(batch.experiences(), turn_ids=turn_ids.clone())
+    ref, ref_grads = tl.reference_grads(twin, reference, names)
+    assert max(float(g.abs().max()) for g in ref_grads.values()) > 1e-3, "degenerate test case"
+    tl.assert_loss_close(metrics["loss"], float(ref.loss.detach()))
+    tl.assert_grads_close(tl.agent_grads(agent.policy, names), ref_grads)
 
 
 # --------------------------------------------------------------------------- REINFORCE

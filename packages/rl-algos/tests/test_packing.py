@@ -358,6 +358,148 @@ def test_packed_ilql_learn_equals_padded(full: bool, packed_options: dict[str, A
     )
 
 
+# --------------------------------------------------------------------------- multi-turn batches
+
+#: Agents on the multi-turn batch (per-turn rewards and ``turn_ids``): turn-level and
+#: trajectory-level ratios, per-turn advantages, REINFORCE's and PPO's turn returns.
+MULTI_TURN_BASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "grpo-turn-ratio": ("GRPO", {"importance_sampling_level": "turn"}),
+    # Dr. GRPO's constant normaliser without max_length_norm: the width of the turn-level loss
+    "grpo-turn-ratio-sum-norm": (
+        "GRPO",
+        {"importance_sampling_level": "turn", "loss_aggregation": "seq_mean_token_sum_norm"},
+    ),
+    "grpo-turn-advantages": ("GRPO", {"advantage_granularity": "turn"}),
+    "grpo-trajectory-ratio": ("GRPO", {"importance_sampling_level": "trajectory"}),
+    "reinforce": ("LLMREINFORCE", {}),
+    "reinforce-turn-ratio": ("LLMREINFORCE", {"importance_sampling_level": "turn"}),
+    "ppo-critic-adapter": ("LLMPPO", {}),
+    "ppo-shared-head": ("LLMPPO", {"critic_mode": "shared"}),
+}
+#: Neutral options (and combinations of them) on the multi-turn bases; the base runs padded.
+MULTI_TURN_OPTIONS: dict[str, dict[str, Any]] = {
+    "rows1": {"micro_batch_size_per_gpu": 1},  # a micro-batch of row 2 holds one turn
+    "packed-tokens14": {"use_sequence_packing": None, "micro_batch_tokens": 14},
+    "packed-shared-checkpointing": {"use_sequence_packing": None, "gradient_checkpointing": True},
+    "fused-checkpointing-tokens14": {
+        "use_sequence_packing": None,
+        "use_liger_loss": True,
+        "gradient_checkpointing": True,
+        "micro_batch_tokens": 14,
+    },
+    "offload-checkpointing-rows2": {
+        "gradient_checkpointing": True,
+        "activation_offload": True,
+        "micro_batch_size_per_gpu": 2,
+    },
+    "lean-off-checkpointing": {"lean_forwards": False, "gradient_checkpointing": True},
+}
+
+
+def _multi_turn_update(agent: Any) -> tuple[float, dict[str, torch.Tensor]]:
+    ids, masks, rewards, turn_ids = tl.multi_turn_batch()
+    metrics = agent.learn((ids, masks, rewards), turn_ids=turn_ids)
+    return metrics["loss"], tl.agent_grads(agent.policy, _trainable(agent))
+
+
+@pytest.fixture(scope="module")
+def multi_turn_plain() -> dict[str, tuple[float, dict[str, torch.Tensor]]]:
+    """Each multi-turn base's own update (padded, whole batch), computed once."""
+    return {}
+
+
+@pytest.mark.parametrize("option", list(MULTI_TURN_OPTIONS))
+@pytest.mark.parametrize("base", list(MULTI_TURN_BASES))
+def test_multi_turn_learn_equals_plain(
+    base: str, option: str, multi_turn_plain: dict[str, tuple[float, dict[str, torch.Tensor]]]
+) -> None:
+    """Micro-batches, packing, shared prompts, checkpointing, the fused loss, offload and
+    lean forwards give a multi-turn batch's plain update; the fused loss with a turn or
+    trajectory ratio is refused when the agent is built, naming both options."""
+    algo, options = MULTI_TURN_BASES[base]
+    extra = MULTI_TURN_OPTIONS[option]
+    level = options.get("importance_sampling_level", "token")
+    if extra.get("use_liger_loss") and level != "token":
+        with pytest.raises(ValueError, match=r"use_liger_loss=True.*importance_sampling_level"):
+            _agent(algo, {**options, **extra})
+        return
+    if base not in multi_turn_plain:
+        multi_turn_plain[base] = _multi_turn_update(_agent(algo, options))
+    loss, grads = multi_turn_plain[base]
+    assert max(float(g.abs().max()) for g in grads.values()) > 1e-4, "degenerate test case"
+    got_loss, got_grads = _multi_turn_update(_agent(algo, {**options, **extra}))
+    tl.assert_loss_close(got_loss, loss)
+    tl.assert_grads_close(got_grads, grads)
+
+
+# --------------------------------------------------------------------------- options combined
+
+#: Rewards of the ragged batch with group 0 all equal: DAPO's dynamic sampling filters it out.
+FILTERED_REWARDS = (1.0, 1.0, 1.0, 2.0, 0.0, 0.75)
+_DAPO = {"filter_zero_adv": True, "loss_aggregation": "token_mean", "clip_coef_high": 0.28}
+_CKPT = {"gradient_checkpointing": True}
+_AUTO = {"use_sequence_packing": None}
+
+COMBINED_CASES = [
+    # (agent, options of both runs, the combined options, the rewards)
+    pytest.param("GRPO", {}, {**_AUTO, **_CKPT, "lean_forwards": False}, REWARDS,
+                 id="grpo-lora-lean-off-checkpointing"),
+    pytest.param("GRPO", {"full_finetune": True}, {**_AUTO, **_CKPT, "lean_forwards": False},
+                 REWARDS, id="grpo-full-lean-off-checkpointing"),
+    pytest.param("GRPO", {}, {**_AUTO, **_CKPT, "share_prompt_prefix": True,
+                              "micro_batch_tokens": 20}, REWARDS,
+                 id="grpo-packed-shared-checkpointing-tokens"),
+    pytest.param("GRPO", {}, {**_AUTO, **_CKPT, "activation_offload": True,
+                              "use_liger_loss": True, "micro_batch_size_per_gpu": 2}, REWARDS,
+                 id="grpo-fused-offload-checkpointing-rows"),
+    pytest.param("GRPO", _DAPO, {"micro_batch_size_per_gpu": 1}, FILTERED_REWARDS,
+                 id="dapo-filtered-rows1"),
+    pytest.param("GRPO", _DAPO, {**_AUTO, "micro_batch_size_per_gpu": 3, "use_liger_loss": True},
+                 FILTERED_REWARDS, id="dapo-filtered-fused-rows3"),
+    pytest.param("GRPO", _DAPO, {**_AUTO, **_CKPT, "micro_batch_tokens": 14}, FILTERED_REWARDS,
+                 id="dapo-filtered-packed-checkpointing-tokens"),
+    pytest.param("GRPO", {**_DAPO, "loss_aggregation": "seq_mean_token_mean"},
+                 {**_AUTO, "micro_batch_size_per_gpu": 3}, FILTERED_REWARDS,
+                 id="dapo-filtered-sequence-mean-rows3"),
+    pytest.param("GRPO", {"loss_type": "gspo"}, {**_AUTO, **_CKPT, "micro_batch_size_per_gpu": 1},
+                 REWARDS, id="gspo-packed-checkpointing-rows1"),
+    pytest.param("LLMPPO", {}, {**_AUTO, **_CKPT, "lean_forwards": False,
+                                "micro_batch_tokens": 14}, REWARDS,
+                 id="ppo-critic-lean-off-checkpointing-tokens"),
+    pytest.param("LLMPPO", {}, {"use_sequence_packing": True, **_CKPT, "activation_offload": True,
+                                "micro_batch_size_per_gpu": 2}, REWARDS,
+                 id="ppo-critic-packed-offload-checkpointing-rows"),
+    pytest.param("LLMPPO", {"critic_mode": "shared", "full_finetune": True},
+                 {**_AUTO, **_CKPT, "use_liger_loss": True, "lean_forwards": False}, REWARDS,
+                 id="ppo-shared-full-fused-lean-off-checkpointing"),
+    pytest.param("LLMREINFORCE", {}, {**_AUTO, **_CKPT, "use_liger_loss": True,
+                                      "micro_batch_tokens": 14}, REWARDS,
+                 id="reinforce-fused-checkpointing-tokens"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("algo", "common", "combined", "rewards"), COMBINED_CASES)
+def test_combined_options_give_the_plain_update(
+    algo: str, common: dict[str, Any], combined: dict[str, Any], rewards: tuple[float, ...]
+) -> None:
+    """Pairs and triples of neutral options (the integration matrix pairs each with
+    checkpointing) give the padded whole-batch update, also with DAPO filtering a group out."""
+    batch = ragged_batch()
+    ids, masks, _ = batch.experiences()
+    plain = _agent(algo, common)
+    options = _agent(algo, {**common, **combined})
+    m_plain = plain.learn((ids.clone(), masks.clone(), torch.tensor(rewards)))
+    m_options = options.learn((ids.clone(), masks.clone(), torch.tensor(rewards)))
+    if "filter_zero_adv" in common:  # group 0 left the loss in both runs
+        assert m_plain["kept_groups"] == m_options["kept_groups"] == 1.0
+    tl.assert_loss_close(m_options["loss"], m_plain["loss"])
+    names = _trainable(plain)
+    assert names == _trainable(options)
+    g_plain = tl.agent_grads(plain.policy, names)
+    assert max(float(g.abs().max()) for g in g_plain.values()) > 1e-4, "degenerate test case"
+    tl.assert_grads_close(tl.agent_grads(options.policy, names), g_plain)
+
+
 def test_packed_learn_equals_padded_on_runs_of_equal_lengths() -> None:
     """Micro-batches whose rows all have one length skip packing (the same forward without its
     padding columns); mixed ones pack: both equal the padded update."""

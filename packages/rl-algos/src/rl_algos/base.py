@@ -16,6 +16,7 @@ reads and writes it) plus composed parts:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import random
@@ -450,7 +451,12 @@ class LLMAlgorithm:
             mbs = self.micro_batches(batch, scores, estimates, rows)
             turn_mask = None if estimates.turn_mask is None else estimates.turn_mask[rows]
             norm = self.learner.normalizers(torch.cat([mb.mask for mb in mbs]), turn_mask)
-            loss_fn = functools.partial(self._micro_loss, norm=norm, parts=parts, fused=fused)
+            turn_ids = estimates.turn_ids if estimates.turn_ids is not None else batch.turn_ids
+            objective = parts.objective.for_minibatch(None if turn_ids is None else turn_ids[rows])
+            minibatch_parts = dataclasses.replace(parts, objective=objective)
+            loss_fn = functools.partial(
+                self._micro_loss, norm=norm, parts=minibatch_parts, fused=fused
+            )
             with self.policy.lean_lora():  # one autograd node per LoRA layer (rl_adapters)
                 self._apply(self.learner.step(mbs, loss_fn, norm, self._where()), metrics)
         return metrics

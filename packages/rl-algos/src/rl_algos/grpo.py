@@ -15,7 +15,12 @@ from rl_algos.base import AgentParts, Batch, LLMAlgorithm
 from rl_algos.batch import Estimates, Scores
 from rl_algos.config import AgentConfig
 from rl_algos.estimators import GroupAdvantage, group_advantages, resolve_estimator_name
-from rl_algos.objectives import PolicyObjective, clip_options, resolve_loss_name
+from rl_algos.objectives import (
+    PolicyObjective,
+    clip_options,
+    resolve_loss_name,
+    token_weighted_options,
+)
 
 __all__ = ["CISPO", "GRPO", "GSPO", "GRPOConfig"]
 
@@ -71,7 +76,9 @@ class GRPOConfig(AgentConfig):
     loss_kwargs: dict[str, Any] = field(default_factory=dict)
     """Further keyword arguments of the policy loss (a registered one's own options)."""
     importance_sampling_level: Level | None = None
-    """Ratio unit: token (default), turn or trajectory (GSPO forces trajectory)."""
+    """Ratio unit: token (default), turn or trajectory (GSPO's, which refuses the others). The
+    loss of a turn or trajectory counts once per unit in the sequence means, once per token of
+    it with ``token_mean``."""
     advantage_granularity: Literal["auto", "trajectory", "turn"] = "auto"
     """Per-turn group-relative advantages for [N, K] rewards (``auto``: with turn ratios)."""
     turn_ratio_pooling: Literal["sum", "mean"] = "mean"
@@ -87,7 +94,11 @@ class GRPOConfig(AgentConfig):
     use_kl_advantage_shaping: bool = False
     """Put ``-beta * KL`` into the per-token advantages instead of a KL loss term."""
     loss_aggregation: Aggregation | None = None
-    """Aggregation (default ``seq_mean_token_mean``, the paper's; ``token_mean`` for CISPO)."""
+    """Aggregation (default ``seq_mean_token_mean``, the paper's; ``token_mean`` for CISPO).
+    ``token_mean`` weighs every action token the same at every ratio level: a turn's or
+    trajectory's loss counts once per token of it (rl-losses' ``unit_weight="tokens"``, which a
+    registered loss must then take), GSPO's is GSPO-token (``gradient="token"``) unless
+    ``loss_kwargs`` sets ``gradient``."""
     clip_coef_high: float | None = None
     """Upper clip (clip-higher, DAPO); default ``clip_coef``."""
     cispo_eps_high: float = 4.0
@@ -107,6 +118,13 @@ class GRPOConfig(AgentConfig):
         super().__post_init__()
         resolve_loss_name(self.loss_type)
         if self.loss_type == "gspo":
+            if self.importance_sampling_level not in (None, "trajectory"):
+                raise ValueError(
+                    "loss_type='gspo' takes one ratio per sequence (importance_sampling_level="
+                    f"'trajectory'), got importance_sampling_level="
+                    f"{self.importance_sampling_level!r}: leave importance_sampling_level unset, "
+                    "or pass loss_type='grpo' for token or turn ratios"
+                )
             self.importance_sampling_level = "trajectory"
         level = self.importance_sampling_level or "token"
         if level not in ("token", "turn", "trajectory"):
@@ -137,6 +155,11 @@ class GRPOConfig(AgentConfig):
             # CISPO's objective (MiniMax-M1 eq. 4) normalises by the batch's token count
             cispo = self.loss_type == "cispo"
             self.loss_aggregation = "token_mean" if cispo else "seq_mean_token_mean"
+        name = resolve_loss_name(self.loss_type)
+        # token_mean at a turn or trajectory level: refused here for a loss without unit_weight
+        token_weighted_options(
+            name, None if name == "gspo" else level, self.loss_aggregation, self.loss_kwargs
+        )
 
 
 class GRPO(LLMAlgorithm):
@@ -151,7 +174,9 @@ class GRPO(LLMAlgorithm):
       ``clip_coef`` (scalar: ``[1 - c, 1 + c]``; tuple: absolute ratio bounds, AgileRL's
       convention) plus ``beta`` times the k3 estimate of KL(pi || ref)
       (:func:`rl_losses.kl_penalty`; AgileRL mixes the two argument orders, we use the paper's).
-    * ``"gspo"``: sequence-level ratio (:func:`rl_losses.gspo_loss`, arXiv 2507.18071).
+    * ``"gspo"``: sequence-level ratio (:func:`rl_losses.gspo_loss`, arXiv 2507.18071); with
+      ``loss_aggregation="token_mean"`` its GSPO-token form, each sequence weighing by its
+      length.
     * ``"cispo"``: clipped IS weight times log-prob (:func:`rl_losses.cispo_loss`,
       arXiv 2506.13585) with the paper's upper-only clamp ``eps_high`` (AgileRL's older
       two-sided ``[1 - c, 1 + c]`` clamp is ``cispo_clamp="two_sided"``).
@@ -222,12 +247,16 @@ class GRPO(LLMAlgorithm):
         cfg = self.config
         name = resolve_loss_name(cfg.loss_type)
         options = LOSS_OPTIONS.get(name, _named_clip_options)(cfg, name)
+        aggregation = cfg.loss_aggregation or "seq_mean_token_mean"
+        level = None if name == "gspo" else cfg.importance_sampling_level
         return PolicyObjective(
             loss=name,
-            options={**options, **cfg.loss_kwargs},
-            aggregation=cfg.loss_aggregation or "seq_mean_token_mean",
+            options=token_weighted_options(
+                name, level, aggregation, {**options, **cfg.loss_kwargs}
+            ),
+            aggregation=aggregation,
             max_length=cfg.max_length_norm,
-            level=None if name == "gspo" else cfg.importance_sampling_level,
+            level=level,
             pooling=cfg.turn_ratio_pooling,
             beta=cfg.beta,
             kl_kind=cfg.kl_kind,

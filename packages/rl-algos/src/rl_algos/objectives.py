@@ -9,13 +9,16 @@ chunk inside :func:`rl_kernels.fused_policy_loss`), the KL term :func:`rl_losses
 A user objective is one function registered with ``@rl_losses.register_policy_loss("name")``
 taking ``(logprobs, old_logprobs, advantages, mask, *, aggregation, normalizer, max_length,
 is_weights, **loss_kwargs)`` (plus ``level``, ``pooling``, ``turn_ids`` when the agent's
-importance-sampling level is not ``"token"``) and returning a
+importance-sampling level is not ``"token"``, and ``unit_weight="tokens"`` there with
+``aggregation="token_mean"``, see :func:`token_weighted_options`) and returning a
 :class:`rl_losses.PolicyLossOutput` (or a scalar tensor); ``GRPO(loss_type="name",
 loss_kwargs={...})`` then trains with it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +39,7 @@ __all__ = [
     "fused_objective_loss",
     "policy_loss",
     "resolve_loss_name",
+    "token_weighted_options",
 ]
 
 #: Agent-facing names of registered rl-losses objectives (GRPO's ``loss_type="grpo"`` is PPO's
@@ -81,6 +85,62 @@ def clip_options(
     return {"clip_low": c, "clip_high": c if clip_coef_high is None else float(clip_coef_high)}
 
 
+def token_weighted_options(
+    loss: str, level: str | None, aggregation: str, options: Mapping[str, Any]
+) -> dict[str, Any]:
+    """``options`` of ``loss`` with ``token_mean`` weighing every token of a turn or sequence.
+
+    At ``level="turn"`` or ``"trajectory"`` a loss aggregates one loss per unit; with
+    ``aggregation="token_mean"`` it gets ``unit_weight="tokens"`` (each unit's loss counted
+    once per valid token, AgileRL's turn and trajectory levels, TRL's ``dapo`` with sequence
+    ratios), so that the agent's token-count normaliser gives the whole-batch value under any
+    micro-batching. ``gspo`` (``level`` None) gets ``gradient="token"`` (GSPO-token: the same
+    sequence ratio, each sequence weighing by its length). An option already in ``options`` is
+    kept; :meth:`PolicyObjective.policy_normalizer` divides accordingly.
+
+    Args:
+        loss: Registry name (:func:`rl_losses.get_policy_loss`).
+        level: Importance-sampling unit (``"token"``, ``"turn"``, ``"trajectory"``), or None
+            when the loss fixes its own (``gspo``).
+        aggregation: The agent's aggregation.
+        options: The loss's keyword arguments so far.
+
+    Returns:
+        A new dict of keyword arguments.
+
+    Raises:
+        ValueError: ``token_mean`` at a turn or trajectory level with a loss that takes no
+            ``unit_weight``, or with ``unit_weight="unit"`` at the turn level (its unit count
+            is not one of the agent's normalisers).
+    """
+    out = dict(options)
+    if aggregation != "token_mean" or level == "token":
+        return out
+    if level is None:
+        if loss == "gspo":
+            out.setdefault("gradient", "token")
+        return out
+    params = inspect.signature(get_policy_loss(loss)).parameters.values()
+    takes = any(p.name == "unit_weight" or p.kind is p.VAR_KEYWORD for p in params)
+    if not takes:
+        raise ValueError(
+            f"loss_aggregation='token_mean' with importance_sampling_level={level!r} counts "
+            f"each {level}'s loss once per valid token, but the policy loss {loss!r} takes no "
+            "`unit_weight`: add a `unit_weight` parameter to it (see "
+            "rl_losses.clipped_surrogate), or pass loss_aggregation='seq_mean_token_mean' or "
+            "importance_sampling_level='token'"
+        )
+    out.setdefault("unit_weight", "tokens")
+    if level == "turn" and out["unit_weight"] == "unit":
+        raise ValueError(
+            "loss_kwargs unit_weight='unit' with loss_aggregation='token_mean' and "
+            "importance_sampling_level='turn' averages over turns, which no normaliser of the "
+            "agent counts: pass unit_weight='tokens' (every token weighs the same) or "
+            "loss_aggregation='seq_mean_token_mean'"
+        )
+    return out
+
+
 @dataclass(frozen=True)
 class LossTerms:
     """One micro-batch's loss and its detached diagnostics."""
@@ -117,10 +177,54 @@ class PolicyObjective:
     """Add ``beta`` x KL(pi || ref) to the loss (False when the KL is in the reward)."""
     ratio_metric: bool = False
     """Report ``ratio_mean`` (the GRPO family does)."""
+    turns: int | None = None
+    """With ``level="turn"``: the minibatch's turn count K, the width of the turn-level loss
+    that ``seq_mean_token_sum_norm`` divides by when ``max_length`` is None (set per minibatch
+    by :meth:`for_minibatch`, so that each micro-batch divides by it and not by its own)."""
+
+    def for_minibatch(self, turn_ids: torch.Tensor | None) -> PolicyObjective:
+        """This objective with :attr:`turns` read from ``turn_ids`` [M, T] of a minibatch's rows.
+
+        Only where the loss's value depends on it (a turn-level ratio, ``max_length`` None,
+        ``seq_mean_token_sum_norm``); K is the largest over processes, as on one process.
+        """
+        needed = self.level == "turn" and self.max_length is None
+        if not needed or self.aggregation != "seq_mean_token_sum_norm" or turn_ids is None:
+            return self
+        k = turn_ids.max().reshape(1) + 1 if turn_ids.numel() else turn_ids.new_ones(1)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(k, op=torch.distributed.ReduceOp.MAX)
+        return dataclasses.replace(self, turns=max(1, int(k.item())))
+
+    @property
+    def policy_max_length(self) -> int | None:
+        """``max_length`` of the policy term: :attr:`turns` for a turn-level ratio without one."""
+        if self.max_length is None and self.level == "turn":
+            return self.turns
+        return self.max_length
 
     def normalizer(self, norm: Normalizers) -> float:
-        """The global denominator this aggregation divides by."""
+        """The global denominator this aggregation divides a per-token term by (the KL)."""
         return norm.tokens if self.aggregation == "token_mean" else norm.sequences
+
+    def policy_normalizer(self, norm: Normalizers) -> float:
+        """The global denominator of the policy term.
+
+        :meth:`normalizer`, except that ``token_mean`` over one loss per sequence (``gspo`` with
+        ``gradient="sequence"``, a trajectory level with ``unit_weight="unit"``) divides by the
+        sequence count, as the loss does on the whole batch (see
+        :func:`token_weighted_options`).
+        """
+        if self.aggregation != "token_mean":
+            return self.normalizer(norm)
+        if self.level is None and self.loss == "gspo":
+            per_sequence = self.options.get("gradient", "sequence") == "sequence"
+        else:
+            per_sequence = self.level == "trajectory" and self.options.get("unit_weight") in (
+                None,
+                "unit",
+            )
+        return norm.sequences if per_sequence else norm.tokens
 
     @property
     def clips(self) -> bool:
@@ -150,8 +254,8 @@ def policy_loss(
     normalizer = objective.normalizer(norm)
     kwargs: dict[str, Any] = {
         "aggregation": objective.aggregation,
-        "normalizer": normalizer,
-        "max_length": objective.max_length,
+        "normalizer": objective.policy_normalizer(norm),
+        "max_length": objective.policy_max_length,
         "is_weights": mb.is_weights,
         **objective.options,
     }

@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 from rl_algos.base import AgentParts, Batch, LLMAlgorithm
 from rl_algos.config import AgentConfig
 from rl_algos.estimators import rebn_advantages, turn_layout
-from rl_algos.objectives import PolicyObjective, clip_options
+from rl_algos.objectives import PolicyObjective, clip_options, token_weighted_options
 
 __all__ = ["LLMREINFORCE", "REINFORCEConfig", "turn_layout"]
 
@@ -20,7 +20,7 @@ class REINFORCEConfig(AgentConfig):
     gamma: float = 1.0
     """Discount over turns, in [0, 1]."""
     importance_sampling_level: Literal["token", "turn"] = "token"
-    """Ratio unit: per token, or pooled per turn."""
+    """Ratio unit: per token, or pooled per turn (whose loss counts once per token of it)."""
     turn_ratio_pooling: Literal["sum", "mean"] = "sum"
     """Turn pooling of log-ratios (``"sum"``: product ratio, AgileRL's default)."""
 
@@ -35,7 +35,11 @@ class REINFORCEConfig(AgentConfig):
                 f"{self.importance_sampling_level!r}"
             )
         if self.use_liger_loss and self.importance_sampling_level != "token":
-            raise ValueError("use_liger_loss=True needs importance_sampling_level='token'")
+            raise ValueError(
+                "use_liger_loss=True needs importance_sampling_level='token' (got "
+                f"{self.importance_sampling_level!r}): a turn ratio couples tokens across "
+                "chunks; pass use_liger_loss=False or importance_sampling_level='token'"
+            )
 
 
 class LLMREINFORCE(LLMAlgorithm):
@@ -48,8 +52,10 @@ class LLMREINFORCE(LLMAlgorithm):
     ``update_epochs``; with ``clip_coef=None`` it is plain REINFORCE
     (:func:`rl_losses.reinforce_loss`). The ratio is per token, or pooled per turn
     (``importance_sampling_level="turn"``) with ``turn_ratio_pooling`` (``"sum"``: product
-    ratio, AgileRL's default). The loss is a token mean over the minibatch; ``beta`` adds the
-    k3 KL to the reference. Settings: :class:`REINFORCEConfig`.
+    ratio, AgileRL's default). The loss is a token mean over the minibatch: every action token
+    weighs the same, a pooled turn's loss counting once per token of the turn (rl-losses'
+    ``unit_weight="tokens"``); ``beta`` adds the k3 KL to the reference. Settings:
+    :class:`REINFORCEConfig`.
     """
 
     algo_name: ClassVar[str] = "reinforce"
@@ -64,11 +70,13 @@ class LLMREINFORCE(LLMAlgorithm):
         if c is not None:
             options = clip_options(c)
             options.pop("clip_high", None)  # symmetric: clip_high defaults to clip_low
+        loss = "reinforce" if c is None else "ppo"
+        level = cfg.importance_sampling_level
         return PolicyObjective(
-            loss="reinforce" if c is None else "ppo",
-            options=options,
+            loss=loss,
+            options=token_weighted_options(loss, level, "token_mean", options),
             aggregation="token_mean",
-            level=cfg.importance_sampling_level,
+            level=level,
             pooling=cfg.turn_ratio_pooling,
             beta=cfg.beta,
             kl_kind=cfg.kl_kind,
