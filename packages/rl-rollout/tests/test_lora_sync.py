@@ -66,6 +66,32 @@ def test_the_payload_is_the_tensors_plus_a_small_header() -> None:
         assert torch.equal(back.tensors[key], tensor), key  # bit-exact: bytes on the wire
     with pytest.raises(ValueError, match="not an adapter of format"):
         adapter_from_bytes(json.dumps({}).encode().rjust(16))
+    with pytest.raises(ValueError, match=r"the adapter payload's tensors are unreadable"):
+        adapter_from_bytes(body[: len(body) - 1])  # cut short: an upload that ended early
+
+
+def test_a_truncated_adapter_upload_is_refused_and_leaves_the_served_one(
+    served: tuple[HFEngine, RemoteEngine, torch.nn.Module],
+) -> None:
+    """The client dies mid-upload: a 400 naming the bytes, and the served version stays."""
+    _, remote, reference = served
+    good = _adapter(reference, version=1)
+    remote.load_adapter(good.name, good.tensors, good.config, good.version)
+    expected = remote.generate(["ab"], PARAMS)
+    body = adapter_to_bytes(_adapter(reference, seed=1, version=2))
+    host, port = remote.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60.0) as conn:
+        conn.sendall(f"POST /load_adapter HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}"
+                     "\r\n\r\n".encode() + body[: len(body) // 2])  # fmt: skip
+        conn.shutdown(socket.SHUT_WR)
+        reply = b""
+        while chunk := conn.recv(65536):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.0 400"), reply
+    assert f"ended after {len(body) // 2} of its {len(body)} bytes".encode() in reply, reply
+    result = remote.generate(["ab"], PARAMS)
+    assert result.weight_version == 1
+    assert_same_result(result, expected)
 
 
 def test_the_merge_is_w_plus_s_b_a() -> None:
@@ -126,6 +152,8 @@ def test_a_served_adapter_samples_as_the_merged_model(
         ("rank", r"wrong rank"),
         ("module", r"targets module 'model\.layers\.0\.nope'.*unknown target module"),
         ("dora", r"`use_dora` = True is not supported"),
+        ("int", r"tensor '\S+\.lora_A\.weight' is torch\.int64: LoRA tensors must be floating"),
+        ("nan", r"tensor '\S+\.lora_A\.weight' has values that are not finite \(NaN or inf\)"),
     ],
 )
 def test_a_refused_adapter_names_the_server_and_leaves_the_served_one(
@@ -141,6 +169,11 @@ def test_a_refused_adapter_names_the_server_and_leaves_the_served_one(
     elif change == "module":
         tensors["base_model.model.model.layers.0.nope.lora_A.weight"] = torch.zeros(4, 4)
         tensors["base_model.model.model.layers.0.nope.lora_B.weight"] = torch.zeros(4, 4)
+    elif change == "int":
+        tensors = {k: (t * 10).long() for k, t in tensors.items()}
+    elif change == "nan":
+        key = next(k for k in tensors if k.endswith("lora_A.weight"))
+        tensors[key] = torch.full_like(tensors[key], float("nan"))
     else:
         config["use_dora"] = True
     with pytest.raises(ValueError, match=match) as info:

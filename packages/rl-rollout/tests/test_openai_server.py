@@ -384,11 +384,41 @@ def _error(exc: openai.APIStatusError) -> dict[str, Any]:
         ({"max_tokens": MAX_MODEL_LEN}, 400, "max_tokens", "ask for at most"),
         ({"top_logprobs": 2, "logprobs": True}, 400, "top_logprobs", "sampled token only"),
         ({"temperature": -1.0}, 400, "temperature", "`temperature` must be >= 0"),
+        ({"seed": 2**64}, 400, "seed", "`seed` must be an int in [-2**63, 2**64)"),
         ({"messages": [{"content": "no role"}]}, 400, "messages[0]", "string `role`"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
          400, "messages[0].content", "only text parts are supported"),
         ({"extra_body": {"chat_template_kwargs": [1]}}, 400, "chat_template_kwargs", "object"),
+        ({"extra_body": {"chat_template_kwargs": {"tokenize": False}}}, 400,
+         "chat_template_kwargs", "`chat_template_kwargs` sets 'tokenize', which the server "),
         ({"frequency_penalty": 0.5}, 400, "frequency_penalty", "use `repetition_penalty`"),
+        # accepted and ignored before: refused by name
+        ({"response_format": {"type": "json_object"}}, 400, "response_format",
+         "`response_format` is not supported"),
+        ({"extra_body": {"guided_json": {"type": "object"}}}, 400, "guided_json",
+         "`guided_json` is not supported"),
+        ({"extra_body": {"ignore_eos": True}}, 400, "ignore_eos", "`ignore_eos` = True is not"),
+        ({"tools": [TOOL], "parallel_tool_calls": False}, 400, "parallel_tool_calls",
+         "`parallel_tool_calls` = False is not supported"),
+        ({"tools": [TOOL], "tool_choice": "required"}, 400, "tool_choice",
+         "does not constrain decoding"),
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         400, "tool_choice", "names the tool 'nope', which is not in `tools` (['add'])"),
+        ({"tool_choice": "required"}, 400, "tool_choice", "needs `tools` (the request has none)"),
+        ({"tools": [{"type": "function"}]}, 400, "tools[0]", "`tools[0]` must be"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}, 400,
+         "tools[0].function.parameters", "a JSON Schema object"),
+        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400,
+         "messages[0].content[0].text", "must be a string"),
+        ({"messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content",
+         "a string or a list of text parts"),
+        ({"max_tokens": openai.omit, "max_completion_tokens": 0}, 400, "max_completion_tokens",
+         "`max_completion_tokens` must be >= 1"),
+        ({"max_tokens": openai.omit, "max_completion_tokens": "3"}, 400,
+         "max_completion_tokens", "`max_completion_tokens` must be an int"),
+        ({"max_tokens": openai.omit, "max_completion_tokens": MAX_MODEL_LEN}, 400,
+         "max_completion_tokens", "ask for at most"),
+        ({"max_completion_tokens": 3}, 400, "max_completion_tokens", "pass one of"),
     ],
 )  # fmt: skip
 def test_bad_chat_requests_are_4xx_naming_the_field(
@@ -406,6 +436,33 @@ def test_bad_chat_requests_are_4xx_naming_the_field(
     error = _error(info.value)
     assert error["param"] == param, error
     assert match in error["message"], error
+
+
+def test_fields_that_change_nothing_are_accepted(
+    served: tuple[HFEngine, RolloutServer], client: openai.OpenAI
+) -> None:
+    """Bookkeeping fields and the default value of a behaviour field sample as without them."""
+    engine, _ = served
+    messages = [{"role": "user", "content": "hi"}]
+    kw: dict[str, Any] = {"model": MODEL, "messages": messages, "max_tokens": 3, "seed": 6}
+    plain = client.chat.completions.create(**kw)
+    reply = client.chat.completions.create(
+        **kw, tools=[TOOL], tool_choice="none", parallel_tool_calls=True, metadata={"a": "b"},
+        store=False, extra_body={"ignore_eos": False, "skip_special_tokens": True},
+    )  # fmt: skip
+    assert reply.choices[0].token_ids == plain.choices[0].token_ids  # bit-exact: integer ids
+    auto = client.chat.completions.create(**{**kw, "tools": [TOOL], "tool_choice": "auto"})
+    prompt = render(engine, messages, tools=[TOOL], add_generation_prompt=True)
+    assert auto.prompt_token_ids == prompt
+
+
+def test_models_retrieve_answers_the_served_model(client: openai.OpenAI) -> None:
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-4o")
+    error = _error(info.value)
+    assert error["param"] == "model", error
+    assert "'gpt-4o' is not served here" in error["message"], error
 
 
 def test_malformed_bodies_are_400_naming_the_field(served: tuple[HFEngine, RolloutServer]) -> None:
@@ -426,6 +483,12 @@ def test_malformed_bodies_are_400_naming_the_field(served: tuple[HFEngine, Rollo
         ("/inference/v1/generate", {"token_ids": [5], "sampling_params": {"temprature": 1}},
          "sampling_params.temprature"),
         ("/inference/v1/generate", {"token_ids": [5] * MAX_MODEL_LEN}, "token_ids"),
+        # accepted and ignored before: refused by name
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2, "foo": 1}, "foo"),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "stream": "no"}, "stream"),
+        ("/inference/v1/generate", {"token_ids": [5], "foo": 1}, "foo"),
+        ("/inference/v1/generate", {"token_ids": [5], "sampling_params": {"max_tokens": 2,
+         "logprobs": 5}}, "sampling_params.logprobs"),
     ]  # fmt: skip
     for path, body, param in cases:
         status, answer = post(server.url, path, body)

@@ -27,6 +27,7 @@ from rl_rollout import (
 from rl_rollout._wire import params_from_json, params_to_json, result_from_json, result_to_json
 from rl_testing.serving import raised_by
 from rollout_testlib import EOS, chars_only_mask, tiny
+from safetensors.torch import save as save_safetensors
 from test_engine import assert_same_result
 
 #: Seconds after which a call that must fail within its own (sub-second) timeout counts as hung:
@@ -303,6 +304,89 @@ def test_a_trickling_reply_ends_at_the_deadline(call: str) -> None:
         release.set()
     assert isinstance(error, RolloutServerError), repr(error)
     assert f"the reply from {url}/{call} did not finish within 0.5 s (`timeout`" in str(error)
+
+
+def test_trickling_headers_end_at_the_deadline() -> None:
+    """The status line, then one header byte at a time: the deadline covers the headers too."""
+    release = threading.Event()
+
+    def trickle(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+        while not release.is_set():
+            conn.sendall(b"a")
+            release.wait(0.05)  # blocked between bytes until the test ends
+
+    try:
+        with raw_server(trickle) as url:
+            error = raised_by(RemoteEngine(url, timeout=0.5).health, HANG_GUARD_S)
+    finally:
+        release.set()
+    assert isinstance(error, RolloutServerError), repr(error)
+    assert f"no reply from {url}/health within 0.5 s (`timeout`)" in str(error)
+
+
+def raw_post(url: str, path: str, head: bytes, body: bytes) -> tuple[int, dict[str, object]]:
+    """Send ``head`` (request line and headers) and ``body``, close the sending side, read."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60.0) as conn:
+        conn.sendall(head.replace(b"PATH", path.encode()) + b"\r\n\r\n" + body)
+        conn.shutdown(socket.SHUT_WR)  # a client that died mid-upload
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    status_line, _, rest = data.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
+
+
+def test_malformed_requests_to_the_native_routes_are_400_naming_the_field(
+    served: tuple[HFEngine, RemoteEngine],
+) -> None:
+    local, remote = served
+    head = b"POST PATH HTTP/1.1\r\nHost: x\r\nContent-Length: %d"
+    weights = save_safetensors(
+        {"model.norm.weight": torch.zeros_like(local.model.model.norm.weight)}
+    )
+    cases = [
+        ("/generate", b"{not json", "the body of /generate is not valid JSON"),
+        ("/generate", b"{}", "`prompts` is required in the body of /generate"),
+        ("/load_lora", b"{}", "`name` is required in the body of /load_lora"),
+        ("/traces/pop", b"{}", "`episode_id` is required in the body of /traces/pop"),
+        ("/sleep", b'{"level": "x"}', "`level` must be an int"),
+        ("/update_weights", b"garbage!garbage!", "the body of /update_weights is not a "
+         "safetensors payload"),
+    ]  # fmt: skip
+    for path, body, match in cases:
+        status, answer = raw_post(remote.base_url, path, head % len(body), body)
+        assert status == 400, (path, answer)
+        assert match in str(answer["message"]), (path, answer)
+    # a truncated upload: half the body, then the client is gone
+    before = dict(local.model.named_parameters())["model.norm.weight"].detach().clone()
+    status, answer = raw_post(remote.base_url, "/update_weights", head % len(weights),
+                              weights[: len(weights) // 2])  # fmt: skip
+    assert status == 400, answer
+    assert f"the request body ended after {len(weights) // 2} of its {len(weights)} bytes" in str(
+        answer["message"]
+    )
+    after = dict(local.model.named_parameters())["model.norm.weight"]
+    assert torch.equal(after, before)  # bit-exact: nothing was loaded
+    assert remote.health()["status"] == "ok"  # and the server still serves
+
+
+def test_closing_a_server_returns_whether_or_not_it_started() -> None:
+    model, tok = tiny("qwen2", seed=3)
+    for start in (False, True):
+        server = RolloutServer(HFEngine(model, tok))
+        if start:
+            server.start()
+        for _ in range(2):  # and twice
+            thread = threading.Thread(target=server.close, daemon=True)
+            thread.start()
+            thread.join(HANG_GUARD_S)
+            assert not thread.is_alive(), f"close() hung (started: {start})"
+        remote = RemoteEngine(server.url, connect_timeout=5.0)
+        error = raised_by(remote.health, HANG_GUARD_S)
+        assert isinstance(error, RolloutServerError), repr(error)
+        assert "cannot reach the rollout server" in str(error)
 
 
 @pytest.mark.parametrize(

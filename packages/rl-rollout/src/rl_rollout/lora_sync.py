@@ -101,7 +101,8 @@ def adapter_from_bytes(data: bytes) -> LoraAdapter:
     """Inverse of :func:`adapter_to_bytes`.
 
     Raises:
-        ValueError: not a safetensors payload of :data:`ADAPTER_FORMAT`.
+        ValueError: not a safetensors payload of :data:`ADAPTER_FORMAT` (or one cut short), or a
+            tensor that is not floating point or not finite.
     """
     if len(data) < 8:
         raise ValueError(f"the adapter payload has {len(data)} bytes: not a safetensors file")
@@ -116,12 +117,36 @@ def adapter_from_bytes(data: bytes) -> LoraAdapter:
             f"the payload is not an adapter of format {ADAPTER_FORMAT!r} (metadata "
             f"{sorted(metadata)}); send it with RemoteEngine.load_adapter"
         )
-    return LoraAdapter(
+    try:
+        tensors = load_safetensors(data)
+    except Exception as exc:  # safetensors' own error type, e.g. a payload cut short
+        raise ValueError(
+            f"the adapter payload's tensors are unreadable ({exc}): a truncated or corrupted "
+            "upload; send it again with RemoteEngine.load_adapter"
+        ) from exc
+    adapter = LoraAdapter(
         name=str(metadata["name"]),
         version=int(metadata["version"]),
         config=json.loads(metadata["peft_config"]),
-        tensors=load_safetensors(data),
+        tensors=tensors,
     )
+    for key, tensor in tensors.items():
+        _check_values(adapter, key, tensor)
+    return adapter
+
+
+def _check_values(adapter: LoraAdapter, key: str, tensor: torch.Tensor) -> None:
+    """A LoRA tensor must hold finite floating-point numbers."""
+    if not tensor.is_floating_point():
+        raise ValueError(
+            f"{adapter.describe()}: tensor {key!r} is {tensor.dtype}: LoRA tensors must be "
+            "floating point (float32, bfloat16 or float16)"
+        )
+    if not bool(torch.isfinite(tensor).all()):
+        raise ValueError(
+            f"{adapter.describe()}: tensor {key!r} has values that are not finite (NaN or inf): "
+            "the training step that made it diverged; sync a finite adapter"
+        )
 
 
 def _scaling(adapter: LoraAdapter) -> tuple[int, float]:
@@ -160,9 +185,10 @@ def merged_weights(
             that has swapped merged weights in passes the originals.
 
     Raises:
-        ValueError: a tensor name that is not peft's LoRA form, a module the model lacks or
-            that is not linear (``unknown target module``), a rank other than the config's
-            ``r`` or shapes that do not fit the layer (``wrong rank``), an A without its B.
+        ValueError: a tensor name that is not peft's LoRA form, a tensor that is not floating
+            point or not finite, a module the model lacks or that is not linear (``unknown
+            target module``), a rank other than the config's ``r`` or shapes that do not fit
+            the layer (``wrong rank``), an A without its B.
     """
     r, scale = _scaling(adapter)
     modules = dict(model.named_modules())
@@ -174,6 +200,7 @@ def merged_weights(
                 f"{adapter.describe()}: tensor {key!r} is not peft's LoRA form "
                 "'base_model.model.<module>.lora_A.weight' / '.lora_B.weight'"
             )
+        _check_values(adapter, key, tensor)
         pairs.setdefault(match["module"], {})[match["part"]] = tensor
     for name, pair in sorted(pairs.items()):
         layer = modules.get(name)

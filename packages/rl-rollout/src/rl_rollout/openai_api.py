@@ -4,7 +4,7 @@
 :class:`~rl_rollout.SamplingParams`, samples with any :class:`~rl_rollout.Engine`, and answers in
 the OpenAI format, with the token ids and sampling log-probs of what was sampled:
 
-- ``GET /v1/models``: the one served model.
+- ``GET /v1/models``: the one served model (``GET /v1/models/{id}``: its card).
 - ``POST /v1/chat/completions``: ``messages`` (and ``tools``) rendered by the tokenizer's chat
   template (``add_generation_prompt``, ``continue_final_message`` and ``chat_template_kwargs``
   as in vLLM); ``logprobs`` / ``top_logprobs=0``, ``n``, ``stop``, ``seed``, ``max_tokens``.
@@ -19,7 +19,9 @@ Every choice also carries ``token_ids`` and the response ``prompt_token_ids`` (v
 that was sampled from (after temperature, top-k, top-p, min-p), the ones a trainer's rollout
 correction needs; alternatives (``top_logprobs > 0``) are not computed. The vLLM extensions
 ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``stop_token_ids`` and
-``allowed_token_ids`` are accepted in the request body. With a ``tool_parser``
+``allowed_token_ids`` are accepted in the request body; any other field is refused by name
+(bookkeeping such as ``user`` or ``metadata`` aside), never ignored, and so are ``tool_choice``
+values that would need constrained decoding (``"required"``, a named tool). With a ``tool_parser``
 (:mod:`rl_rollout.openai_tools`), a chat reply to a request with ``tools`` carries the calls it
 makes as ``message.tool_calls``. When the request names an episode
 (header ``X-Episode-Id``, or the body's ``user``), the call is recorded in ``traces`` (see
@@ -81,6 +83,31 @@ _HANDLED = {
 _HARMLESS = {
     "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
     "detokenize", "output_kind", "return_token_ids", "flat_logprobs", "extra_args",
+}  # fmt: skip
+# the request fields each route reads (any other is refused by name, never ignored)
+_COMMON_FIELDS = {
+    "model", "n", "stop", "seed", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+    "stream", "presence_penalty", "frequency_penalty", "logit_bias", "top_k", "min_p",
+    "repetition_penalty", "min_tokens", "stop_token_ids", "allowed_token_ids",
+}  # fmt: skip
+_ROUTE_FIELDS = {
+    "chat": _COMMON_FIELDS | {
+        "messages", "tools", "tool_choice", "logprobs", "top_logprobs", "chat_template_kwargs",
+        "add_generation_prompt", "continue_final_message",
+    },
+    "completions": _COMMON_FIELDS | {"prompt", "logprobs", "echo", "suffix", "best_of"},
+    "generate": {"model", "token_ids", "sampling_params", "stream"},
+}  # fmt: skip
+# apply_chat_template arguments the chat route sets itself (not `chat_template_kwargs`)
+_TEMPLATE_ARGS = {"conversation", "tools", "add_generation_prompt", "continue_final_message",
+                  "tokenize", "return_dict", "return_tensors"}  # fmt: skip
+# fields that change nothing the routes sample or answer (bookkeeping of a hosted API)
+_BOOKKEEPING = {"user", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
+                "request_id", "cache_salt", "priority"}  # fmt: skip
+# fields accepted at the value that is this server's behaviour, refused at any other
+_DEFAULT_ONLY: dict[str, Any] = {
+    "parallel_tool_calls": True, "store": False, "echo": False, "ignore_eos": False,
+    "include_stop_str_in_output": False, "skip_special_tokens": True,
 }  # fmt: skip
 
 
@@ -171,6 +198,12 @@ class OpenAIRoutes:
                 "owned_by": "rl-rollout", "max_model_len": self.max_model_len}  # fmt: skip
         return {"object": "list", "data": [card]}
 
+    def model(self, model_id: str) -> dict[str, Any]:
+        """The ``GET /v1/models/{model_id}`` answer; :class:`OpenAIError` 404 for another id."""
+        self._check_model(model_id)
+        card: dict[str, Any] = self.models()["data"][0]
+        return card
+
     def handle(self, path: str, body: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
         """Answer a POST to ``path``; raises :class:`OpenAIError` for bad input."""
         routes = {
@@ -200,7 +233,7 @@ class OpenAIRoutes:
 
     def chat(self, request: dict[str, Any], episode: str | None) -> dict[str, Any]:
         """``POST /v1/chat/completions``."""
-        self._check_common(request)
+        self._check_common(request, "chat")
         logprobs = bool(_check(request.get("logprobs") or False, bool, "logprobs", "a boolean"))
         top = _check(request.get("top_logprobs") or 0, int, "top_logprobs", "an int")
         if top != 0:
@@ -235,7 +268,7 @@ class OpenAIRoutes:
 
     def completions(self, request: dict[str, Any], episode: str | None) -> dict[str, Any]:
         """``POST /v1/completions``."""
-        self._check_common(request)
+        self._check_common(request, "completions")
         for name in ("echo", "suffix"):
             if request.get(name):
                 raise OpenAIError(f"`{name}` is not supported; leave it unset", param=name)
@@ -274,8 +307,7 @@ class OpenAIRoutes:
         """``POST /inference/v1/generate``: token ids in, token ids and log-probs out."""
         if request.get("model") is not None:
             self._check_model(request["model"])
-        if request.get("stream"):
-            raise OpenAIError("`stream` is not supported; set it to false", param="stream")
+        self._check_fields(request, "generate")
         if "token_ids" not in request:
             raise OpenAIError("`token_ids` is required (the prompt's token ids)", param="token_ids")
         prompt = _int_list(request["token_ids"], "token_ids")
@@ -296,6 +328,12 @@ class OpenAIRoutes:
         logprobs = sampling.get("logprobs")
         if logprobs is not None:
             _check(logprobs, int, "sampling_params.logprobs", "an int")
+            if not 0 <= logprobs <= 1:
+                raise OpenAIError(
+                    f"`sampling_params.logprobs` must be 0 or 1, got {logprobs}: the engine "
+                    "records the log-prob of the sampled token only",
+                    param="sampling_params.logprobs",
+                )
         out = self._sample("generate", [prompt], params, episode)
         choices = [
             {
@@ -321,13 +359,38 @@ class OpenAIRoutes:
                 code="model_not_found",
             )
 
-    def _check_common(self, request: dict[str, Any]) -> None:
+    def _check_common(self, request: dict[str, Any], route: str) -> None:
         if "model" not in request:
             raise OpenAIError(f"`model` is required; use {self.model_name!r}", param="model")
         self._check_model(request["model"])
-        if request.get("stream"):
-            raise OpenAIError("`stream` is not supported; set it to false", param="stream")
+        self._check_fields(request, route)
         self._check_unsupported(request, "")
+
+    @staticmethod
+    def _check_fields(request: Mapping[str, Any], route: str) -> None:
+        """Refuse a field the route would ignore (unknown, or a behaviour it cannot give)."""
+        stream = request.get("stream")
+        if stream is not None:
+            _check(stream, bool, "stream", "a boolean")
+            if stream:
+                raise OpenAIError("`stream` is not supported; set it to false", param="stream")
+        for name, value in request.items():
+            if value is None or name in _ROUTE_FIELDS[route] or name in _BOOKKEEPING:
+                continue
+            if name in _DEFAULT_ONLY:
+                if value == _DEFAULT_ONLY[name] and type(value) is bool:
+                    continue
+                raise OpenAIError(
+                    f"`{name}` = {value!r} is not supported: this server cannot give that "
+                    f"behaviour; leave it unset or pass {_DEFAULT_ONLY[name]!r}",
+                    param=name,
+                )
+            supported = sorted(_ROUTE_FIELDS[route] - {"stream"})
+            raise OpenAIError(
+                f"`{name}` is not supported by this server (it would be ignored); leave it "
+                f"unset. Supported fields: {supported}",
+                param=name,
+            )
 
     @staticmethod
     def _check_unsupported(request: Mapping[str, Any], prefix: str) -> None:
@@ -362,24 +425,40 @@ class OpenAIRoutes:
             content = message.get("content")
             if isinstance(content, list):  # content parts: only text can be rendered
                 parts = []
-                for part in content:
+                for j, part in enumerate(content):
                     if not isinstance(part, dict) or part.get("type") != "text":
                         raise OpenAIError(
                             f"`messages[{i}].content` has a part that is not text ({part!r}); "
                             "only text parts are supported",
                             param=f"messages[{i}].content",
                         )
-                    parts.append(str(part.get("text", "")))
+                    text = part.get("text")
+                    if not isinstance(text, str):
+                        raise OpenAIError(
+                            f"`messages[{i}].content[{j}].text` must be a string, got {text!r}",
+                            param=f"messages[{i}].content[{j}].text",
+                        )
+                    parts.append(text)
                 rendered.append({**message, "content": "".join(parts)})
-            else:
+            elif content is None or isinstance(content, str):
                 rendered.append(message)
-        tools = request.get("tools")
-        if tools is not None:
-            _check(tools, list, "tools", "a list of tool definitions")
-            if request.get("tool_choice") == "none":
-                tools = None
+            else:
+                raise OpenAIError(
+                    f"`messages[{i}].content` must be a string or a list of text parts "
+                    f'([{{"type": "text", "text": ...}}]), got {content!r}',
+                    param=f"messages[{i}].content",
+                )
+        tools = self._tools(request)
         kwargs = request.get("chat_template_kwargs") or {}
         _check(kwargs, dict, "chat_template_kwargs", "an object")
+        reserved = sorted(set(kwargs) & _TEMPLATE_ARGS)
+        if reserved:
+            raise OpenAIError(
+                f"`chat_template_kwargs` sets {reserved[0]!r}, which the server sets itself; "
+                "use the request's own field (`tools`, `add_generation_prompt`, "
+                "`continue_final_message`) or leave it out",
+                param="chat_template_kwargs",
+            )
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise OpenAIError(
                 "the tokenizer has no chat template; set `tokenizer.chat_template` or use "
@@ -400,6 +479,57 @@ class OpenAIRoutes:
                 f"the chat template could not render `messages`: {exc}", param="messages"
             ) from exc
         return [int(t) for t in ids]
+
+    @staticmethod
+    def _tools(request: Mapping[str, Any]) -> list[Any] | None:
+        """The request's ``tools`` (checked) for the template; None under ``tool_choice: none``."""
+        tools = request.get("tools")
+        names = []
+        if tools is not None:
+            _check(tools, list, "tools", "a list of tool definitions")
+            for i, entry in enumerate(tools):
+                tool = entry if isinstance(entry, dict) else {}
+                function = tool.get("function")
+                function = function if isinstance(function, dict) else {}
+                name = function.get("name")
+                if tool.get("type") != "function" or not isinstance(name, str) or not name:
+                    raise OpenAIError(
+                        f'`tools[{i}]` must be {{"type": "function", "function": {{"name": str, '
+                        f'"parameters": {{...}}}}}}, got {entry!r}',
+                        param=f"tools[{i}]",
+                    )
+                parameters = function.get("parameters")
+                if parameters is not None and not isinstance(parameters, dict):
+                    raise OpenAIError(
+                        f"`tools[{i}].function.parameters` must be a JSON Schema object, got "
+                        f"{parameters!r}",
+                        param=f"tools[{i}].function.parameters",
+                    )
+                names.append(name)
+        choice = request.get("tool_choice")
+        if choice is None or choice == "auto":
+            return tools
+        if choice == "none":
+            return None
+        wanted = choice.get("function") if isinstance(choice, dict) else None
+        name = wanted.get("name") if isinstance(wanted, dict) else None
+        if isinstance(name, str) and name not in names:
+            raise OpenAIError(
+                f"`tool_choice` names the tool {name!r}, which is not in `tools` ({names}); name "
+                "a tool of `tools`, or pass 'auto' or 'none'",
+                param="tool_choice",
+            )
+        if not names:
+            raise OpenAIError(
+                f"`tool_choice` = {choice!r} needs `tools` (the request has none); pass `tools` "
+                "or leave `tool_choice` unset",
+                param="tool_choice",
+            )
+        raise OpenAIError(
+            f"`tool_choice` = {choice!r} is not supported: the server does not constrain "
+            "decoding to a tool call; pass 'auto' (the model decides) or 'none'",
+            param="tool_choice",
+        )
 
     def _prompts(self, prompt: Any) -> list[list[int]]:
         if isinstance(prompt, str):
@@ -440,6 +570,11 @@ class OpenAIRoutes:
             kind = (int, float) if name in {"temperature", "top_p", "min_p",
                                             "repetition_penalty"} else int  # fmt: skip
             kwargs[target] = _check(value, kind, prefix + name, "a number")
+            if name == "seed" and not -(2**63) <= value < 2**64:  # a torch generator's range
+                raise OpenAIError(
+                    f"`{prefix}seed` must be an int in [-2**63, 2**64), got {value}",
+                    param=prefix + "seed",
+                )
         stop = request.get("stop")
         if stop is not None:
             stop = [stop] if isinstance(stop, str) else stop
@@ -495,10 +630,14 @@ class OpenAIRoutes:
                 f"within the engine's max_model_len = {self.max_model_len}; shorten it",
                 param=prompt_field,
             )
-        max_tokens = request.get("max_tokens")
-        if max_tokens is None:
-            max_tokens = request.get("max_completion_tokens")
-        if max_tokens is None:
+        given = [k for k in ("max_tokens", "max_completion_tokens") if request.get(k) is not None]
+        if len(given) == 2:
+            raise OpenAIError(
+                f"`{prefix}max_tokens` and `{prefix}max_completion_tokens` are both set; pass "
+                "one of them",
+                param=prefix + "max_completion_tokens",
+            )
+        if not given:
             if room is None:
                 raise OpenAIError(
                     f"`{prefix}max_tokens` is required: the engine does not report its "
@@ -506,13 +645,15 @@ class OpenAIRoutes:
                     param=prefix + "max_tokens",
                 )
             return room
-        _check(max_tokens, int, prefix + "max_tokens", "an int")
+        name = prefix + given[0]
+        max_tokens = _check(request[given[0]], int, name, "an int")
+        if max_tokens < 1:
+            raise OpenAIError(f"`{name}` must be >= 1, got {max_tokens}", param=name)
         if room is not None and max_tokens > room:
             raise OpenAIError(
-                f"`{prefix}max_tokens` = {max_tokens} plus the {longest} tokens of "
-                f"`{prompt_field}` exceeds the engine's max_model_len = {self.max_model_len}; "
-                f"ask for at most {room}",
-                param=prefix + "max_tokens",
+                f"`{name}` = {max_tokens} plus the {longest} tokens of `{prompt_field}` exceeds "
+                f"the engine's max_model_len = {self.max_model_len}; ask for at most {room}",
+                param=name,
             )
         return int(max_tokens)
 

@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import torch
 from safetensors.torch import load as load_safetensors
@@ -121,6 +121,7 @@ class RolloutServer:
         self.traces = self.openai.traces
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._served = False  # whether a serve_forever loop was started (close() stops it)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -130,6 +131,15 @@ class RolloutServer:
             def do_GET(self) -> None:
                 if self.path == "/v1/models":
                     self._reply(200, server.openai.models())
+                    return
+                if self.path.startswith("/v1/"):  # OpenAI's routes answer OpenAI's bodies
+                    try:
+                        if not self.path.startswith("/v1/models/"):
+                            raise OpenAIError(f"no route GET {self.path}", status=404)
+                        model_id = unquote(self.path.removeprefix("/v1/models/"))
+                        self._reply(200, server.openai.model(model_id))
+                    except OpenAIError as exc:
+                        self._reply(exc.status, exc.to_json())
                     return
                 if self.path != "/health":
                     self._reply(404, {"error": "NotFound", "message": f"no route {self.path}"})
@@ -142,6 +152,11 @@ class RolloutServer:
                     if length < 0 or length > _MAX_BODY:
                         raise ValueError(f"Content-Length {length} is out of range")
                     body = self.rfile.read(length)
+                    if len(body) < length:  # the client stopped sending: never parse a part
+                        raise ValueError(
+                            f"the request body ended after {len(body)} of its {length} bytes "
+                            "(Content-Length): the upload was cut off; send it again"
+                        )
                     if self.path.startswith(("/v1/", "/inference/")):
                         payload = server._openai(self.path, body, dict(self.headers.items()))
                     else:
@@ -186,50 +201,72 @@ class RolloutServer:
 
     def _dispatch(self, path: str, body: bytes) -> dict[str, Any]:  # noqa: PLR0911
         if path == "/update_weights":
-            tensors = load_safetensors(body)
+            try:
+                tensors = load_safetensors(body)
+            except Exception as exc:  # safetensors' own error type: a bad request, not a crash
+                raise ValueError(
+                    f"the body of /update_weights is not a safetensors payload ({exc}); send "
+                    "it with RemoteEngine.update_weights"
+                ) from exc
             self.engine.update_weights(tensors.items())
             return {"updated": len(tensors)}
         if path == "/load_adapter":
             adapter = adapter_from_bytes(body)
             self.engine.load_adapter(adapter.name, adapter.tensors, adapter.config, adapter.version)
             return {"loaded": adapter.name, "version": adapter.version, "bytes": len(body)}
-        request = json.loads(body or b"{}")
+        try:
+            request = json.loads(body or b"{}")
+        except ValueError as exc:
+            raise ValueError(f"the body of {path} is not valid JSON ({exc})") from exc
         if not isinstance(request, dict):
             raise ValueError(f"the body of {path} must be a JSON object")
+
+        def required(key: str) -> Any:
+            if key not in request:
+                raise ValueError(f"`{key}` is required in the body of {path}")
+            return request[key]
+
         if path == "/generate":
             params = params_from_json(request.get("params", {}))
-            result = self.engine.generate(request["prompts"], params)
+            result = self.engine.generate(required("prompts"), params)
             return result_to_json(result)
         if path == "/load_lora":
-            self.engine.load_lora(str(request["name"]), str(request["path"]))
+            self.engine.load_lora(str(required("name")), str(required("path")))
             return {"loaded": request["name"]}
         if path == "/sleep":
-            self.engine.sleep(int(request.get("level", 1)))
+            level = request.get("level", 1)
+            if not isinstance(level, int) or isinstance(level, bool):
+                raise ValueError(f"`level` must be an int (1 or 2), got {level!r}")
+            self.engine.sleep(level)
             return {"sleeping": True}
         if path == "/wake_up":
             self.engine.wake_up(request.get("tags"))
             return {"sleeping": False}
         if path == "/traces/pop":
-            calls = self.traces.pop(str(request["episode_id"]))
+            calls = self.traces.pop(str(required("episode_id")))
             return {"calls": [call.to_json() for call in calls]}
         raise _NoRouteError(f"no route {path}")
 
     def start(self) -> RolloutServer:
         """Serve in a background daemon thread; returns ``self``."""
+        self._served = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._thread.start()
         return self
 
     def serve_forever(self) -> None:
-        """Serve in this thread until interrupted."""
+        """Serve in this thread until interrupted (or :meth:`close` from another thread)."""
+        self._served = True
         self._httpd.serve_forever()
 
     def close(self) -> None:
-        """Stop serving and release the port."""
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        """Stop serving and release the port (also for a server never started, and again)."""
+        if self._served:  # shutdown() waits for a serve_forever loop: one that never ran hangs
+            self._httpd.shutdown()
         if self._thread is not None:
             self._thread.join()
+            self._thread = None
+        self._httpd.server_close()
 
     def __enter__(self) -> RolloutServer:
         return self.start()
