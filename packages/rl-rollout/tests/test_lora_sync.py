@@ -11,11 +11,13 @@ import re
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 from rl_rollout import HFEngine, RemoteEngine, RolloutServer, RolloutServerError, SamplingParams
+from rl_rollout._arrival import ArrivalOrderLock
 from rl_rollout.lora_sync import LoraAdapter, adapter_from_bytes, adapter_to_bytes, merged_weights
 from rl_testing.serving import raised_by
 from rl_testing.tolerance import assert_close
@@ -152,7 +154,7 @@ def test_a_served_adapter_samples_as_the_merged_model(
         ("rank", r"wrong rank"),
         ("module", r"targets module 'model\.layers\.0\.nope'.*unknown target module"),
         ("dora", r"`use_dora` = True is not supported"),
-        ("int", r"tensor '\S+\.lora_A\.weight' is torch\.int64: LoRA tensors must be floating"),
+        ("int", r"tensor '\S+\.lora_[AB]\.weight' is torch\.int64: LoRA tensors must be floating"),
         ("nan", r"tensor '\S+\.lora_A\.weight' has values that are not finite \(NaN or inf\)"),
     ],
 )
@@ -230,3 +232,82 @@ def test_a_silent_server_times_out_instead_of_hanging() -> None:
         for conn in accepted:
             conn.close()
         listener.close()
+
+
+def _wait_for(condition: Callable[[], bool], what: str) -> None:
+    """Poll ``condition`` until it holds (a hang guard, never a speed limit)."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"hung waiting for {what}")
+        time.sleep(0.01)
+
+
+def test_syncs_queued_behind_the_engine_apply_in_arrival_order() -> None:
+    """Version 5 arrives before version 6 while the engine is busy: 6 is what is served.
+
+    The engine is held (as a long generation holds it); a sync the trainer may have given up
+    on (version 5) waits, then the newer one (6). Released, they apply in arrival order, so the
+    server ends on the newer weights, never on the stale ones.
+    """
+    model, tok = tiny("qwen2", seed=3)
+    reference, _ = tiny("qwen2", seed=3)
+    engine = HFEngine(model, tok)
+    with RolloutServer(engine) as server:
+        remote = RemoteEngine(server.url, timeout=60.0, connect_timeout=5.0)
+        _sync_in_order(server, remote, engine, reference)
+
+
+def _sync_in_order(
+    server: RolloutServer, remote: RemoteEngine, engine: HFEngine, reference: torch.nn.Module
+) -> None:
+    server_lock = server._lock
+    adapters = [_adapter(reference, seed=s, version=v) for s, v in ((5, 5), (6, 6))]
+    errors: list[BaseException] = []
+
+    def send(adapter: LoraAdapter) -> None:
+        try:
+            remote.load_adapter(adapter.name, adapter.tensors, adapter.config, adapter.version)
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    threads = []
+    server_lock.acquire()
+    try:
+        for queued, adapter in enumerate(adapters, start=1):
+            threads.append(threading.Thread(target=send, args=(adapter,), daemon=True))
+            threads[-1].start()
+            _wait_for(lambda n=queued: server_lock.waiting == n, f"{queued} queued syncs")
+    finally:
+        server_lock.release()
+    for thread in threads:
+        thread.join(HANG_GUARD_S)
+    assert not errors, errors
+    assert remote.generate(["ab"], PARAMS).weight_version == 6
+    engine_weights = dict(engine.model.named_modules())
+    base, _ = tiny("qwen2", seed=3)
+    for name, weight in merged_weights(base, adapters[1]).items():  # bit-exact: the same merge
+        assert torch.equal(engine_weights[name].weight, weight), name
+
+
+def test_the_arrival_order_lock_serves_waiters_first_come_first_served() -> None:
+    lock = ArrivalOrderLock()
+    order: list[int] = []
+    lock.acquire()
+    threads = []
+    for i in range(6):
+
+        def take(i: int = i) -> None:
+            with lock:
+                order.append(i)
+
+        threads.append(threading.Thread(target=take, daemon=True))
+        threads[-1].start()
+        _wait_for(lambda n=i + 1: lock.waiting == n, f"{i + 1} waiters")
+    lock.release()
+    for thread in threads:
+        thread.join(HANG_GUARD_S)
+    assert order == list(range(6))
+    assert not lock.locked
+    with pytest.raises(RuntimeError, match="not held"):
+        lock.release()

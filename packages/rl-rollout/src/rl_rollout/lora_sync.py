@@ -130,8 +130,8 @@ def adapter_from_bytes(data: bytes) -> LoraAdapter:
         config=json.loads(metadata["peft_config"]),
         tensors=tensors,
     )
-    for key, tensor in tensors.items():
-        _check_values(adapter, key, tensor)
+    for key in sorted(tensors):  # the first bad tensor by name, whatever the file's order
+        _check_values(adapter, key, tensors[key])
     return adapter
 
 

@@ -47,6 +47,7 @@ import torch
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from rl_rollout._arrival import ArrivalOrderLock
 from rl_rollout._http import exchange
 from rl_rollout._prompts import Prompts
 from rl_rollout._wire import (
@@ -119,7 +120,7 @@ class RolloutServer:
             engine, tokenizer, model_name=model_name, traces=traces, tool_parser=tool_parser
         )
         self.traces = self.openai.traces
-        self._lock = threading.Lock()
+        self._lock = ArrivalOrderLock()  # requests reach the engine in arrival order
         self._thread: threading.Thread | None = None
         self._served = False  # whether a serve_forever loop was started (close() stops it)
         server = self
