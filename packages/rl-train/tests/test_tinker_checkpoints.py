@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -92,4 +94,133 @@ def test_state_and_sampler_weights_resume_after_a_restart(tmp_path: Path) -> Non
             wrong_rank.load_state(state_path).result()
         with pytest.raises(tinker.RequestFailedError, match="no checkpoint at"):
             wrong_rank.load_state(state_path.replace("two-steps", "missing")).result()
+        service.close("success").result()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[tinker.ServiceClient, Path]]:
+    """One server for the tests below: ``(service client, checkpoint directory)``."""
+    os.environ["TINKER_TELEMETRY"] = "0"
+    root = tmp_path_factory.mktemp("tinker-checkpoints")
+    with running_server(write_tiny(root / "model"), root / "checkpoints") as (url, _):
+        service = tinker.ServiceClient(base_url=url, api_key=KEY)
+        yield service, root / "checkpoints"
+        service.close("success").result()
+
+
+def logprobs(client: tinker.TrainingClient) -> torch.Tensor:
+    out = client.forward([datum()], "cross_entropy").result()
+    return torch.tensor(out.loss_fn_outputs[0]["logprobs"].tolist())
+
+
+def meta_file(checkpoints: Path, path: str) -> Path:
+    return checkpoints.joinpath(*path.removeprefix("tinker://").split("/"), "checkpoint.json")
+
+
+def test_save_state_keeps_an_existing_checkpoint_unless_overwrite(
+    served: tuple[tinker.ServiceClient, Path],
+) -> None:
+    service, _ = served
+    client = service.create_lora_training_client(base_model=MODEL, rank=2).result()
+    path = client.save_state("kept").result().path
+    saved = logprobs(client)
+    step_then_logprobs(client)
+    with pytest.raises(tinker.RequestFailedError, match=r"exists already: pass `overwrite=True`"):
+        client.save_state("kept").result()
+    # bit-exact: the refused save left the checkpoint's weights (same inputs and kernels)
+    assert torch.equal(logprobs(service.create_training_client_from_state(path).result()), saved)
+    assert client.save_state("kept", overwrite=True).result().path == path
+    stepped = logprobs(client)
+    # bit-exact: now the checkpoint holds the stepped weights
+    assert torch.equal(logprobs(service.create_training_client_from_state(path).result()), stepped)
+
+
+def test_user_metadata_and_ttl_seconds_are_kept(served: tuple[tinker.ServiceClient, Path]) -> None:
+    service, checkpoints = served
+    client = service.create_lora_training_client(base_model=MODEL, rank=2).result()
+    path = client.save_state("meta", ttl_seconds=3600, user_metadata={"run": "a"}).result().path
+    meta = json.loads(meta_file(checkpoints, path).read_text())
+    assert meta["user_metadata"] == {"run": "a"}
+    assert meta["expires_at"] > time.time()  # an hour from the save
+    service.create_training_client_from_state(path).result()  # not expired: loads
+    meta["expires_at"] = time.time() - 1  # as if the hour had passed
+    meta_file(checkpoints, path).write_text(json.dumps(meta))
+    with pytest.raises(tinker.RequestFailedError, match=r"expired \(its `ttl_seconds` ran out\)"):
+        service.create_training_client_from_state(path).result()
+    with pytest.raises(tinker.RequestFailedError, match=r"`ttl_seconds` must be an integer >= 1"):
+        client.save_state("no-ttl", ttl_seconds=0).result()
+    sampler_path = client.save_weights_for_sampler("s", user_metadata={"k": "v"}).result().path
+    assert json.loads(meta_file(checkpoints, sampler_path).read_text())["user_metadata"] == {
+        "k": "v"
+    }
+
+
+def test_load_state_drops_the_gradients_accumulated_before_it(
+    served: tuple[tinker.ServiceClient, Path],
+) -> None:
+    service, _ = served
+    client = service.create_lora_training_client(base_model=MODEL, rank=2).result()
+    step_then_logprobs(client)
+    path = client.save_state("grads").result().path
+    saved = logprobs(client)
+    client.forward_backward([datum()], "cross_entropy").result()  # a gradient, then a load
+    client.load_state(path).result()
+    client.optim_step(ADAM).result()  # no gradient since the load: AdamW leaves the weights
+    # bit-exact: the loaded weights, untouched by the gradient of the replaced ones
+    assert torch.equal(logprobs(client), saved)
+
+
+def test_a_broken_checkpoint_is_a_one_line_user_error(
+    served: tuple[tinker.ServiceClient, Path],
+) -> None:
+    service, checkpoints = served
+    client = service.create_lora_training_client(base_model=MODEL, rank=2).result()
+    sampler_path = client.save_weights_for_sampler("broken").result().path
+    meta_file(checkpoints, sampler_path).with_name("adapter.safetensors").unlink()
+    # answered at once with the reason (a server error here was retried by the SDK for a minute)
+    with pytest.raises(tinker.BadRequestError, match=r"unreadable \(.*adapter.safetensors"):
+        service.create_sampling_client(model_path=sampler_path).result()
+    state_path = client.save_state("broken").result().path
+    meta_file(checkpoints, state_path).write_text("{not json")
+    with pytest.raises(tinker.RequestFailedError, match=r"unreadable \(.*checkpoint.json") as e:
+        client.load_state(state_path).result()
+    assert e.value.category == types.RequestErrorCategory.User
+    rank4 = service.create_lora_training_client(base_model=MODEL, rank=4).result()
+    tensors4 = meta_file(checkpoints, rank4.save_state("rank4").result().path)
+    misfit = client.save_state("misfit").result().path  # rank 2 in its JSON, rank 4 tensors
+    tensors4.with_name("adapter.safetensors").replace(
+        meta_file(checkpoints, misfit).with_name("adapter.safetensors")
+    )
+    before = logprobs(client)
+    with pytest.raises(tinker.RequestFailedError, match="do not fit this adapter") as e:
+        client.load_state(misfit).result()
+    assert e.value.category == types.RequestErrorCategory.User
+    assert torch.equal(logprobs(client), before)  # bit-exact: nothing was copied
+    with pytest.raises(tinker.RequestFailedError, match=r"`optimizer` 'dimuon' is not served"):
+        service.create_training_client_from_state(
+            client.save_state("fine").result().path, optimizer=types.DimuonOptimizerConfig()
+        ).result()
+    assert logprobs(client).shape == (len(TOKENS) - 1,)  # the server still serves
+
+
+def test_a_checkpoint_of_another_base_model_is_refused(tmp_path: Path) -> None:
+    os.environ["TINKER_TELEMETRY"] = "0"
+    checkpoints = tmp_path / "checkpoints"
+    with running_server(write_tiny(tmp_path / "model"), checkpoints) as (url, _):
+        service = tinker.ServiceClient(base_url=url, api_key=KEY)
+        client = service.create_lora_training_client(base_model=MODEL, rank=2).result()
+        state_path = client.save_state("mine").result().path
+        sampler_path = client.save_weights_for_sampler("mine").result().path
+        service.close("success").result()
+    # another model of the same shapes, so that its LoRA tensors would fit
+    with running_server(write_tiny(tmp_path / "other", seed=1), checkpoints, "other") as (url, _):
+        service = tinker.ServiceClient(base_url=url, api_key=KEY)
+        other = service.create_lora_training_client(base_model="other", rank=2).result()
+        error = f"is a LoRA of base model '{MODEL}'; this server serves 'other'"
+        with pytest.raises(tinker.RequestFailedError, match=error):
+            other.load_state(state_path).result()
+        with pytest.raises(tinker.RequestFailedError, match=error):
+            service.create_training_client_from_state(state_path, base_model="other").result()
+        with pytest.raises(tinker.BadRequestError, match=error):
+            service.create_sampling_client(model_path=sampler_path).result()
         service.close("success").result()

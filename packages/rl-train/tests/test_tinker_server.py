@@ -209,3 +209,150 @@ def test_base_model_sampling_client(service: tinker.ServiceClient) -> None:
     full = [3, 5, 7, *seq.tokens]
     expected = forward_logprobs(fresh, full)[2:]  # LoRA B starts at 0: the base's forward
     assert_close(torch.tensor(seq.logprobs), expected, **LOGPROB_TOL, msg="base sampling")
+
+
+def test_bad_adam_params_are_refused_by_name_and_change_nothing(
+    service: tinker.ServiceClient,
+) -> None:
+    client = service.create_lora_training_client(base_model=MODEL, rank=2).result()
+    client.forward_backward([sft_datum()], "cross_entropy").result()
+    client.optim_step(types.AdamParams(learning_rate=1e-2)).result()  # the AdamW exists now
+    before = forward_logprobs(client, TOKENS)
+    bad = {
+        "beta1": 1.5,
+        "beta2": 1.0,
+        "eps": -1.0,
+        "weight_decay": -0.1,
+        "grad_clip_norm": -1.0,
+        "learning_rate": float("nan"),  # sent as JSON null by the SDK
+    }
+    for field, value in bad.items():
+        client.forward_backward([sft_datum()], "cross_entropy").result()
+        params = types.AdamParams(**{"learning_rate": 1e-2, field: value})
+        with pytest.raises(tinker.RequestFailedError, match=f"`adam_params.{field}` must be") as e:
+            client.optim_step(params).result()
+        assert e.value.category == types.RequestErrorCategory.User
+    # bit-exact: every refused step left the adapter as it was (same inputs and kernels)
+    assert torch.equal(forward_logprobs(client, TOKENS), before)
+
+
+def rl_datum(**extra: list[float]) -> types.Datum:
+    n = len(TOKENS) - 1
+    inputs: dict[str, list[int] | list[float]] = {
+        "target_tokens": TOKENS[1:],
+        "logprobs": [-1.0] * n,
+        "advantages": [1.0] * n,
+    }
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(TOKENS[:-1]), loss_fn_inputs={**inputs, **extra}
+    )
+
+
+def test_loss_inputs_the_loss_does_not_read_or_non_finite_are_refused(
+    service: tinker.ServiceClient,
+) -> None:
+    client = service.create_lora_training_client(base_model=MODEL, rank=2).result()
+    n = len(TOKENS) - 1
+    cases = [  # (datum, loss_fn, loss_fn_config, the error)
+        (
+            rl_datum(weights=[0.0] * n),
+            "ppo",
+            None,
+            r"'ppo' does not read loss_fn_inputs\['weights'\]",
+        ),
+        (
+            rl_datum(clip_low_threshold=[0.5] * n),
+            "ppo",
+            None,
+            r"does not read loss_fn_inputs\['clip_low_threshold'\].*loss_fn_config",
+        ),
+        (
+            types.Datum(
+                model_input=types.ModelInput.from_ints(TOKENS[:-1]),
+                loss_fn_inputs={"target_tokens": TOKENS[1:], "advantages": [1.0] * n},
+            ),
+            "cross_entropy",
+            None,
+            r"'cross_entropy' does not read loss_fn_inputs\['advantages'\]",
+        ),
+        (
+            types.Datum(
+                model_input=types.ModelInput.from_ints([3, 5]),
+                loss_fn_inputs={"target_tokens": [5, 7], "weights": [float("nan"), 1.0]},
+            ),
+            "cross_entropy",
+            None,
+            r"loss_fn_inputs\['weights'\] holds NaN or infinite values \(first at position 0\)",
+        ),
+        (rl_datum(advantages=[float("inf")] * n), "ppo", None, r"\['advantages'\] holds NaN"),
+        (
+            types.Datum(
+                model_input=types.ModelInput.from_ints([]),
+                loss_fn_inputs={"target_tokens": [], "weights": []},
+            ),
+            "cross_entropy",
+            None,
+            r"data\[0\].model_input is empty",
+        ),
+        (rl_datum(), "dro", {"beta": float("inf")}, r"loss_fn_config\['beta'\] must be a finite"),
+    ]
+    before = forward_logprobs(client, TOKENS)
+    for datum, loss_fn, config, error in cases:
+        with pytest.raises(tinker.RequestFailedError, match=error) as e:
+            client.forward_backward([datum], loss_fn, config).result()
+        assert e.value.category == types.RequestErrorCategory.User
+    client.optim_step(types.AdamParams(learning_rate=0.1)).result()  # no gradient was left
+    # bit-exact: the refused requests accumulated nothing, so the step changed nothing
+    assert torch.equal(forward_logprobs(client, TOKENS), before)
+    gspo = rl_datum(sequence_ratio_mask=[1.0] * n)  # gspo's optional input is read
+    assert client.forward_backward([gspo], "gspo").result().metrics["loss:sum"] != 0
+
+    def custom(
+        data: list[types.Datum], lps: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        advantages = [torch.tensor(d.loss_fn_inputs["advantages"].data) for d in data]
+        return sum((-lp * a).sum() for lp, a in zip(lps, advantages, strict=True)), {}
+
+    # the SDK sends a custom loss's Datum to `forward`/`cross_entropy` as target_tokens + weights
+    out = client.forward_backward_custom([rl_datum()], custom).result()
+    assert out.metrics["loss:sum"] != 0
+
+
+def test_max_tokens_below_one_and_a_prompt_filling_the_context_are_named(
+    service: tinker.ServiceClient,
+) -> None:
+    sampler = service.create_sampling_client(base_model=MODEL).result()
+    prompt = types.ModelInput.from_ints([3, 5])
+    for max_tokens in (0, -1):
+        with pytest.raises(tinker.RequestFailedError, match="`max_tokens` must be >= 1"):
+            sampler.sample(prompt, 1, types.SamplingParams(max_tokens=max_tokens)).result()
+    limit = TINY_DEFAULTS["max_position_embeddings"]
+    full = types.ModelInput.from_ints([3] * limit)
+    with pytest.raises(tinker.RequestFailedError, match=f"prompt \\({limit} tokens\\) leaves no"):
+        sampler.sample(full, 1, types.SamplingParams()).result()
+    with pytest.raises(tinker.RequestFailedError, match="`top_k` must be >= 1, or -1"):
+        sampler.sample(prompt, 1, types.SamplingParams(max_tokens=2, top_k=-5)).result()
+
+
+def test_inflight_sampling_clients_follow_every_save(service: tinker.ServiceClient) -> None:
+    client = service.create_lora_training_client(base_model=MODEL, rank=4).result()
+    first = client.save_weights_and_get_sampling_client(kind="inflight").result()
+    snapshot = client.save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=6, seed=5)
+    prompt = types.ModelInput.from_ints([4, 6, 8])
+
+    def draw(sampler: tinker.SamplingClient) -> list[tuple[list[int], list[float]]]:
+        out = sampler.sample(prompt, 2, params).result()
+        return [(list(s.tokens), list(s.logprobs or [])) for s in out.sequences]
+
+    before = draw(first)
+    for _ in range(3):
+        client.forward_backward([sft_datum()], "cross_entropy").result()
+        client.optim_step(types.AdamParams(learning_rate=0.1)).result()
+    second = client.save_weights_and_get_sampling_client(kind="inflight").result()
+    # the same weights, seed and kernels: the earlier inflight client samples the new save
+    assert draw(first) == draw(second) != before
+    assert draw(snapshot) == before  # a snapshot client keeps the weights it was made with
+    stable = client.save_weights_and_get_sampling_client(record_stability_info=True).result()
+    with pytest.raises(tinker.RequestFailedError, match="`record_stability_info` is not served"):
+        stable.sample(prompt, 1, params).result()

@@ -15,23 +15,25 @@ KEY = "tml-test-key"
 MODEL = "tiny-qwen2"
 
 
-def write_tiny(directory: Path) -> Path:
-    """A tiny random qwen2 with its tokenizer saved to ``directory``."""
-    model, tokenizer = tiny_causal_lm(seed=0)
+def write_tiny(directory: Path, seed: int = 0) -> Path:
+    """A tiny random qwen2 (weights from ``seed``) with its tokenizer saved to ``directory``."""
+    model, tokenizer = tiny_causal_lm(seed=seed)
     save_tiny(model, tokenizer, directory)
     return directory
 
 
 @contextlib.contextmanager
-def running_server(model_dir: Path, checkpoint_dir: Path) -> Iterator[tuple[str, object]]:
-    """Serve ``model_dir`` on a free loopback port; yield ``(base_url, app)``."""
+def running_server(
+    model_dir: Path, checkpoint_dir: Path, model_name: str = MODEL
+) -> Iterator[tuple[str, object]]:
+    """Serve ``model_dir`` as ``model_name`` on a free loopback port; yield ``(base_url, app)``."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny model: thread hand-offs cost more than the arithmetic
     config = ServerConfig(
         model_path=str(model_dir),
         api_key=KEY,
         checkpoint_dir=str(checkpoint_dir),
-        model_name=MODEL,
+        model_name=model_name,
         port=free_port(),
     )
     app = create_app(config)

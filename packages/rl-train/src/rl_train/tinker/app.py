@@ -95,10 +95,17 @@ class Service:
         self.samplers: dict[str, Snapshot] = {}
         self.sampler_paths: dict[str, str | None] = {}
         self.sampler_clients: dict[str, itertools.count[int]] = {}
+        self.inflight: dict[str, list[str]] = {}
+        """model_id -> its ``kind="inflight"`` sampling sessions (each save updates them all)."""
         self.run = uuid.uuid4().hex[:8]
         self.counter = itertools.count(1)
 
     # ----------------------------------------------------------------------- helpers
+    @property
+    def served(self) -> tuple[str, str]:
+        """The names a checkpoint of the served base model records."""
+        return (self.config.name, self.config.model_path)
+
     def check_base(self, base_model: str | None) -> None:
         """:class:`UserError` unless ``base_model`` is the served model."""
         if base_model not in (self.config.name, self.config.model_path):
@@ -151,11 +158,31 @@ class Service:
         """``save_weights`` / ``save_weights_for_sampler``."""
         client = self.base.client(body["model_id"])
         name = body.get("path")
+        sampler_kind = body.get("kind") or "snapshot"
+        if sampler_kind not in ("snapshot", "inflight"):
+            raise UserError(f"`kind` must be 'snapshot' or 'inflight', got {sampler_kind!r}")
+        inflight = self.inflight.setdefault(client.model_id, [])
+        if sampler_kind == "inflight":  # every inflight session of the model samples this save
+            self.samplers.update(dict.fromkeys(inflight, self.base.snapshot(client.model_id)))
         if kind == "sampler_weights" and name is None:  # save_weights_and_get_sampling_client
-            return {"sampling_session_id": self.new_sampler(self.base.snapshot(client.model_id))}
+            session = self.new_sampler(self.base.snapshot(client.model_id))
+            if sampler_kind == "inflight":
+                inflight.append(session)
+            return {"sampling_session_id": session}
         if name is None:
             name = f"step-{client.steps:06d}"
-        path = checkpoints.save(self.root, self.base, client, kind, name, self.config.name)
+        path = checkpoints.save(
+            self.root,
+            self.base,
+            client,
+            kind,
+            name,
+            self.config.name,
+            # save_weights_for_sampler has no `overwrite`: a name saved again is replaced
+            overwrite=kind == "sampler_weights" or bool(body.get("overwrite")),
+            ttl_seconds=body.get("ttl_seconds"),
+            user_metadata=body.get("user_metadata"),
+        )
         return {
             "path": path,
             "type": "save_weights" if kind == "weights" else "save_weights_for_sampler",
@@ -164,8 +191,11 @@ class Service:
     def load_weights(self, body: dict[str, Any]) -> dict[str, Any]:
         """``load_weights`` into a client, or a new client from a checkpoint (no model_id)."""
         path = body["path"]
-        meta = checkpoints.read_meta(self.root, path)
+        meta = checkpoints.read_meta(self.root, path, self.served)
         model_id = body.get("model_id")
+        optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
+        if optimizer != "adamw":
+            raise UserError(f"`optimizer` {optimizer!r} is not served; only 'adamw' (the default)")
         if model_id is None:
             self.check_base(body.get("base_model") or meta["base_model"])
             lora = checkpoints.lora_of(meta)
@@ -173,7 +203,12 @@ class Service:
             self.base.create_client(model_id, lora.rank, seed=lora.seed, targets=lora.targets)
         client = self.base.client(model_id)
         checkpoints.load_state(
-            self.root, self.base, client, path, optimizer=bool(body.get("optimizer"))
+            self.root,
+            self.base,
+            client,
+            path,
+            optimizer=bool(body.get("optimizer")),
+            served=self.served,
         )
         return {"path": path, "model_id": model_id, "type": "load_weights"}
 
@@ -185,13 +220,18 @@ class Service:
             if snapshot is None:
                 raise UserError(f"unknown sampling_session_id {session!r}")
         elif body.get("model_path"):
-            snapshot = checkpoints.load_snapshot(self.root, body["model_path"])
+            snapshot = checkpoints.load_snapshot(self.root, body["model_path"], self.served)
         else:
             self.check_base(body.get("base_model"))
             snapshot = Snapshot(None)
         for field in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
             if body.get(field):
                 raise UserError(f"{field} is not served by this server (leave it 0)")
+        if body.get("record_stability_info"):
+            raise UserError(
+                "`record_stability_info` is not served by this server (it feeds "
+                "stable_reinforce, which is not served either): leave it unset"
+            )
         for field in ("target_prompt_logprobs", "prompt_logprobs_last_n"):
             if body.get(field) is not None:
                 raise UserError(f"{field} is not served by this server (leave it unset)")
@@ -390,7 +430,7 @@ def _sampling_routes(app: FastAPI, service: Service) -> None:
     async def create_sampling_session(request: Request) -> Any:
         body = await body_of(request)
         if body.get("model_path"):
-            snapshot = checkpoints.load_snapshot(service.root, body["model_path"])
+            snapshot = checkpoints.load_snapshot(service.root, body["model_path"], service.served)
         else:
             service.check_base(body.get("base_model"))
             snapshot = Snapshot(None)

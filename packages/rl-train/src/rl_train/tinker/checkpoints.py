@@ -7,17 +7,24 @@ Both are directories under the server's ``checkpoint_dir``::
     <checkpoint_dir>/<model_id>/<weights | sampler_weights>/<name>/
         adapter.safetensors     lora tensors, keyed without the adapter name
         optimizer.safetensors   AdamW moments and step counts (weights/ only, once stepped)
-        checkpoint.json         base model, LoRA shape, steps, AdamW hyper-parameters
+        checkpoint.json         base model, LoRA shape, steps, AdamW hyper-parameters,
+                                expiry (``ttl_seconds``) and ``user_metadata``
 
 so a server started again on the same ``checkpoint_dir`` loads them: ``load_state`` (and
 ``create_training_client_from_state``) rebuilds a client from them, ``create_sampling_client``
-samples from them. Loading reads only these files with ``safetensors`` and ``json``.
+samples from them. Loading reads only these files with ``safetensors`` and ``json``, and
+refuses a checkpoint of another base model, an expired one and one it cannot read with a
+:class:`UserError`. ``save_state`` keeps an existing checkpoint of the same name unless
+``overwrite=True``.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import struct
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -54,11 +61,49 @@ def directory(root: Path, path: str) -> Path:
 
 
 def save(
-    root: Path, base: BaseModel, client: TrainingClient, kind: str, name: str, base_model: str
+    root: Path,
+    base: BaseModel,
+    client: TrainingClient,
+    kind: str,
+    name: str,
+    base_model: str,
+    *,
+    overwrite: bool = True,
+    ttl_seconds: int | None = None,
+    user_metadata: Mapping[str, str] | None = None,
 ) -> str:
-    """Write ``client``'s adapter (and, for ``weights``, its AdamW state); return the path."""
+    """Write ``client``'s adapter (and, for ``weights``, its AdamW state); return the path.
+
+    Args:
+        root: The server's checkpoint directory.
+        base: The served model.
+        client: The training client whose weights are saved.
+        kind: ``weights`` (``save_state``) or ``sampler_weights``.
+        name: The checkpoint's name (the path's last part).
+        base_model: The served model's name, recorded for the loads' check.
+        overwrite: Replace an existing checkpoint of that name (else :class:`UserError`).
+        ttl_seconds: Seconds after which loads refuse the checkpoint (None: never).
+        user_metadata: Strings recorded in ``checkpoint.json``.
+
+    Returns:
+        The checkpoint's ``tinker://`` path.
+
+    Raises:
+        UserError: A bad name or ``ttl_seconds``, or an existing checkpoint without
+            ``overwrite``.
+    """
     path = f"tinker://{client.model_id}/{kind}/{name}"
     target = directory(root, path)
+    if not overwrite and (target / "checkpoint.json").exists():
+        raise UserError(
+            f"checkpoint {path!r} exists already: pass `overwrite=True` to save_state to "
+            "replace it, or another `name`"
+        )
+    if ttl_seconds is not None and not (isinstance(ttl_seconds, int) and ttl_seconds >= 1):
+        raise UserError(
+            f"`ttl_seconds` must be an integer >= 1 (seconds), got {ttl_seconds!r}; "
+            "pass None for a checkpoint that never expires"
+        )
     target.mkdir(parents=True, exist_ok=True)
     params = base.adapter_params(client.adapter)
     names = list(params)
@@ -72,6 +117,8 @@ def save(
         "steps": client.steps,
         "tensor_order": names,
         "optimizer": None,
+        "expires_at": None if ttl_seconds is None else time.time() + ttl_seconds,
+        "user_metadata": dict(user_metadata or {}),
     }
     if kind == "weights" and client.optimizer is not None:
         state = client.optimizer.state_dict()
@@ -86,12 +133,49 @@ def save(
     return path
 
 
-def read_meta(root: Path, path: str) -> dict[str, Any]:
-    """A checkpoint's JSON; :class:`UserError` when there is no checkpoint at ``path``."""
+def _unreadable(path: str, file: Path, exc: Exception) -> UserError:
+    return UserError(
+        f"checkpoint {path!r} is unreadable ({file}: {type(exc).__name__}: {exc}); save it "
+        "again or load another checkpoint"
+    )
+
+
+def read_meta(root: Path, path: str, served: Sequence[str] = ()) -> dict[str, Any]:
+    """A checkpoint's JSON, checked.
+
+    Args:
+        root: The server's checkpoint directory.
+        path: The checkpoint's ``tinker://`` path.
+        served: The names of the served base model; when given, a checkpoint of another base
+            model is refused.
+
+    Returns:
+        The parsed ``checkpoint.json``.
+
+    Raises:
+        UserError: No checkpoint at ``path``, an unreadable or expired one, or one of another
+            base model.
+    """
     meta_file = directory(root, path) / "checkpoint.json"
     if not meta_file.is_file():
         raise UserError(f"no checkpoint at {path!r} on this server (looked in {meta_file.parent})")
-    meta: dict[str, Any] = json.loads(meta_file.read_text())
+    try:
+        meta: dict[str, Any] = json.loads(meta_file.read_text())
+        lora_of(meta)
+        base_model, expires_at = meta["base_model"], meta.get("expires_at")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise _unreadable(path, meta_file, exc) from None
+    if expires_at is not None and time.time() > float(expires_at):
+        raise UserError(
+            f"checkpoint {path!r} expired (its `ttl_seconds` ran out); save it again with a "
+            "longer ttl_seconds, or None"
+        )
+    if served and base_model not in served:
+        raise UserError(
+            f"checkpoint {path!r} is a LoRA of base model {base_model!r}; this server serves "
+            f"{served[0]!r}: load it on a server of {base_model!r} (or, if it is the same model, "
+            f"start this one with --model-name {base_model})"
+        )
     return meta
 
 
@@ -101,25 +185,43 @@ def lora_of(meta: dict[str, Any]) -> LoraSpec:
     return LoraSpec(int(lora["rank"]), tuple(lora["targets"]), int(lora["seed"]))
 
 
-def load_snapshot(root: Path, path: str) -> Snapshot:
-    """A checkpoint's adapter tensors, for sampling."""
-    meta = read_meta(root, path)
-    tensors = load_tensors(directory(root, path) / "adapter.safetensors")
-    return Snapshot(lora_of(meta), tensors)
+def _tensors(root: Path, path: str, file: str) -> dict[str, torch.Tensor]:
+    target = directory(root, path) / file
+    try:
+        return load_tensors(target)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, struct.error) as exc:
+        raise _unreadable(path, target, exc) from None
+
+
+def load_snapshot(root: Path, path: str, served: Sequence[str] = ()) -> Snapshot:
+    """A checkpoint's adapter tensors, for sampling (``served``: as for :func:`read_meta`)."""
+    meta = read_meta(root, path, served)
+    return Snapshot(lora_of(meta), _tensors(root, path, "adapter.safetensors"))
 
 
 def load_state(
-    root: Path, base: BaseModel, client: TrainingClient, path: str, *, optimizer: bool
+    root: Path,
+    base: BaseModel,
+    client: TrainingClient,
+    path: str,
+    *,
+    optimizer: bool,
+    served: Sequence[str] = (),
 ) -> None:
-    """Load checkpoint ``path`` into ``client`` (its AdamW state too with ``optimizer``)."""
-    meta = read_meta(root, path)
+    """Load checkpoint ``path`` into ``client`` (its AdamW state too with ``optimizer``).
+
+    ``served``: as for :func:`read_meta`. The gradients ``client`` accumulated are dropped.
+    """
+    meta = read_meta(root, path, served)
     if lora_of(meta).key() != client.lora.key():
         raise UserError(
             f"checkpoint {path!r} is a LoRA of rank {meta['lora']['rank']} on "
             f"{meta['lora']['targets']}; this training client is rank {client.lora.rank} on "
             f"{list(client.lora.targets)}: create the client with the checkpoint's rank"
         )
-    base.load_snapshot(client.adapter, load_snapshot(root, path))
+    base.load_snapshot(client.adapter, load_snapshot(root, path, served))
+    for param in base.adapter_params(client.adapter).values():
+        param.grad = None  # gradients of the replaced weights must not reach the next step
     client.steps = int(meta["steps"])
     client.optimizer = None
     if not optimizer:
@@ -131,7 +233,7 @@ def load_state(
     params = base.adapter_params(client.adapter)
     ordered = [params[name] for name in meta["tensor_order"]]
     client.optimizer = torch.optim.AdamW(ordered)
-    tensors = load_tensors(directory(root, path) / "optimizer.safetensors")
+    tensors = _tensors(root, path, "optimizer.safetensors")
     state: dict[int, dict[str, torch.Tensor]] = {}
     for key, value in tensors.items():
         index, slot = key.split(".", 1)

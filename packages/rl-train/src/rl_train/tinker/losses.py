@@ -28,6 +28,7 @@ name that is not in :data:`MAPPING` are refused with :class:`LossError`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -98,8 +99,8 @@ DEFAULT_CONFIG: Mapping[str, float] = {
     "beta": 0.05,
 }
 
-#: ``loss_fn_inputs`` keys this service reads (besides those of :data:`MAPPING`).
-OPTIONAL_INPUTS = ("weights", "sequence_ratio_mask")
+#: ``loss_fn_inputs`` keys a loss reads when given (besides ``target_tokens`` and its inputs).
+OPTIONAL_INPUTS: Mapping[str, tuple[str, ...]] = {"gspo": ("sequence_ratio_mask",)}
 
 
 def loss_spec(name: str) -> LossSpec:
@@ -125,10 +126,13 @@ def check_loss_inputs(
 ) -> None:
     """Check datum ``index``'s ``loss_fn_inputs`` for loss ``name``; raise :class:`LossError`.
 
-    Every tensor must be 1-D of the datum's ``model_input`` length ``N`` (position ``i`` of
-    ``model_input`` predicts ``target_tokens[i]``).
+    Every tensor must be 1-D of the datum's ``model_input`` length ``N >= 1`` (position ``i``
+    of ``model_input`` predicts ``target_tokens[i]``) and finite; a key the loss does not read
+    is refused (it would be ignored).
     """
     spec = loss_spec(name)
+    if length == 0:
+        raise LossError(f"data[{index}].model_input is empty: a Datum needs at least one token")
     if "target_tokens" not in inputs:
         raise LossError(f"data[{index}]: loss_fn_inputs has no 'target_tokens' (shape ({length},))")
     needed = () if forward_only else spec.inputs
@@ -137,12 +141,25 @@ def check_loss_inputs(
             raise LossError(
                 f"data[{index}]: loss_fn {name!r} needs loss_fn_inputs[{key!r}] (shape ({length},))"
             )
+    read = ("target_tokens", *spec.inputs, *OPTIONAL_INPUTS.get(name, ()))
     for key, value in inputs.items():
+        if key not in read:
+            raise LossError(
+                f"data[{index}]: loss_fn {name!r} does not read loss_fn_inputs[{key!r}]; it "
+                f"reads {list(read)}: remove {key!r}"
+                + (" (loss_fn_config takes the clip thresholds)" if "threshold" in key else "")
+            )
         if value.ndim != 1 or value.shape[0] != length:
             raise LossError(
                 f"data[{index}]: loss_fn_inputs[{key!r}] has shape {list(value.shape)} but "
                 f"model_input has {length} tokens; every loss_fn_inputs tensor must have shape "
                 f"({length},) (position i of model_input predicts target_tokens[i])"
+            )
+        if value.is_floating_point() and not bool(value.isfinite().all()):
+            first = int((~value.isfinite()).nonzero()[0, 0])
+            raise LossError(
+                f"data[{index}]: loss_fn_inputs[{key!r}] holds NaN or infinite values (first at "
+                f"position {first}); every value must be finite"
             )
 
 
@@ -155,8 +172,8 @@ def _config(config: Mapping[str, float | str] | None, spec: LossSpec) -> dict[st
         )
     out = {k: DEFAULT_CONFIG[k] for k in spec.config}
     for key, value in given.items():
-        if isinstance(value, str):
-            raise LossError(f"loss_fn_config[{key!r}] must be a number, got {value!r}")
+        if isinstance(value, str) or not math.isfinite(float(value)):
+            raise LossError(f"loss_fn_config[{key!r}] must be a finite number, got {value!r}")
         out[key] = float(value)
     if "clip_low_threshold" in out and not (
         0.0 < out["clip_low_threshold"] <= 1.0 <= out["clip_high_threshold"]

@@ -51,6 +51,30 @@ def _stop_set(stop: Any, eos: Any) -> tuple[set[int], list[str]]:
     raise UserError("sampling_params.stop must be a string, a list of strings or of token ids")
 
 
+def _max_new_tokens(prompt: Sequence[int], max_tokens: Any, max_context_length: int) -> int:
+    """How many tokens to sample: ``max_tokens``, or up to the context length when None."""
+    room = max_context_length - len(prompt)
+    max_new = room if max_tokens is None else int(max_tokens)
+    if not prompt:
+        raise UserError("the prompt is empty")
+    if max_tokens is not None and max_new < 1:
+        raise UserError(
+            f"`max_tokens` must be >= 1, got {max_new}; pass None to sample up to the context "
+            f"length ({max_context_length} tokens with the prompt)"
+        )
+    if room < 1:
+        raise UserError(
+            f"the prompt ({len(prompt)} tokens) leaves no room to sample within the context "
+            f"length {max_context_length} of this server's model; shorten the prompt"
+        )
+    if max_new > room:
+        raise UserError(
+            f"prompt ({len(prompt)} tokens) + max_tokens ({max_new}) exceeds the context length "
+            f"{max_context_length} of this server's model; shorten the prompt or lower max_tokens"
+        )
+    return max_new
+
+
 def sample(
     model: Any,
     prompt: Sequence[int],
@@ -69,18 +93,11 @@ def sample(
         raise UserError(f"sampling_params.temperature must be > 0, got {temperature}")
     if not 0 < top_p <= 1:
         raise UserError(f"sampling_params.top_p must be in (0, 1], got {top_p}")
+    if top_k < -1:
+        raise UserError(f"`top_k` must be >= 1, or -1 (or 0) for no limit, got {top_k}")
     if num_samples < 1:
         raise UserError(f"num_samples must be >= 1, got {num_samples}")
-    room = max_context_length - len(prompt)
-    max_tokens = params.get("max_tokens")
-    max_new = room if max_tokens is None else int(max_tokens)
-    if not prompt:
-        raise UserError("the prompt is empty")
-    if max_new < 1 or max_new > room:
-        raise UserError(
-            f"prompt ({len(prompt)} tokens) + max_tokens ({max_new}) exceeds the context length "
-            f"{max_context_length} of this server's model; shorten the prompt or lower max_tokens"
-        )
+    max_new = _max_new_tokens(prompt, params.get("max_tokens"), max_context_length)
     stop_ids, stop_strings = _stop_set(params.get("stop"), eos_token_id)
     if stop_strings and tokenizer is None:
         raise UserError("stop strings need the server's tokenizer (--tokenizer)")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +65,46 @@ class TrainingClient:
     lora: LoraSpec
     optimizer: torch.optim.AdamW | None = None
     steps: int = 0
+
+
+#: ``AdamParams`` fields: the SDK's default, the accepted range (a check and its wording).
+ADAM_FIELDS: Mapping[str, tuple[float, Callable[[float], bool], str]] = {
+    "learning_rate": (1e-4, lambda v: v >= 0, ">= 0"),
+    "beta1": (0.9, lambda v: 0 <= v < 1, "in [0, 1)"),
+    "beta2": (0.95, lambda v: 0 <= v < 1, "in [0, 1)"),
+    "eps": (1e-12, lambda v: v > 0, "> 0"),
+    "weight_decay": (0.0, lambda v: v >= 0, ">= 0"),
+    "grad_clip_norm": (0.0, lambda v: v >= 0, ">= 0 (0: no clipping)"),
+}
+
+
+def adam_params(params: Mapping[str, Any]) -> dict[str, float]:
+    """``AdamParams`` as floats, defaults filled in; :class:`UserError` naming a bad field.
+
+    NaN and infinities arrive as JSON ``null`` (the SDK's encoding), so ``None`` is refused
+    like any other value that is not a finite number.
+    """
+    unknown = sorted(set(params) - set(ADAM_FIELDS))
+    if unknown:
+        raise UserError(
+            f"`adam_params` has unknown fields {unknown}; AdamParams has {list(ADAM_FIELDS)}"
+        )
+    out: dict[str, float] = {}
+    for key, (default, ok, wording) in ADAM_FIELDS.items():
+        value = params.get(key, default)
+        number = (
+            float(value)
+            if isinstance(value, int | float) and not isinstance(value, bool)
+            else math.nan
+        )
+        if not (math.isfinite(number) and ok(number)):
+            shown = "NaN or infinite" if value is None else repr(value)
+            raise UserError(
+                f"`adam_params.{key}` must be a finite number {wording}, got {shown}; "
+                f"pass e.g. {default} (the AdamParams default)"
+            )
+        out[key] = number
+    return out
 
 
 class BaseModel:
@@ -250,13 +290,9 @@ class BaseModel:
         """One AdamW step (decoupled weight decay) of ``model_id``'s adapter; grads zeroed."""
         client = self.client(model_id)
         tensors = list(self.adapter_params(client.adapter).values())
-        lr = float(params.get("learning_rate", 1e-4))
-        betas = (float(params.get("beta1", 0.9)), float(params.get("beta2", 0.95)))
-        eps = float(params.get("eps", 1e-12))
-        decay = float(params.get("weight_decay", 0.0))
-        clip = float(params.get("grad_clip_norm", 0.0))
-        if not (lr >= 0 and math.isfinite(lr)):
-            raise UserError(f"adam_params.learning_rate must be a finite number >= 0, got {lr}")
+        adam = adam_params(params)
+        lr, eps, decay = adam["learning_rate"], adam["eps"], adam["weight_decay"]
+        betas = (adam["beta1"], adam["beta2"])
         if client.optimizer is None:
             client.optimizer = torch.optim.AdamW(
                 tensors, lr=lr, betas=betas, eps=eps, weight_decay=decay
@@ -264,8 +300,8 @@ class BaseModel:
         for group in client.optimizer.param_groups:
             group.update(lr=lr, betas=betas, eps=eps, weight_decay=decay)
         metrics: dict[str, float] = {}
-        if clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(tensors, clip)
+        if adam["grad_clip_norm"] > 0:
+            norm = torch.nn.utils.clip_grad_norm_(tensors, adam["grad_clip_norm"])
             metrics["grad_norm:mean"] = float(norm)
         client.optimizer.step()
         client.optimizer.zero_grad(set_to_none=True)
@@ -282,8 +318,14 @@ class BaseModel:
     def load_snapshot(self, adapter: str, snapshot: Snapshot) -> None:
         """Copy ``snapshot``'s tensors into adapter ``adapter`` (shapes must agree)."""
         params = self.adapter_params(adapter)
-        if set(params) != set(snapshot.tensors):
-            raise UserError("the checkpoint's LoRA tensors do not fit this adapter (rank/targets)")
+        misfit = set(params) ^ set(snapshot.tensors) or {
+            name for name, p in params.items() if p.shape != snapshot.tensors[name].shape
+        }
+        if misfit:
+            raise UserError(
+                f"the checkpoint's LoRA tensors do not fit this adapter (rank, targets or the "
+                f"base model's layer sizes differ), e.g. {sorted(misfit)[0]!r}"
+            )
         with torch.no_grad():
             for name, param in params.items():
                 param.copy_(snapshot.tensors[name])
