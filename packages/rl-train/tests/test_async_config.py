@@ -1,6 +1,6 @@
-"""The ``async:`` section and the asynchronous loop's argument checks (no worker started here).
+"""The ``async:`` section and the asynchronous loop's argument checks, and a stalled worker.
 
-The runs with a real rollout worker process are in ``tests_integration/test_async.py``.
+The other runs with a real rollout worker process are in ``tests_integration/test_async.py``.
 """
 
 from __future__ import annotations
@@ -118,3 +118,67 @@ def test_stale_batches_without_a_correction_warn_and_clip_against_sampler_counts
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         source.start([agent], None)  # the clip against the sampler handles stale batches
+
+
+def test_a_stalled_worker_is_an_error_naming_it_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    """A worker that never sends a batch (here: stuck building its pieces) stops the run within
+    ``startup_timeout_s`` with an error naming it; its process is gone, and so is the thread that
+    fed it the weights it never read (a copy of the weights, held until the trainer exits)."""
+    import multiprocessing
+    import threading
+
+    import worker_testlib
+    from rl_train.async_loop import RolloutWorkerError
+    from rl_train.demo import build_env
+
+    before = set(threading.enumerate())
+    agent = _agent()
+    config = AsyncConfig(max_staleness=1, startup_timeout_s=0.5)
+    message = (
+        r"rollout worker \(rl-train-rollout-worker, pid \d+\) sent no batch for 0.5 s \(step 1\)"
+    )
+    with pytest.raises(RolloutWorkerError, match=message):
+        finetune_llm_reasoning([agent], build_env(DemoConfig(), agent.tokenizer), max_steps=2,
+                               run_dir=tmp_path, verbose=False, plot=False, tensorboard=False,
+                               async_config=config, rollout_factory=worker_testlib.stalled_factory)  # fmt: skip
+    assert not multiprocessing.active_children()
+    feeders = [t for t in set(threading.enumerate()) - before if t.name == "QueueFeederThread"]
+    assert not [t for t in feeders if t.is_alive()]
+
+
+@pytest.mark.slow  # the trainer stalls past the worker's former 30 s limit: `nox -s slow`
+def test_a_worker_that_fails_while_the_trainer_is_slow_still_reports_its_traceback(
+    tmp_path: Path,
+) -> None:
+    """The worker fails while its queue is full and the trainer is in a long step (here held
+    for 35 s at step 1): its traceback still reaches the trainer's error, however long the step;
+    it used to give up after 30 s and exit, and the error said only "exited with code 1"."""
+    import functools
+    import threading
+
+    import worker_testlib
+    from rl_train.async_loop import RolloutWorkerError
+    from rl_train.builder import build
+
+    config = DemoConfig(steps=6, n_train=80, n_test=8, prompts_per_step=4, group_size=4)
+    run_config = config.run_config(tmp_path / "r")
+    built = build(run_config, distributed=False)
+    release = threading.Event()
+
+    def slow_step(row: dict[str, float]) -> None:
+        if row["step"] == 1:
+            release.wait(35.0)  # a long training step (never set: the wait runs out)
+
+    try:
+        with pytest.raises(RolloutWorkerError) as info:
+            finetune_llm_reasoning(
+                [built.agent], built.env, max_steps=6, run_dir=tmp_path / "r", verbose=False,
+                plot=False, tensorboard=False, log_fn=slow_step,
+                async_config=AsyncConfig(max_staleness=1, queue_size=1),
+                rollout_factory=functools.partial(worker_testlib.failing_factory, run_config, 2),
+            )  # fmt: skip
+    finally:
+        release.set()
+    message = str(info.value)
+    assert "failed; its traceback" in message, message
+    assert "injected reward failure at batch 3" in message, message

@@ -327,3 +327,54 @@ def test_rewriting_a_step_keeps_the_one_latest_names_until_the_new_one_is_comple
     step.rename(step.parent / ".step_00000002.old")  # killed after moving it aside
     assert latest_checkpoint(tmp_path) == step
     assert sorted(p.relative_to(step) for p in step.rglob("*")) == before
+
+
+def test_a_resume_reports_each_step_once_in_the_files_and_tensorboard(tmp_path: Path) -> None:
+    """A run killed after step 6 (checkpoint 4) resumes: metrics.jsonl and TensorBoard show
+    steps 5 and 6 once, the resumed run's. Killed before its first checkpoint, ``resume``
+    starts at step 1 and the killed run's rows go too (they were not computed by this run)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def steps(run_dir: Path) -> tuple[list[int], list[tuple[int, float]]]:
+        events = EventAccumulator(str(run_dir / "tensorboard"))
+        events.Reload()
+        rows = MetricsLogger.read(run_dir / "metrics.jsonl")
+        return [r["step"] for r in rows], [(e.step, e.value) for e in events.Scalars("loss")]
+
+    for name, kill, expected in (("late", 6, list(range(1, 9))), ("early", 3, list(range(1, 9)))):
+        agent, env = demo_agent_env()
+        with pytest.raises(KeyboardInterrupt):
+            finetune_llm_reasoning([agent], env, max_steps=8, evaluation_interval=4,
+                                   checkpoint_steps=4, run_dir=tmp_path / name, verbose=False,
+                                   plot=False, log_fn=kill_at(kill))  # fmt: skip
+        agent, env = demo_agent_env()
+        finetune_llm_reasoning([agent], env, max_steps=8, evaluation_interval=4,
+                               checkpoint_steps=4, run_dir=tmp_path / name, resume=True,
+                               verbose=False, plot=False)  # fmt: skip
+        rows, scalars = steps(tmp_path / name)
+        assert rows == expected, name
+        assert [s for s, _ in scalars] == expected, name
+        losses = {
+            r["step"]: r["loss"] for r in MetricsLogger.read(tmp_path / name / "metrics.jsonl")
+        }
+        assert all(abs(v - losses[s]) <= 1e-6 * max(1.0, abs(v)) for s, v in scalars), name
+
+
+def test_a_failed_trial_never_wins_a_tournament() -> None:
+    """An agent whose evaluation came out NaN (a failed trial) ranks below every agent with a
+    number, wherever it stands in the population: it is neither the elite nor cloned."""
+    import math
+
+    from rl_train import TournamentSelection
+
+    for failed in range(3):
+        pop = []
+        for i, score in enumerate([1.0, 2.0, 3.0]):
+            agent, _ = demo_agent_env()
+            agent.index, agent.fitness = i, [math.nan if i == failed else score]
+            pop.append(agent)
+        best = max(range(3), key=lambda i: -1.0 if i == failed else pop[i].fitness[0])
+        for seed in range(5):
+            elite, nxt = TournamentSelection(2, True, 3, seed=seed).select(pop)
+            assert elite is pop[best], (failed, seed)
+            assert not any(math.isnan(a.fitness[-1]) for a in nxt), (failed, seed)

@@ -369,6 +369,32 @@ def test_a_used_run_dir_is_refused_and_a_resumed_run_reports_what_it_computed(
     assert f"no checkpoint in {first / 'checkpoints'}; starting at step 1" in out, out
 
 
+def test_a_resumed_run_loads_its_checkpoint_once(tmp_path: Path) -> None:
+    """The accuracy at the checkpoint is reported from the load the loop continues from: the
+    agent's weights and optimizer are read once, not once for the report and again to train."""
+    from rl_train import MetricsLogger
+    from rl_train.run import fit, prepare
+
+    run = tmp_path / "run"
+    assert main(_small_run(run, "train.steps=2")) == 0
+    overrides = [a for a in _small_run(run, "train.steps=4", "train.resume=true")[2:] if "=" in a]
+    built = prepare(load_config(EXAMPLES / "grpo_tiny.yaml", overrides))
+    loads: list[bool] = []
+    real_load = built.agent.load_checkpoint
+
+    def counted_load(path, load_optimizer=True):  # type: ignore[no-untyped-def]
+        loads.append(load_optimizer)
+        real_load(path, load_optimizer)
+
+    built.agent.load_checkpoint = counted_load  # type: ignore[method-assign]
+    lines: list[str] = []
+    summary = fit(built, verbose=False, say=lines.append)
+    assert loads == [True]
+    assert lines[0].startswith("resuming from step 2; greedy accuracy at step 2: ")
+    assert summary.accuracy_before == float(lines[0].rsplit(" ", 1)[1])
+    assert [r["step"] for r in MetricsLogger.read(run / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
 def test_run_dir_and_server_failures_are_one_line_naming_the_key(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -98,6 +98,25 @@ def check_async_agent(agents: Sequence[Any]) -> None:
         )
 
 
+def _drain(inbox: Any, timeout_s: float = 30.0) -> None:
+    """Read what a gone worker left unread in ``inbox`` (closed) until its feeder thread ends.
+
+    The queue's feeder thread writes the trainer's weight pushes into a pipe; once the worker
+    is gone, nothing reads it, and a push larger than the pipe's buffer would hold the thread
+    (and that copy of the weights) until the trainer exits. The pipe's read end and the thread
+    are the queue's own (``_reader``, ``_thread``): without them there is nothing to do.
+    """
+    thread, reader = getattr(inbox, "_thread", None), getattr(inbox, "_reader", None)
+    deadline = time.monotonic() + timeout_s
+    with contextlib.suppress(OSError, EOFError):
+        while thread is not None and thread.is_alive() and time.monotonic() < deadline:
+            if reader is not None and reader.poll(0.05):
+                reader.recv_bytes()
+    if reader is not None and not (thread is not None and thread.is_alive()):
+        with contextlib.suppress(OSError):
+            reader.close()
+
+
 class AsyncReasoningSource:
     """Batches from a rollout worker process, at most ``config.max_staleness`` versions old.
 
@@ -236,6 +255,7 @@ class AsyncReasoningSource:
         for q in (self.inbox, self.outbox):
             q.cancel_join_thread()
             q.close()
+        _drain(self.inbox)
 
     # -- the worker ------------------------------------------------------------------------------
 
@@ -301,7 +321,7 @@ class AsyncReasoningSource:
                 if time.monotonic() > deadline:
                     raise RolloutWorkerError(
                         f"the rollout worker ({WORKER_NAME}, pid {process.pid}) sent no batch "
-                        f"for {limit:.0f} s (step {step + 1}); it is alive but stuck or too "
+                        f"for {limit:g} s (step {step + 1}); it is alive but stuck or too "
                         "slow. Raise async.timeout_s (startup: async.startup_timeout_s), or "
                         "resume from the last checkpoint with train.resume=true"
                     ) from None

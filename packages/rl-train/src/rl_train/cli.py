@@ -12,11 +12,14 @@ algorithm names) are checked before torch or any model library is imported; ``rl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
+import signal
 import sys
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from importlib.metadata import version
 from pathlib import Path
 
@@ -272,6 +275,48 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     return args
 
 
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """While training, SIGTERM stops the run as Ctrl-C does: through its cleanup (the rollout
+    worker stopped, TensorBoard and the trackers closed), not at once.
+
+    Only in a single process's main thread: under a launcher (``torchrun``, ``accelerate
+    launch``) the launcher's own SIGTERM handling applies.
+    """  # noqa: D205
+
+    def interrupt(signum: int, frame: object) -> None:
+        del frame
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    alone = os.environ.get("WORLD_SIZE", "1") == "1"
+    if not alone or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stopped(args: argparse.Namespace, exc: KeyboardInterrupt) -> int:
+    """Say where a run stopped by Ctrl-C or SIGTERM continues from; 128 + the signal."""
+    from rl_train.checkpoint import checkpoint_step, latest_checkpoint
+
+    name = str(exc) if str(exc) == "SIGTERM" else "SIGINT"
+    config = getattr(args, "run_config", None)
+    run_dir = config.train.run_dir if config is not None else getattr(args, "run_dir", None)
+    where = ""
+    if run_dir is not None:  # None: stopped while the config was read
+        latest = latest_checkpoint(run_dir)
+        where = f"; no checkpoint in {Path(run_dir) / 'checkpoints'}"
+        if latest is not None:
+            where = f"; the last checkpoint is step {checkpoint_step(latest)} in {latest.parent}"
+            where += ": continue with train.resume=true" if args.command == "run" else ""
+    print(f"rl-train: stopped by {name}{where}", file=sys.stderr)
+    return 128 + int(signal.Signals[name])
+
+
 def _rollout_server_error(exc: BaseException) -> BaseException | None:
     """``exc`` or its cause when it is rl-rollout's ``RolloutServerError`` (not imported here:
     it is loaded once a run talks to a rollout server).
@@ -304,7 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: Arguments without the program name; ``None`` reads ``sys.argv``.
 
     Returns:
-        The process exit status (2: bad arguments or configuration, or no command).
+        The process exit status (2: bad arguments or configuration, or no command; 130 / 143:
+        ``run`` or ``demo`` stopped by Ctrl-C / SIGTERM, saying where to resume from).
     """
     parser = build_parser()
     args = _parse(parser, argv)
@@ -313,8 +359,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command not in commands:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    training = args.command in ("run", "demo")
     try:
-        return commands[args.command](args)
+        with _sigterm_interrupts() if training else contextlib.nullcontext():
+            return commands[args.command](args)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM while training
+        if args.debug or not training or getattr(args, "print_config", False):
+            raise
+        return _stopped(args, exc)
     except (ValueError, FileNotFoundError) as exc:
         if args.debug:
             raise

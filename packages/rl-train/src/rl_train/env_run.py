@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rl_train.checkpoint import resume_point
+from rl_train.checkpoint import resume, resume_point
 from rl_train.collective import is_main_process
 from rl_train.config import ConfigError, RunConfig, to_dict
 from rl_train.evaluation import greedy_return
@@ -152,9 +152,10 @@ def fit_episodes(
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
     episodes = config.env.eval_episodes
-    if checkpoint is not None:  # what the loop resumes from (it loads the optimizer too)
-        path, step = checkpoint
-        agent.load_checkpoint(path / "agent_0", load_optimizer=False)
+    resumed = None
+    if checkpoint is not None:  # loaded once, with the optimizer: the loop continues from it
+        resumed = resume(run_dir, [agent])
+        step = checkpoint[1]
         before = greedy_return(agent, factory, episodes, seed=10**6)
         report(f"resuming from step {step}; greedy mean return at step {step}: {before:.3f}")
     else:
@@ -169,7 +170,7 @@ def fit_episodes(
         batch_size=config.data.prompts_per_step,
         seed=t.seed,
         run_dir=run_dir,
-        resume=t.resume,
+        resume=resumed if resumed is not None else t.resume,
         checkpoint_steps=t.checkpoint_steps,
         max_reward=t.max_reward,
         verbose=verbose,

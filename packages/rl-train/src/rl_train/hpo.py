@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -10,8 +11,13 @@ __all__ = ["Mutations", "TournamentSelection"]
 
 
 def _fitness(agent: Any, eval_loop: int) -> float:
+    """The mean of the last ``eval_loop`` scores; -inf without any, or when it is NaN.
+
+    A failed evaluation ranks last: NaN compares false both ways and would win by its position.
+    """
     scores = list(getattr(agent, "fitness", []))[-eval_loop:]
-    return sum(scores) / len(scores) if scores else -float("inf")
+    mean = sum(scores) / len(scores) if scores else -float("inf")
+    return -float("inf") if math.isnan(mean) else mean
 
 
 class TournamentSelection:
@@ -21,7 +27,8 @@ class TournamentSelection:
         tournament_size: Agents drawn per tournament (the fittest wins).
         elitism: Keep the best agent unchanged as member 0 (required for LLM populations).
         population_size: Size of the next population.
-        eval_loop: Fitness is the mean of each agent's last ``eval_loop`` test scores.
+        eval_loop: Fitness is the mean of each agent's last ``eval_loop`` test scores (none,
+            or NaN from a failed evaluation: ranked last).
         seed: Seed of the draws.
     """
 

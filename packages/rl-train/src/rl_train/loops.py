@@ -17,7 +17,7 @@ from typing import Any
 from rl_algos import LLMAlgorithm
 
 from rl_train.async_loop import AsyncReasoningSource
-from rl_train.checkpoint import latest_checkpoint
+from rl_train.checkpoint import Resumed, latest_checkpoint
 from rl_train.checkpoint import resume as resume_from
 from rl_train.config import AsyncConfig
 from rl_train.evaluation import greedy_return, population_fitness
@@ -68,7 +68,7 @@ def finetune_llm_reasoning(
     checkpoint_path: str | None = None,
     *,
     run_dir: str | Path | None = None,
-    resume: bool = False,
+    resume: bool | Resumed = False,
     eval_loop: int = 1,
     eval_fn: Callable[[LLMAlgorithm], dict[str, float]] | None = None,
     tensorboard: bool = True,
@@ -120,7 +120,9 @@ def finetune_llm_reasoning(
         checkpoint_path: Default of ``run_dir``.
         run_dir: Where metrics, checkpoints and the curve go (default ``checkpoint_path`` or
             ``runs/reasoning``).
-        resume: Continue from the latest checkpoint in ``run_dir``.
+        resume: Continue from the latest checkpoint in ``run_dir``; or the
+            :class:`~rl_train.checkpoint.Resumed` that :func:`rl_train.checkpoint.resume`
+            returned for ``pop`` (continue from it without loading it again).
         eval_loop: Test batches per evaluation.
         eval_fn: Extra evaluation ``agent -> {name: value}`` logged with the metrics.
         tensorboard: Also write TensorBoard events.
@@ -192,7 +194,7 @@ def finetune_llm_multiturn(
     group_size: int | None = None,
     seed: int = 0,
     run_dir: str | Path | None = None,
-    resume: bool = False,
+    resume: bool | Resumed = False,
     checkpoint_steps: int | None = None,
     checkpoint_path: str | None = None,
     max_reward: float | None = None,
@@ -240,7 +242,9 @@ def finetune_llm_multiturn(
         seed: Seed of the tasks.
         run_dir: Where metrics, checkpoints and the curve go (default ``checkpoint_path`` or
             ``runs/multiturn``).
-        resume: Continue from the latest checkpoint in ``run_dir``.
+        resume: Continue from the latest checkpoint in ``run_dir``; or the
+            :class:`~rl_train.checkpoint.Resumed` that :func:`rl_train.checkpoint.resume`
+            returned for ``pop`` (continue from it without loading it again).
         checkpoint_steps: Steps between checkpoints, the last step saved too (None: none).
         checkpoint_path: Default of ``run_dir``.
         max_reward: Stop once the evaluation's mean return reaches this.
@@ -420,7 +424,7 @@ def _train_population(
     steps: int,
     title: str,
     kl: bool,
-    resume: bool,
+    resume: bool | Resumed,
     tensorboard: bool,
     wb: bool,
     report_to: str | Sequence[str] | None,
@@ -439,13 +443,15 @@ def _train_population(
         run,
         tensorboard=tensorboard,
         wandb_project=project if wb else None,
-        resume=resume,
+        resume=bool(resume),
         report_to=report_to,
         project=project,
     )
-    resumed = resume_from(run, agents) if resume else None
-    if resumed is not None:
-        logger.truncate(resumed.step)
+    resumed = (
+        resume if isinstance(resume, Resumed) else resume_from(run, agents) if resume else None
+    )
+    if resume:  # no checkpoint: step 1 again, and the rows of the run before it go
+        logger.truncate(resumed.step if resumed is not None else 0)
     hooks: list[Hook] = [evaluation, *([evolution] if evolution is not None else [])]
     hooks += [
         MetricsLog(logger, log_fn, run / "reward_curve.png" if plot else None, title),

@@ -120,10 +120,19 @@ class MetricsLogger:
             tracker.log(step, {k: v for k, v in row.items() if k != "step"})
 
     def truncate(self, step: int) -> None:
-        """Drop rows after ``step`` (resuming from a checkpoint written at ``step``)."""
+        """Drop rows after ``step`` (resuming from a checkpoint written at ``step``; 0: all).
+
+        TensorBoard hides the events after ``step`` too (``SummaryWriter(purge_step=)``), so
+        the steps the resumed run computes again are shown once.
+        """
         self.history = [r for r in self.history if r["step"] <= step]
         self.jsonl.write_text("".join(json.dumps(r) + "\n" for r in self.history))
         self._csv_fields = None  # the CSV is rewritten at the next row
+        if self._tb is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb.close()
+            self._tb = SummaryWriter(str(self.run_dir / "tensorboard"), purge_step=step + 1)
 
     def close(self) -> None:
         """Flush and close the writers."""

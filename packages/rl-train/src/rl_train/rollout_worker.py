@@ -393,8 +393,24 @@ def worker_main(start: WorkerStart, inbox: Any, outbox: Any) -> None:
         outbox.cancel_join_thread()  # unread batches do not hold the exit
     except BaseException:
         try:
-            outbox.put(WorkerFailed(traceback.format_exc()), timeout=30)
+            _report_failure(outbox, WorkerFailed(traceback.format_exc()), start.parent_pid)
         finally:
             outbox.close()
             outbox.join_thread()
             sys.exit(1)
+
+
+def _report_failure(outbox: Any, failed: WorkerFailed, parent_pid: int) -> None:
+    """Queue ``failed`` behind the batches the trainer has not taken yet, however long it takes.
+
+    The trainer reads it after them (a long training step included) or stops the worker; if
+    the trainer is gone, the traceback goes to stderr instead.
+    """
+    while True:
+        try:
+            outbox.put(failed, timeout=POLL_S)
+            return
+        except queue.Full:
+            if os.getppid() != parent_pid:
+                print(failed.error, file=sys.stderr, flush=True)
+                return

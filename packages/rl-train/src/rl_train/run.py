@@ -19,7 +19,7 @@ from pathlib import Path
 from rl_algos import get_preset
 
 from rl_train.builder import Built, ProcessShard, build, rollout_pieces
-from rl_train.checkpoint import LATEST, latest_checkpoint, resume_point
+from rl_train.checkpoint import LATEST, latest_checkpoint, resume, resume_point
 from rl_train.collective import is_main_process
 from rl_train.config import ConfigError, RunConfig, check_run_dir, to_dict
 from rl_train.evaluation import greedy_accuracy
@@ -141,9 +141,10 @@ def fit(built: Built, *, verbose: bool = True, say: Callable[[str], None] = _sil
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=2))
-    if checkpoint is not None:  # what the loop resumes from (it loads the optimizer too)
-        path, step = checkpoint
-        agent.load_checkpoint(path / "agent_0", load_optimizer=False)
+    resumed = None
+    if checkpoint is not None:  # loaded once, with the optimizer: the loop continues from it
+        resumed = resume(run_dir, [agent])
+        step = checkpoint[1]
         before = greedy_accuracy(agent, env)
         report(f"resuming from step {step}; greedy accuracy at step {step}: {before:.2f}")
     else:
@@ -162,7 +163,7 @@ def fit(built: Built, *, verbose: bool = True, say: Callable[[str], None] = _sil
             checkpoint_steps=t.checkpoint_steps,
             max_reward=t.max_reward,
             run_dir=run_dir,
-            resume=t.resume,
+            resume=resumed if resumed is not None else t.resume,
             verbose=verbose,
             eval_fn=accuracy,
             async_config=config.async_,
