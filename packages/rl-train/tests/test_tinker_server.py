@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import tinker  # the rl-train[tinker] extra, in rl-train's test group
 import torch
@@ -356,3 +357,28 @@ def test_inflight_sampling_clients_follow_every_save(service: tinker.ServiceClie
     stable = client.save_weights_and_get_sampling_client(record_stability_info=True).result()
     with pytest.raises(tinker.RequestFailedError, match="`record_stability_info` is not served"):
         stable.sample(prompt, 1, params).result()
+
+
+def test_an_unexpected_failure_is_a_500_the_sdk_does_not_retry(
+    server: tuple[str, object, Path],
+) -> None:
+    """A request that breaks a route (here a list as ``model_id``, which the SDK never sends) is
+    answered at once with the exception, and ``x-should-retry: false``: the SDK raises
+    ``InternalServerError`` instead of sending the same request again for about a minute."""
+    import asyncio
+
+    from tinker._client import AsyncTinker
+
+    async def post() -> None:
+        client = AsyncTinker(base_url=server[0], api_key=KEY, max_retries=3)
+        try:
+            await client.post("/api/v1/get_info", body={"model_id": ["x"]}, cast_to=object)
+        finally:
+            await client.close()
+
+    with pytest.raises(tinker.InternalServerError, match=r"failed on /api/v1/get_info \(TypeError"):
+        asyncio.run(post())
+    with httpx.Client(headers={"X-API-Key": KEY}) as http:
+        reply = http.post(f"{server[0]}/api/v1/get_info", json={"model_id": ["x"]})
+        assert (reply.status_code, reply.headers["x-should-retry"]) == (500, "false")
+        assert http.get(f"{server[0]}/api/v1/healthz").status_code == 200  # still serving

@@ -289,6 +289,19 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def missing_field(_: Request, exc: KeyError) -> JSONResponse:
         return _error(400, f"the request lacks the field {exc.args[0]!r}")
 
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        # the SDK retries a 5xx for about a minute; the same request fails the same way again,
+        # so it is told not to (its `x-should-retry` header) and raises at once
+        response = _error(
+            500,
+            f"the server failed on {request.url.path} ({type(exc).__name__}: {exc}); it keeps "
+            "serving other requests: check the request's fields, or report the traceback in the "
+            "server's log",
+        )
+        response.headers["x-should-retry"] = "false"
+        return response
+
     _session_routes(app, service)
     _training_routes(app, service)
     _sampling_routes(app, service)
