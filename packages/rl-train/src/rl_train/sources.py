@@ -209,6 +209,18 @@ class _TurnRecorder:
         return out
 
 
+def _check_rows(batch_size: Any, rows: int, name: str) -> int:
+    """``batch_size`` as rows per offline step: an int in [1, rows] (the dataset's rows)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"{name} must be an int >= 1 (rows per step), got {batch_size!r}")
+    if batch_size > rows:
+        raise ValueError(
+            f"{name} is {batch_size} but the dataset has {rows} rows: every step would learn "
+            f"on fewer rows than asked; pass batch_size <= {rows} or log more samples"
+        )
+    return batch_size
+
+
 class OfflineSource:
     """Minibatches of a logged dataset, in a seeded shuffle reshuffled every pass.
 
@@ -228,6 +240,8 @@ class OfflineSource:
     ) -> None:
         if len(dataset) == 0:
             raise ValueError("`dataset` is empty: build it with make_experience(samples, rewards)")
+        if batch_size is not None:
+            _check_rows(batch_size, len(dataset), "`batch_size`")
         self.dataset = dataset
         self.batch_size = batch_size
         self.seed = seed
@@ -239,7 +253,9 @@ class OfflineSource:
     def start(self, agents: Sequence[Any], state: dict[str, Any] | None) -> None:
         """The first shuffle (``batch_size`` defaults to the first agent's)."""
         del state
-        self.size = self.batch_size or int(agents[0].batch_size)
+        self.size = self.batch_size or _check_rows(
+            agents[0].batch_size, len(self.dataset), "the agent's `batch_size`"
+        )
         self.generator.manual_seed(self.seed)
         self.order = torch.randperm(len(self.dataset), generator=self.generator)
         self.cursor = 0
