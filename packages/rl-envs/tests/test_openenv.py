@@ -235,9 +235,10 @@ def test_rl_envs_imports_without_the_extras() -> None:
     assert out.stdout.strip() == expected
 
 
-def _calculator() -> Any:
+def _calculator(other: float = 0.0) -> Any:
     """A real MCP tool environment: FastMCP's server with one tool, OpenEnv's MCPEnvironment;
-    the episode ends on the first call whose result is 5 (reward 1), other calls earn 0."""
+    the episode ends on the first call whose result is 5 (reward 1), other calls earn `other`.
+    `steps` counts the environment's steps."""
     from fastmcp import FastMCP
     from openenv.core.env_server.mcp_environment import MCPEnvironment
 
@@ -249,13 +250,16 @@ def _calculator() -> Any:
         return a + b
 
     class Calculator(MCPEnvironment):  # type: ignore[misc]
+        steps = 0
+
         def reset(self, seed: int | None = None, episode_id: str | None = None, **kw: Any) -> Any:
             return EchoObservation(prompt="make 5 with add")
 
         def step(self, action: Any, timeout_s: float | None = None, **kw: Any) -> Any:
+            self.steps += 1
             obs = super().step(action, timeout_s=timeout_s, **kw)
             done = observation_text(obs) == "5"
-            return obs.model_copy(update={"reward": float(done), "done": done})
+            return obs.model_copy(update={"reward": 1.0 if done else other, "done": done})
 
         def _step_impl(self, action: Any, timeout_s: float | None = None, **kw: Any) -> Any:
             raise ValueError("only tool calls")
@@ -271,7 +275,7 @@ def json_tok() -> Any:
     """The char tokenizer with the characters of JSON tool calls."""
     from rl_testing.tokenizer import DEFAULT_ALPHABET
 
-    t = char_tokenizer(DEFAULT_ALPHABET + string.ascii_uppercase + '<>{}[]"_')
+    t = char_tokenizer(DEFAULT_ALPHABET + string.ascii_uppercase + '<>{}[]"_;')
     t.chat_template = TEMPLATE
     return t
 
@@ -287,10 +291,107 @@ def test_mcp_tool_environments_take_hermes_calls_by_default() -> None:
     call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
     assert act(call) == ("3<eos><|assistant|>", 0.0, False)
     assert act(call.replace('"b": 2', '"b": 4'))[1:] == (1.0, True)
-    w = wrapper(json_tok(), _calculator())
+
+
+def _call(a: int, b: int) -> str:
+    return f'<tool_call>{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
+
+
+def _mcp_episode(**kw: Any) -> tuple[OpenEnvWrapper, Any]:
+    environment = _calculator(**kw)
+    w = wrapper(json_tok(), environment, max_model_len=1024, max_output_tokens=256)
     w.reset(seed=0)
-    with pytest.raises(OpenEnvError, match=r"refused 'hi' \(ValueError: no <tool_call>"):
+    return w, environment
+
+
+def _last_message(w: OpenEnvWrapper, obs: dict[str, Any]) -> str:
+    return str(obs["text"]).rsplit("<|user|>", 1)[-1].removesuffix("<eos><|assistant|>")
+
+
+HERMES = '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        ("hi", "no tool call in the answer"),
+        ("<tool_call>{add}</tool_call>", "the tool call is not valid JSON"),
+        ('<tool_call>{"arguments": {}}</tool_call>', 'a tool call must be {"name"'),
+    ],
+)
+def test_an_mcp_answer_without_a_usable_call_is_answered_with_an_error(
+    answer: str, why: str
+) -> None:
+    w, environment = _mcp_episode()
+    obs, reward, terminated, truncated, info = w.step([*encode(w.tokenizer, answer), EOS])
+    message = _last_message(w, obs)
+    assert message.startswith(f"error: {why}") and message.endswith(f"; write {HERMES}")
+    assert (reward, terminated, truncated, environment.steps) == (0.0, False, False, 0)
+    assert (info["tool_calls"], info["tool_errors"]) == (0, 1)
+    assert info["observation"].prompt == "make 5 with add"  # still reset's
+    # the model gets another turn, and a call then runs
+    obs, reward, terminated, _, info = w.step([*encode(w.tokenizer, _call(2, 3)), EOS])
+    assert (reward, terminated, environment.steps) == (1.0, True, 1)
+    assert (info["tool_calls"], info["tool_errors"]) == (1, 1)
+
+
+def test_every_mcp_call_of_an_answer_runs_in_order_and_the_rewards_add_up() -> None:
+    w, environment = _mcp_episode(other=0.25)
+    answer = f"{_call(1, 2)}\n{_call(0, 4)}"
+    obs, reward, terminated, truncated, info = w.step([*encode(w.tokenizer, answer), EOS])
+    assert _last_message(w, obs) == "3\n4"  # each result's text, in the calls' order
+    assert (reward, terminated, truncated, environment.steps) == (0.5, False, False, 2)
+    assert (info["tool_calls"], info["tool_errors"]) == (2, 0)
+    assert observation_text(info["observation"]) == "4"  # the last call's observation
+    assert w.trajectory().turn_rewards.tolist() == [0.5]  # dyadic: exact in float32
+
+
+def test_an_mcp_call_that_ends_the_episode_stops_the_rest() -> None:
+    w, environment = _mcp_episode(other=0.25)
+    answer = _call(1, 1) + _call(2, 3) + _call(3, 3)
+    _, reward, terminated, truncated, info = w.step([*encode(w.tokenizer, answer), EOS])
+    assert (reward, terminated, truncated, environment.steps) == (1.25, True, False, 2)
+    assert info["tool_calls"] == 2 and w.done
+
+
+def test_an_mcp_episode_of_only_bad_answers_is_truncated_at_max_turns() -> None:
+    environment = _calculator()
+    w = wrapper(json_tok(), environment, max_turns=3, max_model_len=1024, max_output_tokens=16)
+    w.reset(seed=0)
+    for answer in ("hi", "<tool_call>{", "5"):
+        _, reward, terminated, truncated, info = w.step([*encode(w.tokenizer, answer), EOS])
+    assert (reward, terminated, truncated, info["truncated_by"]) == (0.0, False, True, "max_turns")
+    assert (environment.steps, info["tool_errors"], w.trajectory().turn_rewards.tolist()) == (
+        0,
+        3,
+        [0.0, 0.0, 0.0],
+    )
+
+
+def test_a_users_own_action_mapping_that_raises_still_ends_the_run() -> None:
+    from rl_envs.openenv import mcp_action
+
+    def strict(text: str) -> Any:
+        if "<tool_call>" not in text:
+            raise ValueError("not a call")
+        return mcp_action(text)
+
+    w = wrapper(json_tok(), _calculator(), action=strict)
+    w.reset(seed=0)
+    with pytest.raises(OpenEnvError, match=r"refused 'hi' \(ValueError: not a call\)"):
         w.step([*encode(w.tokenizer, "hi"), EOS])
+
+
+def test_mcp_action_is_the_first_call_and_mcp_actions_all_of_them() -> None:
+    from openenv.core.env_server.mcp_types import CallToolAction
+    from rl_envs.openenv import mcp_action, mcp_actions
+
+    answer = _call(1, 2) + "then" + _call(3, 4)
+    first, second = (CallToolAction(tool_name="add", arguments={"a": a, "b": b}) for a, b in [(1, 2), (3, 4)])  # fmt: skip
+    assert mcp_actions(answer) == [first, second]
+    assert mcp_action(answer) == first
+    with pytest.raises(ValueError, match=r"^no tool call in the answer; write <tool_call>"):
+        mcp_action("hi")
 
 
 def test_a_step_that_returns_no_observation_names_the_environment() -> None:

@@ -8,14 +8,24 @@ WebSocket through ``EnvClient``:
 1. ``reset(seed=...)``'s observation, mapped to text by ``observation`` (default:
    :func:`observation_text`), is the first user message;
 2. each action's text is mapped to an ``Action`` by ``action`` (default: the action class's
-   one string field, :func:`text_action`; for MCP tool environments, a Hermes
-   ``<tool_call>`` as ``CallToolAction``, :func:`mcp_action`); the observation that comes
-   back is the next user message (tokenised as environment tokens: masked out of the loss);
+   one string field, :func:`text_action`); the observation that comes back is the next user
+   message (tokenised as environment tokens: masked out of the loss);
 3. the turn's reward is ``reward(observation)`` if given, else the observation's ``reward``,
    else the in-process environment's rubric ``rubric(action, observation)``; a step that ends
    the episode with none of them is an error (the message says how to give one);
 4. ``observation.done`` ends the episode (terminated); the wrapper's ``max_turns`` caps an
    environment that never ends (truncated).
+
+MCP tool environments (an ``MCPEnvironment``, or the action class ``CallToolAction``) take
+the model's Hermes tool calls by default (:func:`mcp_actions`), as TRL's tool loop does: every
+``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` of an answer is a
+``CallToolAction`` stepped in order (stopping at a step that ends the episode); the next
+message is their results' texts joined by newlines, the turn's reward the sum of their rewards.
+The model's own text never ends a run: an answer without a call, or with a call that is not
+that JSON, does not step the environment and is answered ``"error: <what went wrong>; write
+<tool_call>..."`` (reward 0, the model gets another turn; ``max_turns`` still caps the episode),
+as :class:`~rl_envs.tools.ToolEnvWrapper` answers it. A user's own ``action=`` that raises is
+an :class:`OpenEnvError` (a bug of that mapping).
 
 Remote environments: one WebSocket session per episode (``OpenEnvWrapper`` connects on
 ``reset`` and closes when the episode ends), so the server's ``max_concurrent_envs`` must be
@@ -39,6 +49,7 @@ __all__ = [
     "OpenEnvTextEnv",
     "OpenEnvWrapper",
     "mcp_action",
+    "mcp_actions",
     "observation_text",
     "text_action",
 ]
@@ -110,32 +121,56 @@ def _tool_text(fields: dict[str, Any]) -> str:
     return "" if result is None else str(result)
 
 
-def mcp_action(text: str) -> Any:
-    """The default ``text -> Action`` mapping of MCP tool environments.
+#: What the model is told to write when an answer holds no usable tool call.
+_HERMES_CALL = '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'
 
-    The model writes one call as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-    (the Hermes / Qwen2.5 convention, :func:`rl_envs.tools.parse_hermes_tool_calls`); the
-    first call becomes OpenEnv's ``CallToolAction``.
+
+def mcp_actions(text: str) -> list[Any]:
+    """The default ``text -> Actions`` mapping of MCP tool environments: every call, in order.
+
+    The model writes each call as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+    (the Hermes / Qwen2.5 convention, :func:`rl_envs.tools.parse_hermes_tool_calls`); each
+    becomes OpenEnv's ``CallToolAction``. :class:`OpenEnvTextEnv` steps the environment once
+    per action and answers a ``ValueError`` with an ``"error: ..."`` message (another turn).
 
     Args:
         text: The model's answer.
 
     Returns:
-        ``CallToolAction(tool_name=..., arguments=...)``.
+        ``[CallToolAction(tool_name=..., arguments=...), ...]`` (at least one).
+
+    Raises:
+        ValueError: no call in ``text``, or a call that is not ``{"name": str, "arguments":
+            object}`` JSON; the message says what to write instead.
+    """
+    from rl_envs.tools import ToolCallParseError, parse_hermes_tool_calls
+
+    try:
+        calls = parse_hermes_tool_calls(text, {})
+    except ToolCallParseError as exc:
+        raise ValueError(f"{exc}; write {_HERMES_CALL}") from None
+    if not calls:
+        raise ValueError(f"no tool call in the answer; write {_HERMES_CALL}")
+    core = _core()
+    return [core.CallToolAction(tool_name=c.name, arguments=c.arguments) for c in calls]
+
+
+def mcp_action(text: str) -> Any:
+    """The first call of :func:`mcp_actions`, for an ``action=`` mapping of one action per turn.
+
+    Passed as ``action=`` (or left to the default), :class:`OpenEnvTextEnv` runs every call of
+    the answer (:func:`mcp_actions`), not only the first.
+
+    Args:
+        text: The model's answer.
+
+    Returns:
+        ``CallToolAction(tool_name=..., arguments=...)`` of the first call.
 
     Raises:
         ValueError: no call in ``text``, or a call that is not valid JSON.
     """
-    from rl_envs.tools import parse_hermes_tool_calls
-
-    calls = parse_hermes_tool_calls(text, {})
-    if not calls:
-        raise ValueError(
-            'no <tool_call>{"name": ..., "arguments": {...}}</tool_call> in the answer; an MCP '
-            "environment takes tool calls"
-        )
-    core = _core()
-    return core.CallToolAction(tool_name=calls[0].name, arguments=calls[0].arguments)
+    return mcp_actions(text)[0]
 
 
 def text_action(action_cls: Any) -> Callable[[str], Any]:
@@ -170,11 +205,18 @@ class OpenEnvTextEnv:
 
     Exactly one of ``environment`` (in-process) and ``url`` (a ``create_app`` server) is given.
 
+    ``step``'s info holds ``"observation"``: the environment's latest observation (after a
+    turn of several tool calls, the last call's; after a refused answer, the one before).
+    With MCP tool calls (the default mapping of MCP environments, see the module docstring)
+    it also holds ``"tool_calls"`` (calls run so far) and ``"tool_errors"`` (answers refused
+    without a usable call, plus calls whose result is an error, so far).
+
     Args:
         environment: An OpenEnv ``Environment``, or a callable that builds one (its class).
         url: ``http://host:port`` of a server made by ``create_app``.
         action: ``text -> Action`` (or the action's dict for a server); default
-            :func:`text_action` of ``action_cls``.
+            :func:`text_action` of ``action_cls``, or for an MCP tool environment every tool
+            call of the answer (:func:`mcp_actions`; also when :func:`mcp_action` is passed).
         observation: ``Observation -> str``; default :func:`observation_text`.
         reward: ``observation -> float``, used instead of the observation's ``reward``.
         action_cls: The ``Action`` class (in-process: read from ``environment.step``'s
@@ -221,6 +263,8 @@ class OpenEnvTextEnv:
         core_mcp = (core.CallToolAction, core.Action)
         if action is None and (action_cls in core_mcp or isinstance(self.env, core.MCPEnvironment)):
             action = mcp_action
+        # every tool call of an answer runs; the model's unusable text is answered, not raised
+        self.tool_calls_mode = action is mcp_action
         if action is None:
             if action_cls is None:
                 raise ValueError(
@@ -236,6 +280,8 @@ class OpenEnvTextEnv:
         self.timeout = float(timeout)
         self.client: Any = None
         self.turn = 0
+        self.last_observation: Any = None
+        self.tool_calls = self.tool_errors = 0
 
     # -- the two transports ----------------------------------------------------------------------
 
@@ -304,18 +350,40 @@ class OpenEnvTextEnv:
             obs, _, done = self._remote(lambda: client.reset(**kwargs), "reset")
         if done:
             raise OpenEnvError(f"{self.name} ended the episode at reset (done=True)")
+        self.last_observation, self.tool_calls, self.tool_errors = obs, 0, 0
         return self.observation_fn(obs), {"observation": obs}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """Apply the model's text; Gymnasium's five-tuple (never truncated by the env)."""
+        """Apply the model's text; Gymnasium's five-tuple (never truncated by the env).
+
+        With MCP tool calls, one environment step per call (see the module docstring).
+        """
         self.turn += 1
-        try:
-            act = self.action_fn(action)
-        except Exception as exc:
-            raise OpenEnvError(
-                f"the action mapping of {self.name} refused {action!r} "
-                f"({type(exc).__name__}: {exc})"
-            ) from exc
+        if self.tool_calls_mode:
+            try:
+                actions = mcp_actions(action)
+            except ValueError as exc:  # the model's own text: answered, another turn
+                self.tool_errors += 1
+                return f"error: {exc}", 0.0, False, False, self._info()
+        else:
+            try:
+                actions = [self.action_fn(action)]
+            except Exception as exc:
+                raise OpenEnvError(
+                    f"the action mapping of {self.name} refused {action!r} "
+                    f"({type(exc).__name__}: {exc})"
+                ) from exc
+        texts, total, done = [], 0.0, False
+        for act in actions:
+            obs, reward, done = self._apply(act)
+            texts.append(self.observation_fn(obs))
+            total += reward
+            if done:  # the calls after it are not run
+                break
+        return "\n".join(texts), total, done, False, self._info()
+
+    def _apply(self, act: Any) -> tuple[Any, float, bool]:
+        """One environment step: ``(observation, reward, done)``."""
         if self.env is not None:
             obs, reward, done = self._local(lambda: self.env.step(act), "step")
         else:
@@ -333,7 +401,20 @@ class OpenEnvTextEnv:
                     "reward=fn(observation) -> float"
                 )
             reward = 0.0
-        return self.observation_fn(obs), float(reward), done, False, {"observation": obs}
+        self.last_observation = obs
+        if self.tool_calls_mode:
+            self.tool_calls += 1
+            self.tool_errors += bool(_fields(obs).get("error"))
+        return obs, float(reward), done
+
+    def _info(self) -> dict[str, Any]:
+        if not self.tool_calls_mode:
+            return {"observation": self.last_observation}
+        return {
+            "observation": self.last_observation,
+            "tool_calls": self.tool_calls,
+            "tool_errors": self.tool_errors,
+        }
 
     def close(self, wait: bool = True) -> None:
         """End the server session, if any (in-process: nothing to do).
@@ -374,7 +455,9 @@ class OpenEnvWrapper(TokenObservationWrapper):
     The episode's token layout, masks and turn ids are those of
     :class:`~rl_envs.multiturn.TokenObservationWrapper` (observation tokens are not actions,
     so they are masked out of the loss); a server session is closed as soon as the episode
-    ends (terminated, ``max_turns``, ``max_model_len`` or an error).
+    ends (terminated, ``max_turns``, ``max_model_len`` or an error). ``step``'s info is
+    :class:`OpenEnvTextEnv`'s (``"observation"``; with MCP tool calls ``"tool_calls"`` and
+    ``"tool_errors"``).
 
     Args:
         environment: As for :class:`OpenEnvTextEnv` (in-process).
