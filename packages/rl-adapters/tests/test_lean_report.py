@@ -271,3 +271,24 @@ def test_full_finetune_report_notes_trained_norms() -> None:
     assert report.forwards == ("rotary", "rms_norm", "swiglu")
     (note,) = report.fallbacks
     assert note.forward == "rms_norm" and "trained weight" in note.reason
+
+
+def test_report_notes_lora_dropout(lean_calls: dict[str, int]) -> None:
+    """LoRA dropout p > 0: the lean LoRA serves the policy's eval-mode forwards, and a
+    training-mode forward runs peft's (live dropout). Before, the report said only "lora on
+    N" and the fallback at training time went unrecorded; now it notes the dropout."""
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, target_modules=["q_proj", "v_proj"])
+    policy = PolicyModel(tl.base("qwen2"), lora_config=config, reference=None)
+    report = policy.lean_report
+    assert report.modules("lora") == 2 * N_LAYERS
+    (note,) = report.fallbacks
+    assert note.forward == "lora" and note.modules == 2 * N_LAYERS and not note.unexpected
+    assert "lora_dropout" in note.reason and "training mode" in note.reason
+    assert "lora_dropout" in report.summary()
+    tl.perturb(policy.trainable_parameters("actor"), seed=1)
+    _train_forward(policy)
+    assert lean_calls["lora"] == 2 * N_LAYERS  # eval mode: the lean node on every layer
+    policy.train()
+    lean_calls["lora"] = 0
+    _train_forward(policy)
+    assert lean_calls["lora"] == 0  # training mode: peft's forward, with its dropout

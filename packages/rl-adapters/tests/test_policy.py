@@ -14,6 +14,7 @@ from typing import Any
 import adapters_testlib as tl
 import pytest
 import torch
+from peft import LoraConfig
 from rl_adapters import PolicyModel, ValueHead
 from rl_testing.tolerance import assert_close
 
@@ -129,6 +130,64 @@ def test_target_modules_naming_nothing_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="lora_config") as info:
         PolicyModel(tl.base("qwen2"), lora_config=cfg)
     assert "q_proj" in str(info.value)  # candidates are listed
+
+
+_UNHONOURED = [
+    # peft makes the base biases or whole module copies trainable, or rewrites the shared base
+    # weights; the roles share one frozen base and train only their LoRA weights
+    ({"bias": "all"}, "`lora_config.bias`"),
+    ({"bias": "lora_only"}, "`lora_config.bias`"),
+    ({"modules_to_save": ["norm"]}, "`lora_config.modules_to_save`"),
+    ({"trainable_token_indices": [1, 2]}, "`lora_config.trainable_token_indices`"),
+    ({"init_lora_weights": "pissa"}, "`lora_config.init_lora_weights`"),
+    ({"init_lora_weights": "olora"}, "`lora_config.init_lora_weights`"),
+    ({"target_modules": [*tl.LINEAR_NAMES, "lm_head"]}, "`lora_config.target_modules`"),
+]
+
+
+@pytest.mark.parametrize(("option", "named"), _UNHONOURED)
+def test_lora_options_the_roles_cannot_honour_are_refused(
+    option: dict[str, Any], named: str
+) -> None:
+    """Before, ``bias``, ``modules_to_save`` and trainable tokens were frozen again by the
+    policy's trainable set (silently not trained), an init that rewrites the base weights
+    rewrote them once per role (the actor no longer started at the base), and LoRA on the head
+    failed at the first ``logits`` with "unsupported output head". Now: a ValueError naming the
+    option, raised before peft wraps the model."""
+    config = {"r": 4, "lora_alpha": 8, "target_modules": list(tl.LINEAR_NAMES), **option}
+    model = tl.base("qwen2", tie_word_embeddings=False, attention_bias=True)
+    with pytest.raises(ValueError, match=re.escape(named)):
+        PolicyModel(model, lora_config=LoraConfig(**config))
+    assert not any("lora_" in n for n, _ in model.named_parameters())  # not wrapped
+
+
+def test_lora_dropout_follows_the_model_mode() -> None:
+    """peft builds its LoRA dropout in training mode whatever the model's mode: a policy over
+    an ``eval()`` model ran live LoRA dropout (two scorings of one batch differed, and the lean
+    LoRA fell back to peft's forward on every layer without a word). The adapters now take the
+    model's mode, also when rebuilt; ``train()`` still turns the dropout on."""
+    model = tl.base("qwen2")
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.5, target_modules=["q_proj", "v_proj"])
+    policy = _make(model, lora_config=config, critic=True)
+    tl.perturb(policy.trainable_parameters("actor"), seed=1)
+    ids, mask = _inputs(policy)
+    dropouts = [m for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout)]
+    assert dropouts and not any(m.training for m in dropouts)
+    with policy.lean_lora():
+        first, second = policy.logits(ids, mask), policy.logits(ids, mask)
+    # bit-exact: one deterministic forward (no dropout), the same kernels on the same inputs
+    assert torch.equal(first, second)
+    assert "LoraLinearFunctionBackward" in tl.graph_kinds(first)  # the lean LoRA ran
+    policy.rebuild_adapters(
+        LoraConfig(r=8, lora_alpha=8, lora_dropout=0.5, target_modules=["q_proj"])
+    )
+    assert not any(m.training for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    policy.train()
+    tl.perturb(policy.trainable_parameters("actor"), seed=2)
+    with torch.no_grad():
+        first, second = policy.logits(ids, mask), policy.logits(ids, mask)
+        # bit-exact: two dropout draws (p=0.5 over 64 inputs) differ almost surely
+        assert not torch.equal(first, second)
 
 
 @pytest.mark.parametrize("reference", ["adapter", "base"])

@@ -183,3 +183,28 @@ def test_population_shares_one_base() -> None:
     assert single >= base_bytes
     assert population >= base_bytes
     assert population <= 1.3 * single, (population, single, base_bytes)
+
+
+def test_population_refuses_lora_options_it_cannot_train() -> None:
+    """``bias="all"`` made the base biases trainable in peft, then ``_restore`` froze them again
+    (silently untrained, and shared by every agent): refused, naming the option."""
+    from peft import LoraConfig
+
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], bias="all")
+    with pytest.raises(ValueError, match=r"`lora_config\.bias`"):
+        SharedBasePopulation(tl.base("qwen2"), N, lora_config=config)
+
+
+def test_agents_lora_dropout_follows_the_model_mode() -> None:
+    """Agents added to an ``eval()`` model have their LoRA dropout off (peft builds it in
+    training mode): two forwards of one agent are the same."""
+    from peft import LoraConfig
+
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.5, target_modules=["q_proj", "v_proj"])
+    pop, model = _population(lora_config=config)
+    _perturb_all(pop)
+    assert not any(m.training for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    ids, mask = tl.batch(tl.vocab_size(model))
+    with torch.no_grad():
+        # bit-exact: no dropout, the same kernels on the same inputs
+        assert torch.equal(pop.logits(N - 1, ids, mask), pop.logits(N - 1, ids, mask))

@@ -16,6 +16,7 @@ __all__ = [
     "comparable_lora_config",
     "default_lora_config",
     "linear_module_names",
+    "match_dropout_mode",
     "scope_lora_config",
     "validate_lora_config",
 ]
@@ -54,13 +55,30 @@ def default_lora_config(model: nn.Module) -> LoraConfig:
     )
 
 
+#: ``init_lora_weights`` values with which peft rewrites the base weights it wraps (or, "mica",
+#: freezes ``lora_B``, which the policy's trainable set would train again).
+UNSHARED_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga", "mica")
+
+
 def validate_lora_config(config: LoraConfig, model: nn.Module) -> LoraConfig:
-    """Check that the config's target modules exist in the model; return a private copy."""
+    """Check the config against the model; return a private copy.
+
+    Its target modules must exist, must not include the output head (the policy reads the
+    head's plain weight), and it must train LoRA weights only on an untouched base: the roles
+    (or agents) share one frozen base, and only their LoRA weights are trainable.
+
+    Raises:
+        TypeError: ``config`` is not a ``peft.LoraConfig``.
+        ValueError: Targets the model does not have or its output head, a ``bias`` other than
+            ``"none"``, ``modules_to_save``, ``trainable_token_indices``, or an
+            ``init_lora_weights`` that rewrites the base weights (names the field).
+    """
     from peft import LoraConfig  # peft is heavy: imported only when LoRA is used
 
     if not isinstance(config, LoraConfig):
         raise TypeError(f"`lora_config` must be a peft.LoraConfig, got {type(config).__name__}")
     config = copy.deepcopy(config)
+    _check_trains_lora_only(config, model)
     targets = config.target_modules
     if targets is None or isinstance(targets, str):
         return config  # "all-linear" or a regex: peft validates it
@@ -73,6 +91,40 @@ def validate_lora_config(config: LoraConfig, model: nn.Module) -> LoraConfig:
             f"are {linear_module_names(model)}"
         )
     return config
+
+
+def _check_trains_lora_only(config: LoraConfig, model: nn.Module) -> None:
+    """Refuse what would train (or rewrite) more than each adapter's own LoRA weights."""
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    shared = "the roles share one frozen base and train only their LoRA weights"
+    if config.bias != "none":
+        raise ValueError(
+            f"`lora_config.bias`={config.bias!r} would train the shared base's biases, but "
+            f"{shared}: pass bias='none' (or lora_bias=True for a bias per adapter)"
+        )
+    for field in ("modules_to_save", "trainable_token_indices"):
+        if getattr(config, field, None):
+            raise ValueError(
+                f"`lora_config.{field}` is not supported ({shared}; those copies would stay "
+                f"untrained): pass {field}=None and target the modules with LoRA instead"
+            )
+    init = config.init_lora_weights
+    if isinstance(init, str) and init.lower().startswith(UNSHARED_INITS):
+        what = "freezes lora_B" if init == "mica" else "rewrites the base weights, once per adapter"
+        raise ValueError(
+            f"`lora_config.init_lora_weights`={init!r} {what}, but {shared}: pass True, "
+            "'gaussian' or 'orthogonal'"
+        )
+    getter = getattr(model, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
+    for name, module in model.named_modules():
+        if head is not None and module is head and check_target_module_exists(config, name):
+            raise ValueError(
+                f"`lora_config.target_modules` selects the output head {name!r}, whose plain "
+                "weight the policy's log-probs read: leave it out (e.g. "
+                "target_modules='all-linear')"
+            )
 
 
 def scope_lora_config(config: LoraConfig, model: nn.Module, scope: str) -> LoraConfig:
@@ -105,6 +157,18 @@ def scope_lora_config(config: LoraConfig, model: nn.Module, scope: str) -> LoraC
     scoped = copy.deepcopy(config)
     scoped.target_modules = rf"{re.escape(prefix)}\..*\.({'|'.join(map(re.escape, names))})"
     return scoped
+
+
+def match_dropout_mode(model: nn.Module, training: bool) -> None:
+    """Put every LoRA dropout of ``model`` in ``training`` mode (the wrapped model's mode).
+
+    peft builds each adapter's ``lora_dropout`` modules in training mode whatever the mode of
+    the model it wraps, so an ``eval()`` model would run live LoRA dropout.
+    """
+    for module in model.modules():
+        dropout = getattr(module, "lora_dropout", None)
+        if isinstance(dropout, nn.ModuleDict):
+            dropout.train(training)
 
 
 def _jsonable(value: Any) -> Any:

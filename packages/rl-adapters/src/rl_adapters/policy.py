@@ -32,7 +32,12 @@ from rl_adapters.lean_norm import lean_rms_norm
 from rl_adapters.lean_report import LeanForwards, LeanReport, check_lean_forwards
 from rl_adapters.lean_rotary import lean_rotary
 from rl_adapters.lean_survey import survey
-from rl_adapters.lora import default_lora_config, scope_lora_config, validate_lora_config
+from rl_adapters.lora import (
+    default_lora_config,
+    match_dropout_mode,
+    scope_lora_config,
+    validate_lora_config,
+)
 from rl_adapters.replay import (
     Switch,
     drop_input_require_grads,
@@ -190,6 +195,7 @@ class PolicyModel(nn.Module):
         """Wrap ``model`` with this policy's LoRA adapters, seeded (global RNG untouched)."""
         from peft import PeftModel, get_peft_model  # heavy: only with LoRA
 
+        training = model.training
         with seeded(self.seed, model):  # the adapters are built where the model lives
             peft_model = get_peft_model(model, config, adapter_name="actor")
             if not isinstance(peft_model, PeftModel):  # pragma: no cover - peft contract
@@ -199,6 +205,7 @@ class PolicyModel(nn.Module):
                 copy_adapter(peft_model, "actor", "reference")
             if self.has_critic:
                 peft_model.add_adapter("critic", copy.deepcopy(config))
+        match_dropout_mode(peft_model, training)  # peft builds LoRA dropout in training mode
         if getattr(model, "_rl_checkpoint", None):  # peft's hook for checkpointing: not needed
             drop_input_require_grads(model)  # (rl_adapters.replay.enable_checkpointing)
         self.lora_config = config

@@ -17,7 +17,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 from transformers import PreTrainedModel
 
-from rl_adapters.lora import default_lora_config, validate_lora_config
+from rl_adapters.lora import default_lora_config, match_dropout_mode, validate_lora_config
 from rl_adapters.policy import causal_lm_of, copy_adapter, decoder_of, is_lora_param_of
 from rl_adapters.replay import replayable
 from rl_adapters.seeding import seeded
@@ -50,12 +50,14 @@ class SharedBasePopulation:
             if lora_config is not None
             else default_lora_config(model)
         )
+        training = model.training
         with seeded(seed, model):  # the adapters are built where the model lives
             peft_model = get_peft_model(model, config, adapter_name="agent_0")
             if not isinstance(peft_model, PeftModel):  # pragma: no cover - peft contract
                 raise TypeError("get_peft_model did not return a PeftModel")
             for i in range(1, size):
                 peft_model.add_adapter(self.adapter_name(i), copy.deepcopy(config))
+        match_dropout_mode(peft_model, training)  # peft builds LoRA dropout in training mode
         self.peft = peft_model
         self.size = size
         self.lora_config = config

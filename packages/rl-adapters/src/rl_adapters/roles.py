@@ -207,7 +207,8 @@ class LoraSites:
         """The layers that run the lean LoRA forward with ``adapter`` active, and the others.
 
         The others run peft's forward, with the reason; for the policy's
-        :class:`~rl_adapters.lean_report.LeanReport`.
+        :class:`~rl_adapters.lean_report.LeanReport`. A lean layer whose dropout has ``p > 0``
+        is also noted: its forwards in training mode run peft's (live dropout).
         """
         lean: list[str] = []
         fell: list[tuple[str, str, bool]] = []
@@ -219,6 +220,11 @@ class LoraSites:
                 blocked = None if reason is None else (f"{adapter} adapter: {reason}", False)
             if blocked is None:
                 lean.append(target)
+                dropouts = _compat.read(site.layer, "lora_dropout", {})
+                dropout = dict(dropouts).get(adapter)  # a ModuleDict has no get
+                if isinstance(dropout, nn.Dropout) and dropout.p > 0:
+                    reason = f"lora_dropout p={dropout.p}: peft's forward in training mode"
+                    fell.append((target, reason, False))
             else:
                 fell.append((target, *blocked))
         return count_swap("lora", lean), group_fallbacks("lora", fell)
