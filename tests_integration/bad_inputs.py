@@ -72,6 +72,12 @@ def _grpo(**kw: Any) -> Any:
     return GRPO(actor_network=model, pad_token_id=0, pad_token="<pad>", **kw)
 
 
+def _lora(**kw: Any) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], **kw)
+
+
 def _learn(ids: torch.Tensor, masks: torch.Tensor, rewards: torch.Tensor, **kw: Any) -> Any:
     return _grpo(**kw).learn((ids, masks, rewards))
 
@@ -204,6 +210,20 @@ def cases() -> list[Case]:
              lambda: _grpo(clip_coef=(1.2, 0.8))),
         Case("rl-algos", "GRPO(no_such_option=1)", TypeError, "no_such_option",
              lambda: _grpo(no_such_option=1)),
+        Case("rl-algos", "GRPO(loss_type='cispo', clip_coef_high=0.3)", ValueError, "clip_coef_high",
+             lambda: _grpo(loss_type="cispo", clip_coef_high=0.3)),
+        Case("rl-algos", "GRPO(max_length_norm=8) (token_mean / seq_mean_token_mean)", ValueError, "max_length_norm",
+             lambda: _grpo(max_length_norm=8)),
+        Case("rl-algos", "GRPO(kl_kind='k1', beta=0)", ValueError, "kl_kind",
+             lambda: _grpo(kl_kind="k1", beta=0.0)),
+        Case("rl-algos", "GRPO(adv_filter_eps=0.1) without filter_zero_adv", ValueError, "adv_filter_eps",
+             lambda: _grpo(adv_filter_eps=0.1)),
+        Case("rl-algos", "GRPO(full_finetune=True, lora_config=LoraConfig(...))", ValueError, "lora_config",
+             lambda: _grpo(full_finetune=True, lora_config=_lora())),
+        Case("rl-algos", "GRPO(cast_logprobs_to_fp32=False)", ValueError, "cast_logprobs_to_fp32",
+             lambda: _grpo(cast_logprobs_to_fp32=False)),
+        Case("rl-algos", "GRPO(lora_config=LoraConfig(bias='all'))", ValueError, "bias",
+             lambda: _grpo(lora_config=_lora(bias="all"))),
         Case("rl-algos", "GRPO(loss_type='gspo', importance_sampling_level='token')", ValueError, "importance_sampling_level",
              lambda: _grpo(loss_type="gspo", importance_sampling_level="token")),
         Case("rl-algos", "GRPO(importance_sampling_level='turn', loss_aggregation='token_mean', loss_kwargs={'unit_weight': 'unit'})", ValueError, "unit_weight",

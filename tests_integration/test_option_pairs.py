@@ -139,6 +139,8 @@ BASES: dict[str, Base] = {
 REFUSED: dict[tuple[str, str], tuple[str, ...]] = {
     # the fused loss covers token-level objectives only; GSPO's ratio is per sequence
     ("gspo", "use_liger_loss"): ("use_liger_loss=True", "loss_type='gspo'"),
+    # ILQL's loss is no policy loss: the fused one has nothing to fuse
+    ("ilql", "use_liger_loss"): ("use_liger_loss", "ILQL"),
 }
 
 
@@ -370,4 +372,4 @@ def test_the_matrix_covers_every_base_and_option() -> None:
     refused = [key for key in run if refusal(*key) is not None]
     assert len(BASES) == 16 and len(NEUTRAL) == 8
     assert len(run) == 2 * (8 + 28) + 14 * (8 + 7)  # 282
-    assert len(refused) == 2  # GSPO's fused loss, alone and with checkpointing
+    assert len(refused) == 4  # the fused loss on GSPO and ILQL, alone and with checkpointing

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import random
 
@@ -10,6 +11,7 @@ import algos_testlib as tl
 import pytest
 import torch
 from algos_testlib import GROUP_SIZE, lora_config, make_agent, make_batch, tiny_model
+from peft import LoraConfig
 from rl_algos import (
     CISPO,
     GRPO,
@@ -20,6 +22,7 @@ from rl_algos import (
     CosineLRScheduleConfig,
     HyperparameterConfig,
     RLParameter,
+    VLLMConfig,
     dapo,
     dr_grpo,
     reinforce_pp,
@@ -272,6 +275,137 @@ def test_unknown_and_ignored_constructor_arguments() -> None:
         GRPO(**kw)
     with pytest.raises(ValueError, match="absolute ratio bounds"):
         GRPO(actor_network=tiny_model(), clip_coef=(1.2, 0.8), **kw)
+
+
+#: (agent, keywords, words of the error): each setting changes nothing for that agent.
+NO_EFFECT = [
+    (
+        "GRPO",
+        {
+            "lora_config": LoraConfig(
+                r=4, lora_alpha=8, lora_dropout=0.05, target_modules=["q_proj", "v_proj"]
+            )
+        },
+        r"`lora_config.lora_dropout`=0.05 has no effect: agents keep the policy in eval\(\)",
+    ),
+    ("GRPO", {"clip_coef_high": 0.3, "clip_coef": (0.8, 1.2)}, "`clip_coef_high` has no effect"),
+    ("GRPO", {"clip_coef_high": 0.3, "loss_type": "cispo"}, "pass cispo_eps_high"),
+    ("CISPO", {"clip_coef_high": 0.3}, "`clip_coef_high` has no effect"),
+    ("GRPO", {"clip_coef_high": 0.3, "loss_type": "reinforce"}, "takes no upper clip bound"),
+    ("GRPO", {"clip_coef_high": 0.3, "loss_type": "importance_sampling"}, "clip_coef_high"),
+    ("CISPO", {"clip_coef": 0.1}, "`clip_coef=0.1` has no effect with loss_type='cispo'"),
+    ("CISPO", {"clip_coef": (0.8, 1.2), "cispo_clamp": "two_sided"}, r"`clip_coef=\(0.8, 1.2\)`"),
+    ("GSPO", {"clip_coef": (0.8, 1.2)}, "GSPO takes scalar bounds"),
+    ("GRPO", {"clip_coef": 0.1, "loss_type": "sapo"}, "`clip_coef=0.1` has no effect"),
+    ("GRPO", {"clip_coef": None}, "`clip_coef=None` would clip at 0.2"),
+    ("GSPO", {"clip_coef": None}, "`clip_coef=None` would clip at 0.2"),
+    ("LLMPPO", {"clip_coef": None}, "`clip_coef=None` would clip at 0.2 in LLMPPO"),
+    ("GRPO", {"cispo_eps_high": 2.0}, "`cispo_eps_high` is CISPO's"),
+    ("GSPO", {"cispo_clamp": "two_sided"}, "`cispo_clamp` is CISPO's"),
+    ("GRPO", {"turn_ratio_pooling": "sum"}, "the ratio here is per token"),
+    ("GSPO", {"turn_ratio_pooling": "sum"}, "the ratio here is per sequence"),
+    ("LLMREINFORCE", {"turn_ratio_pooling": "mean"}, "`turn_ratio_pooling` pools"),
+    ("GRPO", {"max_length_norm": 8}, "`max_length_norm` is the L"),
+    ("GRPO", {"adv_filter_eps": 0.1}, "`adv_filter_eps` is the threshold of filter_zero_adv"),
+    ("GRPO", {"use_kl_advantage_shaping": True, "beta": 0.0}, "`use_kl_advantage_shaping=True`"),
+    ("GRPO", {"adv_norm": "mean_only", "advantage_estimator": "rloo"}, "`adv_norm='mean_only'`"),
+    ("GRPO", {"kl_kind": "k1", "beta": 0.0}, "`kl_kind='k1'`.*beta=0"),
+    ("GRPO", {"kl_kind": "k2", "use_kl_advantage_shaping": True}, "into the advantages"),
+    ("GRPO", {"kl_kind": "k2", "advantage_estimator": "reinforce_pp_baseline"}, "into the reward"),
+    ("LLMREINFORCE", {"kl_kind": "k1", "beta": 0.0}, "`kl_kind='k1'`"),
+    ("ILQL", {"kl_kind": "k2"}, "`kl_kind='k2'`"),
+    (
+        "GRPO",
+        {"vllm_importance_sampling_cap": 3.0, "vllm_importance_sampling_correction": False},
+        "`vllm_importance_sampling_cap`.*correction=False",
+    ),
+    (
+        "LLMPPO",
+        {"vllm_importance_sampling_cap": 3.0, "clip_against_sampler": True},
+        "`vllm_importance_sampling_cap`.*clip_against_sampler=True",
+    ),
+    ("GRPO", {"use_separate_reference_adapter": False, "beta": 0.0}, "beta=0 reads no reference"),
+    ("ILQL", {"use_separate_reference_adapter": True}, "beta=0 reads no reference"),
+    ("ILQL", {"use_liger_loss": True}, "`use_liger_loss` has no effect on ILQL"),
+    ("ILQL", {"clip_coef": 0.1}, "`clip_coef` has no effect on ILQL"),
+    ("ILQL", {"clip_against_sampler": True}, "`clip_against_sampler` has no effect on ILQL"),
+    ("ILQL", {"vllm_importance_sampling_correction": False}, "no sampling log-probs"),
+    ("GRPO", {"min_output_tokens": 9, "max_output_tokens": 8}, "`min_output_tokens=9`"),
+    ("LLMREINFORCE", {"min_output_tokens": 600}, "more than the 512 tokens"),
+    ("GRPO", {"vllm_config": VLLMConfig()}, "`vllm_config` configures the colocated vLLM"),
+    ("GRPO", {"stop_sequences": ["stop"]}, "`stop_sequences` are text and need a tokenizer"),
+    ("GRPO", {"full_finetune": True}, "`lora_config` configures LoRA adapters"),
+    (
+        "GRPO",
+        {"full_finetune": True, "lora_config": None, "lora_target_scope": "all"},
+        "`lora_target_scope`",
+    ),
+    (
+        "GRPO",
+        {"full_finetune": True, "lora_config": None, "use_separate_reference_adapter": False},
+        "full_finetune=True makes the reference a frozen copy",
+    ),
+    (
+        "GRPO",
+        {"full_finetune": True, "lora_config": None, "merge_lora_for_generation": False},
+        "`merge_lora_for_generation=False`",
+    ),
+    ("GRPO", {"cast_logprobs_to_fp32": False}, "`cast_logprobs_to_fp32=False` has no counterpart"),
+    ("GRPO", {"torch_compiler": "default"}, "`torch_compiler='default'`"),
+    ("LLMPPO", {"action_granularity": "token"}, "a turn is one action"),
+]
+
+
+@pytest.mark.parametrize(
+    ("algo", "kw", "words"), NO_EFFECT, ids=[f"{a}-{'-'.join(k)}" for a, k, _ in NO_EFFECT]
+)
+def test_settings_without_effect_are_refused_by_name(algo: str, kw: dict, words: str) -> None:  # type: ignore[type-arg]
+    """Nothing is silently ignored: a setting another setting turns off is refused when the
+    agent is built, the message naming it and what to pass instead."""
+    make = tl.make_ilql if algo == "ILQL" else functools.partial(make_agent, algo)
+    with pytest.raises(ValueError, match=words):
+        make(**kw)
+
+
+def test_preset_defaults_the_caller_turns_off_are_left_out() -> None:
+    """A preset's own value never trips the refusal: it is dropped where the caller's keywords
+    make it a no-op, while the same value passed explicitly is refused."""
+    kw = {"pad_token_id": 0, "pad_token": "<pad>", "lora_config": lora_config(), "group_size": 2}
+    agent = dr_grpo(actor_network=tiny_model(), max_output_tokens=8, loss_aggregation="token_mean",
+                    **kw)  # fmt: skip
+    assert (agent.max_length_norm, agent.loss_aggregation) == (None, "token_mean")
+    assert dr_grpo(actor_network=tiny_model(), max_output_tokens=8, **kw).max_length_norm == 8
+    assert dapo(actor_network=tiny_model(), loss_type="cispo", **kw).clip_coef_high is None
+    assert dapo(actor_network=tiny_model(), clip_coef=(0.8, 1.3), **kw).clip_coef_high is None
+    assert dr_grpo(actor_network=tiny_model(), advantage_estimator="rloo", **kw).adv_norm == (
+        "mean_std"
+    )
+    with pytest.raises(ValueError, match="`max_length_norm` is the L"):
+        dr_grpo(actor_network=tiny_model(), max_length_norm=8, loss_aggregation="token_mean", **kw)
+    with pytest.raises(ValueError, match="`kl_kind='k1'`"):  # the caller's own, with its beta=0
+        dapo(actor_network=tiny_model(), kl_kind="k1", **kw)
+
+
+def test_settings_that_take_effect_are_accepted() -> None:
+    """The refusals' boundaries: each of these changes what the agent does."""
+    for algo, kw in [
+        ("GRPO", {"clip_coef_high": 0.3}),
+        ("GSPO", {"clip_coef": 1e-3, "clip_coef_high": 2e-3}),
+        ("CISPO", {"clip_coef": 0.1, "cispo_clamp": "two_sided"}),
+        ("GRPO", {"loss_type": "importance_sampling", "clip_coef": (0.5, 2.0)}),
+        ("GRPO", {"loss_type": "reinforce", "clip_coef": None}),
+        ("GRPO", {"turn_ratio_pooling": "sum", "importance_sampling_level": "turn"}),
+        ("GRPO", {"adv_norm": "mean_only", "advantage_estimator": "rloo",
+                  "advantage_granularity": "turn"}),
+        ("GRPO", {"kl_kind": "k1"}),
+        ("GRPO", {"vllm_importance_sampling_cap": 3.0}),
+        ("LLMREINFORCE", {"turn_ratio_pooling": "mean", "importance_sampling_level": "turn"}),
+        ("LLMREINFORCE", {"clip_coef": None, "min_output_tokens": 512}),
+        ("GRPO", {"calc_position_embeddings": True, "wrap": False, "clone": False,
+                  "cast_logprobs_to_fp32": True, "action_granularity": "auto"}),
+    ]:  # fmt: skip
+        make_agent(algo, perturb_seed=None, **kw)
+    tl.make_ilql(temperature=0.5, top_k=5)
 
 
 def test_load_classmethod_rebuilds_the_agent(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -46,6 +46,23 @@ def test_the_config_maps_to_the_agent() -> None:
     assert gdpo.env.reward_weights == [1.0, 0.5]
 
 
+def test_settings_trl_does_not_read_in_a_case_are_left_out() -> None:
+    """TRL's CISPO reads only ``epsilon_high`` (the weight's cap), GDPO ignores
+    ``scale_rewards``, the cap needs the correction: the agent (which refuses a setting that
+    changes nothing) gets what TRL reads."""
+    tok = tiny_tokenizer()
+    args = GRPOConfig(loss_type="cispo", epsilon=0.3, epsilon_high=3.0)
+    cispo = GRPOTrainer(tiny_model(len(tok)), reward_len, args, _dataset(), processing_class=tok)
+    assert (cispo.agent.config.loss_type, cispo.agent.config.cispo_eps_high) == ("cispo", 2.0)
+    args = GRPOConfig(
+        multi_objective_aggregation="normalize_then_sum", scale_rewards="none",
+        vllm_importance_sampling_cap=3.0,
+    )  # fmt: skip
+    gdpo = GRPOTrainer(tiny_model(len(tok)), [reward_len, reward_len], args, _dataset(),
+                       processing_class=tok)  # fmt: skip
+    assert gdpo.agent.config.advantage_estimator == "gdpo"
+
+
 def test_bad_settings_name_the_field() -> None:
     tok = tiny_tokenizer()
     with pytest.raises(ValueError, match="loss_type='sapo_x' is not supported"):

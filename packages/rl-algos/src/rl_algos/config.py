@@ -147,7 +147,8 @@ class AgentConfig:
     lr: float = 5e-7
     """Actor learning rate (AdamW)."""
     clip_coef: float | tuple[float, float] | None = 0.2
-    """Ratio clip: scalar ``c`` for ``[1 - c, 1 + c]``, or absolute ``(lo, hi)`` bounds."""
+    """Ratio clip: scalar ``c`` for ``[1 - c, 1 + c]``, or absolute ``(lo, hi)`` bounds (None: no
+    clip, for ``LLMREINFORCE`` and objectives that do not clip; refused where it would clip)."""
     max_grad_norm: float | None = 0.1
     """Global gradient-norm clip (None: none)."""
     update_epochs: int = 1
@@ -211,7 +212,8 @@ class AgentConfig:
     vllm_importance_sampling_correction: bool = True
     """Correct for sampler/trainer mismatch when sampling log-probs reach ``learn()``."""
     vllm_importance_sampling_cap: float = 2.0
-    """Cap of the truncated importance weight (:func:`rl_losses.rollout_correction`)."""
+    """Cap of the truncated importance weight (:func:`rl_losses.rollout_correction`); refused with
+    the correction off."""
     clip_against_sampler: bool = False
     """Take the clipped surrogate's ratio against the sampler's log-probs (the behaviour policy
     that sampled the batch, when ``sampling_logps`` reach ``learn()``) instead of the trainer's
@@ -219,7 +221,7 @@ class AgentConfig:
     far an update moves the policy from the one that sampled a stale batch, and the mismatch
     correction is off (its weights would be 1). For asynchronous runs with stale batches."""
     kl_kind: KLKind = "k3"
-    """KL estimator (:func:`rl_losses.kl_estimate`)."""
+    """KL estimator (:func:`rl_losses.kl_estimate`) of the KL loss term; refused without one."""
     skip_nonfinite: bool = False
     """Skip a non-finite step with a warning instead of raising."""
     full_finetune: bool = False
@@ -278,6 +280,85 @@ class AgentConfig:
             raise ValueError(
                 f"a tuple `clip_coef` must be absolute ratio bounds (lo < 1 < hi), got {c}"
             )
+
+    def kl_term(self) -> bool:
+        """Whether the loss has a KL term (``beta > 0``), the one ``kl_kind`` picks."""
+        return self.beta > 0
+
+    def ignored_options(self) -> dict[str, str]:
+        """Fields set to a value that would change nothing for this agent: name -> the error.
+
+        Each message names the field, says why it has no effect here and what to pass
+        instead; the agent refuses the first when it is built. A field at its default is never
+        listed.
+        """
+        out: dict[str, str] = {}
+        default = {f.name: f.default for f in dataclasses.fields(self)}
+        if self.kl_kind != default["kl_kind"] and not self.kl_term():
+            out["kl_kind"] = (
+                f"`kl_kind={self.kl_kind!r}` picks the estimator of the KL loss term, and this "
+                f"agent has none ({self._no_kl_reason()}): pass beta > 0, or leave kl_kind unset"
+            )
+        correction = self.vllm_importance_sampling_correction and not self.clip_against_sampler
+        if self.vllm_importance_sampling_cap != default["vllm_importance_sampling_cap"] and not (
+            correction
+        ):
+            why = (
+                "clip_against_sampler=True takes the sampler's log-probs as the old ones"
+                if self.clip_against_sampler
+                else "vllm_importance_sampling_correction=False"
+            )
+            out["vllm_importance_sampling_cap"] = (
+                "`vllm_importance_sampling_cap` caps the sampler-mismatch correction's weights, "
+                f"and there are none ({why}): leave it unset, or pass "
+                "vllm_importance_sampling_correction=True and clip_against_sampler=False"
+            )
+        reference = self.use_separate_reference_adapter
+        if reference != default["use_separate_reference_adapter"] and (
+            self.full_finetune or self.beta == 0
+        ):
+            why = (
+                "full_finetune=True makes the reference a frozen copy of the model"
+                if self.full_finetune
+                else "beta=0 reads no reference policy"
+            )
+            out["use_separate_reference_adapter"] = (
+                f"`use_separate_reference_adapter={reference}` chooses the LoRA reference, and "
+                f"{why}: leave it unset"
+            )
+        if self.lora_target_scope is not None and self.full_finetune:
+            out["lora_target_scope"] = (
+                "`lora_target_scope` chooses where LoRA adapters go, and full_finetune=True "
+                "trains every weight without adapters: leave it unset, or pass "
+                "full_finetune=False"
+            )
+        if not self.merge_lora_for_generation and (self.full_finetune or self.use_vllm):
+            out["merge_lora_for_generation"] = (
+                "`merge_lora_for_generation=False` keeps the LoRA layers while the Hugging Face "
+                "engine generates, and "
+                + ("full_finetune=True has none" if self.full_finetune else "use_vllm=True "
+                   "generates with vLLM")
+                + ": leave it unset"
+            )  # fmt: skip
+        if self.hf_generate_chunk_size is not None and self.use_vllm:
+            out["hf_generate_chunk_size"] = (
+                "`hf_generate_chunk_size` splits the Hugging Face engine's generate calls, and "
+                "use_vllm=True generates with vLLM: leave it unset (vLLM batches itself with "
+                "VLLMConfig.max_num_seqs)"
+            )
+        most = self.max_output_tokens or max(1, (self.max_model_len or 1024) // 2)
+        if self.min_output_tokens > most:
+            out["min_output_tokens"] = (
+                f"`min_output_tokens={self.min_output_tokens}` is more than the {most} tokens a "
+                "completion may have (max_output_tokens, else half of max_model_len), so it "
+                f"would be cut to {most}: pass min_output_tokens <= {most} or a larger "
+                "max_output_tokens"
+            )
+        return out
+
+    def _no_kl_reason(self) -> str:
+        """Why :meth:`kl_term` is False (for the messages)."""
+        return "beta=0"
 
     def _check_packing(self) -> None:
         """Check ``use_sequence_packing`` and ``share_prompt_prefix`` (alone and together)."""

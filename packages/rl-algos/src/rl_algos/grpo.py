@@ -14,7 +14,13 @@ from rl_losses import Aggregation, get_policy_loss
 from rl_algos.base import AgentParts, Batch, LLMAlgorithm
 from rl_algos.batch import Estimates, Scores
 from rl_algos.config import AgentConfig
-from rl_algos.estimators import GroupAdvantage, group_advantages, resolve_estimator_name
+from rl_algos.estimators import (
+    SUM_PI_SQUARED_ESTIMATORS,
+    TOKEN_ESTIMATORS,
+    GroupAdvantage,
+    group_advantages,
+    resolve_estimator_name,
+)
 from rl_algos.objectives import (
     PolicyObjective,
     clip_options,
@@ -82,7 +88,7 @@ class GRPOConfig(AgentConfig):
     advantage_granularity: Literal["auto", "trajectory", "turn"] = "auto"
     """Per-turn group-relative advantages for [N, K] rewards (``auto``: with turn ratios)."""
     turn_ratio_pooling: Literal["sum", "mean"] = "mean"
-    """Log-ratio pooling within a turn."""
+    """Log-ratio pooling within a turn or trajectory (refused at token level and for GSPO)."""
     whiten_advantages: bool = False
     """Whiten advantages over the batch's action tokens."""
     adv_clip_range: float | None = None
@@ -90,7 +96,7 @@ class GRPOConfig(AgentConfig):
     filter_zero_adv: bool = False
     """Drop rows with all-zero advantage from the loss and its normalisers (DAPO)."""
     adv_filter_eps: float = 0.0
-    """Threshold of ``filter_zero_adv``."""
+    """Threshold of ``filter_zero_adv`` (refused without it)."""
     use_kl_advantage_shaping: bool = False
     """Put ``-beta * KL`` into the per-token advantages instead of a KL loss term."""
     loss_aggregation: Aggregation | None = None
@@ -100,7 +106,8 @@ class GRPOConfig(AgentConfig):
     registered loss must then take), GSPO's is GSPO-token (``gradient="token"``) unless
     ``loss_kwargs`` sets ``gradient``."""
     clip_coef_high: float | None = None
-    """Upper clip (clip-higher, DAPO); default ``clip_coef``."""
+    """Upper clip (clip-higher, DAPO); default ``clip_coef``. Refused where the objective reads no
+    upper bound (a tuple ``clip_coef``, CISPO: ``cispo_eps_high``)."""
     cispo_eps_high: float = 4.0
     """CISPO's upper clamp of the IS weight."""
     cispo_clamp: Literal["upper", "two_sided"] = "upper"
@@ -111,7 +118,8 @@ class GRPOConfig(AgentConfig):
     advantage_estimator_kwargs: dict[str, Any] = field(default_factory=dict)
     """Further keyword arguments of the estimator."""
     max_length_norm: int | None = None
-    """``L`` of ``seq_mean_token_sum_norm`` (Dr. GRPO: ``max_output_tokens``)."""
+    """``L`` of ``seq_mean_token_sum_norm`` (Dr. GRPO: ``max_output_tokens``); refused with another
+    aggregation."""
 
     def __post_init__(self) -> None:
         """Check the values and resolve the defaults that depend on others."""
@@ -160,6 +168,121 @@ class GRPOConfig(AgentConfig):
         token_weighted_options(
             name, None if name == "gspo" else level, self.loss_aggregation, self.loss_kwargs
         )
+
+    def kl_term(self) -> bool:
+        """Whether the loss has a KL term: ``beta > 0`` and the KL not in the advantages."""
+        estimator = resolve_estimator_name(self.advantage_estimator, self.adv_norm)
+        in_reward = self.use_kl_advantage_shaping or estimator in TOKEN_ESTIMATORS
+        return self.beta > 0 and not in_reward
+
+    def _no_kl_reason(self) -> str:
+        if self.beta == 0:
+            return "beta=0"
+        if self.use_kl_advantage_shaping:
+            return "use_kl_advantage_shaping=True puts old - ref into the advantages"
+        return f"advantage_estimator={self.advantage_estimator!r} puts old - ref into the reward"
+
+    def clip_fields_read(self) -> frozenset[str]:
+        """Which of ``clip_coef`` and ``clip_coef_high`` the objective reads (see LOSS_OPTIONS)."""
+        name = resolve_loss_name(self.loss_type)
+        pair = isinstance(self.clip_coef, tuple)
+        if name == "cispo":  # its eps_low is clip_coef, two-sided only; eps_high: cispo_eps_high
+            two_sided = self.cispo_clamp == "two_sided" and not pair
+            return frozenset({"clip_coef"} if two_sided else ())
+        if name == "gspo":  # a tuple is not read: GSPO's defaults apply
+            return frozenset() if pair else frozenset({"clip_coef", "clip_coef_high"})
+        params = inspect.signature(get_policy_loss(name)).parameters
+        if pair:
+            return frozenset({"clip_coef"} if "ratio_bounds" in params else ())
+        fixed = "ratio_bounds" in params and params["ratio_bounds"].default is not None
+        if fixed:  # bounds fixed by the registration (importance_sampling)
+            return frozenset()
+        read = {"clip_low": "clip_coef", "clip_high": "clip_coef_high"}
+        return frozenset(field for key, field in read.items() if key in params)
+
+    def _ignored_clip_options(self) -> dict[str, str]:
+        """The clip bounds the objective does not read (:meth:`clip_fields_read`)."""
+        out: dict[str, str] = {}
+        name = resolve_loss_name(self.loss_type)
+        loss = f"loss_type={self.loss_type!r}"
+        read = self.clip_fields_read()
+        if self.clip_coef_high is not None and "clip_coef_high" not in read:
+            if isinstance(self.clip_coef, tuple):
+                why, fix = "a tuple clip_coef is both ratio bounds", "put the upper bound in it"
+            elif name == "cispo":
+                why, fix = "CISPO's upper clamp is cispo_eps_high", "pass cispo_eps_high"
+            else:
+                why, fix = f"{loss} takes no upper clip bound", "leave it unset"
+            out["clip_coef_high"] = f"`clip_coef_high` has no effect: {why}; {fix}"
+        if "clip_coef" not in read and self.clip_coef not in (0.2, None):
+            if name == "cispo":
+                why = "its lower bound exists only with cispo_clamp='two_sided', a scalar"
+            elif name == "gspo":
+                why = "GSPO takes scalar bounds (clip_coef, clip_coef_high)"
+            else:
+                why = "it takes no clip bound of that kind"
+            out["clip_coef"] = (
+                f"`clip_coef={self.clip_coef!r}` has no effect with {loss}: {why}; leave it "
+                "unset, or pass the bound the objective reads"
+            )
+        if "clip_coef" in read and self.clip_coef is None:
+            out["clip_coef"] = (
+                f"`clip_coef=None` would clip at 0.2 with {loss}, not turn clipping off (only "
+                "LLMREINFORCE's does): pass a number or (lo, hi) bounds, or an objective that "
+                "does not clip (loss_type='reinforce')"
+            )
+        return out
+
+    def ignored_options(self) -> dict[str, str]:
+        """:meth:`AgentConfig.ignored_options` plus the GRPO family's options another turns off.
+
+        The objective's clip bounds and CISPO's, turn pooling, Dr. GRPO's length, DAPO's
+        threshold, KL shaping and ``adv_norm``.
+        """
+        out = {**super().ignored_options(), **self._ignored_clip_options()}
+        name = resolve_loss_name(self.loss_type)
+        level = "sequence" if name == "gspo" else self.importance_sampling_level
+        loss = f"loss_type={self.loss_type!r}"
+        if name != "cispo":
+            for key, default in (("cispo_eps_high", 4.0), ("cispo_clamp", "upper")):
+                if getattr(self, key) != default:
+                    out[key] = (
+                        f"`{key}` is CISPO's and has no effect with {loss}: pass "
+                        "loss_type='cispo' (or use CISPO), or leave it unset"
+                    )
+        if self.turn_ratio_pooling != "mean" and level not in ("turn", "trajectory"):
+            out["turn_ratio_pooling"] = (
+                f"`turn_ratio_pooling` pools the log-ratio over a turn or trajectory, and the "
+                f"ratio here is per {level}: pass importance_sampling_level='turn' or "
+                "'trajectory', or leave it unset"
+            )
+        if self.max_length_norm is not None and self.loss_aggregation != "seq_mean_token_sum_norm":
+            out["max_length_norm"] = (
+                "`max_length_norm` is the L of loss_aggregation='seq_mean_token_sum_norm' and has "
+                f"no effect with loss_aggregation={self.loss_aggregation!r}: pass "
+                "loss_aggregation='seq_mean_token_sum_norm', or leave it unset"
+            )
+        if self.adv_filter_eps != 0.0 and not self.filter_zero_adv:
+            out["adv_filter_eps"] = (
+                "`adv_filter_eps` is the threshold of filter_zero_adv, which is off: pass "
+                "filter_zero_adv=True, or leave adv_filter_eps unset"
+            )
+        if self.use_kl_advantage_shaping and self.beta == 0:
+            out["use_kl_advantage_shaping"] = (
+                "`use_kl_advantage_shaping=True` subtracts beta x KL from the advantages, and "
+                "beta=0: pass beta > 0, or leave it unset"
+            )
+        estimator = resolve_estimator_name(self.advantage_estimator, self.adv_norm)
+        per_turn = self.advantage_granularity == "turn" and estimator not in (
+            TOKEN_ESTIMATORS | SUM_PI_SQUARED_ESTIMATORS
+        )
+        if self.adv_norm != "mean_std" and self.advantage_estimator != "grpo" and not per_turn:
+            out["adv_norm"] = (
+                f"`adv_norm={self.adv_norm!r}` picks GRPO's scaling, and "
+                f"advantage_estimator={self.advantage_estimator!r} scales its own: pass "
+                "advantage_estimator='grpo', or leave adv_norm unset"
+            )
+        return out
 
 
 class GRPO(LLMAlgorithm):

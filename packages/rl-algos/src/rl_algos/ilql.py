@@ -206,6 +206,25 @@ class ILQLConfig(AgentConfig):
         if self.decode_q not in ("target", "online"):
             raise ValueError(f"`decode_q` must be 'target' or 'online', got {self.decode_q!r}")
 
+    def ignored_options(self) -> dict[str, str]:
+        """:meth:`AgentConfig.ignored_options` plus the online agents' options ILQL never reads.
+
+        ILQL has no importance ratio (``clip_coef``, the sampler-mismatch correction) and no
+        fused policy loss (``use_liger_loss``).
+        """
+        out = super().ignored_options()
+        unread = {
+            "clip_coef": (0.2, "ILQL has no importance ratio to clip"),
+            "use_liger_loss": (False, "ILQL's loss is not a policy loss (rl_losses.ilql_loss)"),
+            "vllm_importance_sampling_correction": (True, "ILQL reads no sampling log-probs"),
+            "vllm_importance_sampling_cap": (2.0, "ILQL reads no sampling log-probs"),
+            "clip_against_sampler": (False, "ILQL reads no sampling log-probs"),
+        }
+        for key, (default, why) in unread.items():
+            if getattr(self, key) != default:
+                out[key] = f"`{key}` has no effect on ILQL ({why}): leave it unset"
+        return out
+
 
 class ILQL(LLMAlgorithm):
     r"""Implicit Language Q-Learning (arXiv 2206.11871; trlX's ``AccelerateILQLTrainer``).

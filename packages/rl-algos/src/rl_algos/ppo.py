@@ -55,6 +55,16 @@ class PPOConfig(AgentConfig):
                 f"`critic_mode` must be 'adapter' or 'shared', got {self.critic_mode!r}"
             )
 
+    def ignored_options(self) -> dict[str, str]:
+        """:meth:`AgentConfig.ignored_options` plus ``clip_coef=None`` (PPO always clips)."""
+        out = super().ignored_options()
+        if self.clip_coef is None:
+            out["clip_coef"] = (
+                "`clip_coef=None` would clip at 0.2 in LLMPPO, not turn clipping off (only "
+                "LLMREINFORCE's does): pass a number or (lo, hi) bounds"
+            )
+        return out
+
 
 class LLMPPO(LLMAlgorithm):
     """PPO for LLMs (arXiv 1707.06347) with a critic adapter and value head on the same base.

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rl_algos.config import config_fields
 from rl_algos.grpo import GRPO
 from rl_algos.names import (
     ALGORITHM_SPECS,
@@ -115,9 +116,33 @@ def get_preset(name: str) -> Preset:
 
 
 def make_agent(name: str, **kwargs: Any) -> Any:
-    """The agent of preset ``name``: its class with ``kwargs`` over the preset's defaults."""
+    """The agent of preset ``name``: its class with ``kwargs`` over the preset's defaults.
+
+    A preset default that ``kwargs`` turn into a no-op (Dr. GRPO's ``max_length_norm`` with
+    another ``loss_aggregation``, DAPO's ``clip_coef_high`` with an objective without an upper
+    clip bound) is left out rather than refused: the agent refuses only what the caller set.
+    """
     preset = get_preset(name)
-    return preset.agent(**preset.resolve(kwargs))
+    resolved = preset.resolve(kwargs)
+    for key in _inert_defaults(preset, kwargs, resolved):
+        del resolved[key]
+    return preset.agent(**resolved)
+
+
+def _inert_defaults(
+    preset: Preset, kwargs: Mapping[str, Any], resolved: Mapping[str, Any]
+) -> list[str]:
+    """The preset defaults (not in ``kwargs``) the agent would refuse as having no effect."""
+    from_preset = set(preset.defaults) - set(kwargs)
+    config_class = getattr(preset.agent, "config_class", None)
+    if not from_preset or config_class is None:
+        return []
+    fields = config_fields(config_class)
+    try:
+        config = config_class(**{k: v for k, v in resolved.items() if k in fields})
+    except (TypeError, ValueError):  # the agent refuses these, naming the argument
+        return []
+    return [key for key in config.ignored_options() if key in from_preset]
 
 
 def dr_grpo(**kwargs: Any) -> GRPO:

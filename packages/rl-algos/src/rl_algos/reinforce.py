@@ -41,6 +41,16 @@ class REINFORCEConfig(AgentConfig):
                 "chunks; pass use_liger_loss=False or importance_sampling_level='token'"
             )
 
+    def ignored_options(self) -> dict[str, str]:
+        """:meth:`AgentConfig.ignored_options` plus ``turn_ratio_pooling`` at token level."""
+        out = super().ignored_options()
+        if self.turn_ratio_pooling != "sum" and self.importance_sampling_level == "token":
+            out["turn_ratio_pooling"] = (
+                "`turn_ratio_pooling` pools the log-ratio over a turn, and the ratio here is per "
+                "token: pass importance_sampling_level='turn', or leave it unset"
+            )
+        return out
+
 
 class LLMREINFORCE(LLMAlgorithm):
     r"""Turn-level REINFORCE with Return Batch Normalization (GEM, arXiv 2510.01051, Sec. 3).

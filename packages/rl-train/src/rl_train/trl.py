@@ -100,7 +100,9 @@ class GRPOConfig:
     epsilon: float = 0.2
     """Lower clip of the ratio (our ``clip_coef``)."""
     epsilon_high: float | None = None
-    """Upper clip (our ``clip_coef_high``); None: ``epsilon``."""
+    """Upper clip (our ``clip_coef_high``); None: ``epsilon``. With ``loss_type="cispo"``, as
+    in TRL, the cap of the importance weight (our ``cispo_eps_high`` + 1; None: ours, 5) and
+    ``epsilon`` is not read."""
     num_iterations: int = 1
     """Updates per generated batch (our ``update_epochs``)."""
     loss_type: str = "dapo"
@@ -287,8 +289,17 @@ class GRPOTrainer:
             "vllm_importance_sampling_cap": a.vllm_importance_sampling_cap,
             **extra,
             **MULTI_OBJECTIVE[a.multi_objective_aggregation],
-            **a.extra_agent_kwargs,
         }
+        # what TRL reads in each case (the agent refuses a setting that changes nothing)
+        if preset == "cispo":  # TRL's CISPO caps the IS weight at epsilon_high (absolute)
+            del agent["clip_coef"]
+            cap = agent.pop("clip_coef_high")
+            agent["cispo_eps_high"] = None if cap is None else cap - 1.0
+        if not a.vllm_importance_sampling_correction:
+            del agent["vllm_importance_sampling_cap"]
+        if a.multi_objective_aggregation == "normalize_then_sum":  # ignores scale_rewards
+            del agent["adv_norm"]
+        agent.update(a.extra_agent_kwargs)
         agent = {k: v for k, v in agent.items() if v is not None}  # None: the row's or ours
         return RunConfig(
             algo=preset,
