@@ -350,7 +350,8 @@ def offline_learning_loop(
         agent: The agent.
         dataset: The logged data (:func:`rl_train.offline.make_experience`).
         steps: Optimizer steps.
-        batch_size: Rows per step (default ``agent.batch_size``).
+        batch_size: Rows per step, at most the dataset's (default ``agent.batch_size``, capped at
+            the dataset's rows).
         seed: Seed of the shuffles.
         evaluation_interval: Steps between ``eval_fn`` calls (None: after the last only).
         eval_fn: ``agent -> {name: value}`` logged with the row.

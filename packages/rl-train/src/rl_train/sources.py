@@ -229,7 +229,8 @@ class OfflineSource:
 
     Args:
         dataset: The :class:`~rl_train.offline.OfflineDataset`.
-        batch_size: Rows per step (None: the agent's ``batch_size``).
+        batch_size: Rows per step, at most the dataset's (None: the agent's ``batch_size``, or
+            the whole dataset when it has fewer rows).
         seed: Seed of the shuffles.
     """
 
@@ -253,9 +254,8 @@ class OfflineSource:
     def start(self, agents: Sequence[Any], state: dict[str, Any] | None) -> None:
         """The first shuffle (``batch_size`` defaults to the first agent's)."""
         del state
-        self.size = self.batch_size or _check_rows(
-            agents[0].batch_size, len(self.dataset), "the agent's `batch_size`"
-        )
+        rows = len(self.dataset)  # the agent's batch, at most the dataset (trlX's last batch)
+        self.size = self.batch_size or min(rows, int(agents[0].batch_size))
         self.generator.manual_seed(self.seed)
         self.order = torch.randperm(len(self.dataset), generator=self.generator)
         self.cursor = 0
