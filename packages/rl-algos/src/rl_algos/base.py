@@ -29,7 +29,7 @@ import torch
 from rl_adapters import PolicyModel
 from rl_rollout import HFEngine, SamplingParams
 
-from rl_algos import lifecycle
+from rl_algos import lifecycle, refusals
 from rl_algos.batch import Batch, Estimates, MicroBatch, Normalizers, Scores, parse_experiences
 from rl_algos.config import (
     AgentConfig,
@@ -58,33 +58,6 @@ from rl_algos.packing import PackingReport
 from rl_algos.scoring import Scorer, score_batch
 
 __all__ = ["AgentParts", "Batch", "LLMAlgorithm"]
-
-# Constructor arguments of AgileRL without a field here: name -> (the values that do what this
-# library always does, accepted so AgileRL's examples run; why another value is refused).
-_IGNORED: dict[str, tuple[tuple[Any, ...], str]] = {
-    "calc_position_embeddings": ((True,), "position ids always follow from the padding"),
-    "wrap": ((True, False), "models are wrapped when first used"),
-    "clone": ((False,), "use agent.clone()"),
-    "torch_compiler": ((None,), "use rl-kernels' compile option"),
-    "reduce_memory_peak": ((False,), "deprecated upstream"),
-    "use_memory_efficient_params": ((False,), "colocated vLLM is configured by VLLMConfig"),
-    "cast_logprobs_to_fp32": ((True,), "log-probs are always reduced in fp32"),
-    "action_granularity": (
-        ("auto",),
-        "use advantage_granularity and importance_sampling_level (LLMPPO: a turn is one action)",
-    ),
-}
-
-
-def _refuse_ignored(hyperparameters: dict[str, Any]) -> None:
-    """Refuse an AgileRL-only argument set to a value that would change what AgileRL does."""
-    for name, value in hyperparameters.items():
-        if name in _IGNORED and value not in _IGNORED[name][0]:
-            accepted, why = _IGNORED[name]
-            raise ValueError(
-                f"`{name}={value!r}` has no counterpart here ({why}): leave it unset "
-                f"(accepted: {', '.join(repr(v) for v in accepted)})"
-            )
 
 
 @dataclass(frozen=True)
@@ -179,22 +152,14 @@ class LLMAlgorithm:
         **hyperparameters: Any,
     ) -> None:
         known = config_fields(self.config_class)
-        unknown = sorted(set(hyperparameters) - known - set(_IGNORED))
-        if unknown:
-            raise TypeError(f"{type(self).__name__} got unexpected arguments {unknown}")
+        refusals.refuse_unknown(type(self).__name__, hyperparameters, known)
         if actor_network is None and model_name is None:
             raise ValueError("pass `actor_network` (a transformers model) or `model_name`")
-        _refuse_ignored(hyperparameters)
+        refusals.refuse_agilerl_only(hyperparameters)
         self.config = self.config_class(**{k: v for k, v in hyperparameters.items() if k in known})
         cfg = self.config
-        self._refuse_unused(lora_config, vllm_config, tokenizer)
-        if cfg.use_vllm and model_name is None:
-            raise ValueError(
-                "use_vllm=True needs `model_name` (a hub name or path): vLLM loads the model "
-                "itself, and the trained weights are pushed to it after every learn()"
-            )
-        if cfg.full_finetune and self._critic_adapter:
-            raise ValueError("full_finetune=True is not supported with a critic (LLMPPO): use LoRA")
+        refusals.refuse_unused(cfg, lora_config, vllm_config, tokenizer)
+        refusals.refuse_unbuildable(cfg, model_name, critic_adapter=self._critic_adapter)
         self.index = index
         self.pad_token_id = int(pad_token_id)
         self.pad_token = pad_token
@@ -225,35 +190,6 @@ class LLMAlgorithm:
         self.packing_report = PackingReport()  # what use_sequence_packing=None chose
         broadcast_module(self.policy)
         self.learner = self.build_learner()
-
-    def _refuse_unused(self, lora_config: Any, vllm_config: Any, tokenizer: Any) -> None:
-        """Refuse a setting that would change nothing (:meth:`AgentConfig.ignored_options`)."""
-        ignored = self.config.ignored_options()
-        if ignored:
-            raise ValueError(next(iter(ignored.values())))
-        if lora_config is not None and self.config.full_finetune:
-            raise ValueError(
-                "`lora_config` configures LoRA adapters, and full_finetune=True trains every "
-                "weight without them: pass lora_config=None, or full_finetune=False"
-            )
-        dropout = getattr(lora_config, "lora_dropout", 0.0) if lora_config is not None else 0.0
-        if dropout:
-            raise ValueError(
-                f"`lora_config.lora_dropout`={dropout} has no effect: agents keep the policy in "
-                "eval() mode, so the old, reference and current log-probs are those of one "
-                "deterministic policy (docs/algorithms/index.md); pass lora_dropout=0.0"
-            )
-        if vllm_config is not None and not self.config.use_vllm:
-            raise ValueError(
-                "`vllm_config` configures the colocated vLLM engine, and use_vllm=False "
-                "generates with the Hugging Face engine: pass use_vllm=True, or leave "
-                "vllm_config unset"
-            )
-        if self.config.stop_sequences and tokenizer is None:
-            raise ValueError(
-                "`stop_sequences` are text and need a tokenizer to match: pass `tokenizer=`, "
-                "or stop on token ids (the model's EOS ids)"
-            )
 
     def _build_policy(
         self, model_name: str | None, actor_network: Any, model_config: Any, lora_config: Any

@@ -1,7 +1,8 @@
-"""Reading a reward function's convention from its signature (standard library only).
+"""Reading a reward function's signature and name (standard library only).
 
-Shared by :mod:`rl_envs.reward_functions` and :mod:`rl_envs.remote_reward` (whose server does
-not import torch).
+Its convention, the keyword arguments it takes, and its name for error messages. Shared by
+:mod:`rl_envs.reward_functions` and :mod:`rl_envs.remote_reward` (whose server does not import
+torch).
 """
 
 from __future__ import annotations
@@ -36,3 +37,16 @@ def is_batched_reward(fn: Callable[..., Any]) -> bool:
         return False
     names, var_kw = found
     return bool(names & TRL_NAMES) or (var_kw and not names)
+
+
+def accepted(fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments ``fn`` takes (all of them with ``**kwargs``)."""
+    found = parameters(fn)
+    if found is None or found[1]:
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in found[0]}
+
+
+def callable_name(fn: Any) -> str:
+    """``fn``'s name in error messages (its ``__name__``, else its type's name)."""
+    return str(getattr(fn, "__name__", type(fn).__name__))

@@ -48,6 +48,19 @@ from typing import Any
 
 import torch
 
+from rl_rollout._openai_checks import (
+    REVERSE_FIELDS,
+    SAMPLING_FIELDS,
+    OpenAIError,
+    chat_messages,
+    chat_tools,
+    check,
+    check_fields,
+    check_sampling_params,
+    check_unsupported,
+    int_list,
+    template_kwargs,
+)
 from rl_rollout.engine import Engine
 from rl_rollout.openai_tools import TOOL_PARSERS, ToolParser, openai_tool_calls
 from rl_rollout.openai_trace import TraceCall, TraceRecorder
@@ -57,98 +70,6 @@ __all__ = ["EPISODE_HEADERS", "OpenAIError", "OpenAIRoutes"]
 
 #: Request headers naming the episode a call belongs to (first found wins; then ``user``).
 EPISODE_HEADERS = ("x-episode-id", "x-session-id")
-# OpenAI / vLLM request field -> SamplingParams field
-_SAMPLING_FIELDS = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty",
-    "min_tokens": "min_new_tokens",
-    "n": "n",
-    "seed": "seed",
-}
-_REVERSE = {v: k for k, v in _SAMPLING_FIELDS.items()} | {
-    "max_new_tokens": "max_tokens",
-    "logit_mask": "allowed_token_ids",
-    "stop_token_ids": "stop_token_ids",
-    "stop": "stop",
-}
-# token-route sampling fields read by _sampling / _check_unsupported / generate
-_HANDLED = {
-    "max_tokens", "max_completion_tokens", "stop", "stop_token_ids", "allowed_token_ids",
-    "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "best_of",
-}  # fmt: skip
-# vLLM token-route sampling fields that do not change what is sampled (accepted and ignored)
-_HARMLESS = {
-    "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output",
-    "detokenize", "output_kind", "return_token_ids", "flat_logprobs", "extra_args",
-}  # fmt: skip
-# the request fields each route reads (any other is refused by name, never ignored)
-_COMMON_FIELDS = {
-    "model", "n", "stop", "seed", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-    "stream", "presence_penalty", "frequency_penalty", "logit_bias", "top_k", "min_p",
-    "repetition_penalty", "min_tokens", "stop_token_ids", "allowed_token_ids",
-}  # fmt: skip
-_ROUTE_FIELDS = {
-    "chat": _COMMON_FIELDS | {
-        "messages", "tools", "tool_choice", "logprobs", "top_logprobs", "chat_template_kwargs",
-        "add_generation_prompt", "continue_final_message",
-    },
-    "completions": _COMMON_FIELDS | {"prompt", "logprobs", "echo", "suffix", "best_of"},
-    "generate": {"model", "token_ids", "sampling_params", "stream"},
-}  # fmt: skip
-# apply_chat_template arguments the chat route sets itself (not `chat_template_kwargs`)
-_TEMPLATE_ARGS = {"conversation", "tools", "add_generation_prompt", "continue_final_message",
-                  "tokenize", "return_dict", "return_tensors"}  # fmt: skip
-# fields that change nothing the routes sample or answer (bookkeeping of a hosted API)
-_BOOKKEEPING = {"user", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
-                "request_id", "cache_salt", "priority"}  # fmt: skip
-# fields accepted at the value that is this server's behaviour, refused at any other
-_DEFAULT_ONLY: dict[str, Any] = {
-    "parallel_tool_calls": True, "store": False, "echo": False, "ignore_eos": False,
-    "include_stop_str_in_output": False, "skip_special_tokens": True,
-}  # fmt: skip
-
-
-class OpenAIError(ValueError):
-    """A request the server refuses; ``param`` names the offending field."""
-
-    def __init__(
-        self, message: str, *, param: str | None = None, status: int = 400, code: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.param = param
-        self.status = status
-        self.code = code
-
-    def to_json(self) -> dict[str, Any]:
-        """OpenAI's error body."""
-        kind = {404: "not_found_error", 500: "server_error"}.get(
-            self.status, "invalid_request_error"
-        )
-        return {
-            "error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}
-        }
-
-
-def _check(value: Any, types: type | tuple[type, ...], name: str, what: str) -> Any:
-    # bool is an int in Python; a JSON true is never a count or a temperature
-    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _tuple(types)):
-        raise OpenAIError(f"`{name}` must be {what}, got {value!r}", param=name)
-    return value
-
-
-def _tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
-    return types if isinstance(types, tuple) else (types,)
-
-
-def _int_list(value: Any, name: str) -> list[int]:
-    if not isinstance(value, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
-    ):
-        raise OpenAIError(f"`{name}` must be a list of token ids (ints >= 0)", param=name)
-    return list(value)
 
 
 class OpenAIRoutes:
@@ -234,8 +155,8 @@ class OpenAIRoutes:
     def chat(self, request: dict[str, Any], episode: str | None) -> dict[str, Any]:
         """``POST /v1/chat/completions``."""
         self._check_common(request, "chat")
-        logprobs = bool(_check(request.get("logprobs") or False, bool, "logprobs", "a boolean"))
-        top = _check(request.get("top_logprobs") or 0, int, "top_logprobs", "an int")
+        logprobs = bool(check(request.get("logprobs") or False, bool, "logprobs", "a boolean"))
+        top = check(request.get("top_logprobs") or 0, int, "top_logprobs", "an int")
         if top != 0:
             raise OpenAIError(
                 f"`top_logprobs` must be 0 or null, got {top}: the engine records the log-prob "
@@ -274,7 +195,7 @@ class OpenAIRoutes:
                 raise OpenAIError(f"`{name}` is not supported; leave it unset", param=name)
         logprobs = request.get("logprobs")
         if logprobs is not None:
-            _check(logprobs, int, "logprobs", "an int")
+            check(logprobs, int, "logprobs", "an int")
             if not 0 <= logprobs <= 1:
                 raise OpenAIError(
                     f"`logprobs` must be 0 or 1, got {logprobs}: the engine records the log-prob "
@@ -307,27 +228,19 @@ class OpenAIRoutes:
         """``POST /inference/v1/generate``: token ids in, token ids and log-probs out."""
         if request.get("model") is not None:
             self._check_model(request["model"])
-        self._check_fields(request, "generate")
+        check_fields(request, "generate")
         if "token_ids" not in request:
             raise OpenAIError("`token_ids` is required (the prompt's token ids)", param="token_ids")
-        prompt = _int_list(request["token_ids"], "token_ids")
+        prompt = int_list(request["token_ids"], "token_ids")
         sampling = request.get("sampling_params") or {}
-        _check(sampling, dict, "sampling_params", "an object")
-        given = {k for k, v in sampling.items() if v is not None}
-        unknown = sorted(given - set(_SAMPLING_FIELDS) - _HANDLED - _HARMLESS)
-        if unknown:
-            raise OpenAIError(
-                f"unknown sampling parameters {unknown}; known: "
-                f"{sorted(set(_SAMPLING_FIELDS) | {'max_tokens', 'stop', 'logprobs'})}",
-                param=f"sampling_params.{unknown[0]}",
-            )
-        self._check_unsupported(sampling, "sampling_params.")
+        check(sampling, dict, "sampling_params", "an object")
+        check_sampling_params(sampling)
         if sampling.get("top_k") == -1:  # vLLM's "off"
             sampling = {**sampling, "top_k": 0}
         params = self._sampling(sampling, [prompt], "token_ids", prefix="sampling_params.")
         logprobs = sampling.get("logprobs")
         if logprobs is not None:
-            _check(logprobs, int, "sampling_params.logprobs", "an int")
+            check(logprobs, int, "sampling_params.logprobs", "an int")
             if not 0 <= logprobs <= 1:
                 raise OpenAIError(
                     f"`sampling_params.logprobs` must be 0 or 1, got {logprobs}: the engine "
@@ -363,112 +276,23 @@ class OpenAIRoutes:
         if "model" not in request:
             raise OpenAIError(f"`model` is required; use {self.model_name!r}", param="model")
         self._check_model(request["model"])
-        self._check_fields(request, route)
-        self._check_unsupported(request, "")
-
-    @staticmethod
-    def _check_fields(request: Mapping[str, Any], route: str) -> None:
-        """Refuse a field the route would ignore (unknown, or a behaviour it cannot give)."""
-        stream = request.get("stream")
-        if stream is not None:
-            _check(stream, bool, "stream", "a boolean")
-            if stream:
-                raise OpenAIError("`stream` is not supported; set it to false", param="stream")
-        for name, value in request.items():
-            if value is None or name in _ROUTE_FIELDS[route] or name in _BOOKKEEPING:
-                continue
-            if name in _DEFAULT_ONLY:
-                if value == _DEFAULT_ONLY[name] and type(value) is bool:
-                    continue
-                raise OpenAIError(
-                    f"`{name}` = {value!r} is not supported: this server cannot give that "
-                    f"behaviour; leave it unset or pass {_DEFAULT_ONLY[name]!r}",
-                    param=name,
-                )
-            supported = sorted(_ROUTE_FIELDS[route] - {"stream"})
-            raise OpenAIError(
-                f"`{name}` is not supported by this server (it would be ignored); leave it "
-                f"unset. Supported fields: {supported}",
-                param=name,
-            )
-
-    @staticmethod
-    def _check_unsupported(request: Mapping[str, Any], prefix: str) -> None:
-        for name in ("presence_penalty", "frequency_penalty"):
-            if request.get(name):
-                raise OpenAIError(
-                    f"`{prefix}{name}` is not supported; use `repetition_penalty`",
-                    param=prefix + name,
-                )
-        if request.get("logit_bias"):
-            raise OpenAIError(
-                f"`{prefix}logit_bias` is not supported; use `allowed_token_ids`",
-                param=prefix + "logit_bias",
-            )
-        best_of = request.get("best_of")
-        if best_of is not None and best_of != request.get("n", 1):
-            raise OpenAIError(
-                f"`{prefix}best_of` is not supported; leave it unset", param=prefix + "best_of"
-            )
+        check_fields(request, route)
+        check_unsupported(request, "")
 
     def _render(self, request: dict[str, Any]) -> list[int]:
-        messages = request.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise OpenAIError("`messages` must be a non-empty list of messages", param="messages")
-        rendered = []
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise OpenAIError(
-                    f"`messages[{i}]` must be an object with a string `role`",
-                    param=f"messages[{i}]",
-                )
-            content = message.get("content")
-            if isinstance(content, list):  # content parts: only text can be rendered
-                parts = []
-                for j, part in enumerate(content):
-                    if not isinstance(part, dict) or part.get("type") != "text":
-                        raise OpenAIError(
-                            f"`messages[{i}].content` has a part that is not text ({part!r}); "
-                            "only text parts are supported",
-                            param=f"messages[{i}].content",
-                        )
-                    text = part.get("text")
-                    if not isinstance(text, str):
-                        raise OpenAIError(
-                            f"`messages[{i}].content[{j}].text` must be a string, got {text!r}",
-                            param=f"messages[{i}].content[{j}].text",
-                        )
-                    parts.append(text)
-                rendered.append({**message, "content": "".join(parts)})
-            elif content is None or isinstance(content, str):
-                rendered.append(message)
-            else:
-                raise OpenAIError(
-                    f"`messages[{i}].content` must be a string or a list of text parts "
-                    f'([{{"type": "text", "text": ...}}]), got {content!r}',
-                    param=f"messages[{i}].content",
-                )
-        tools = self._tools(request)
-        kwargs = request.get("chat_template_kwargs") or {}
-        _check(kwargs, dict, "chat_template_kwargs", "an object")
-        reserved = sorted(set(kwargs) & _TEMPLATE_ARGS)
-        if reserved:
-            raise OpenAIError(
-                f"`chat_template_kwargs` sets {reserved[0]!r}, which the server sets itself; "
-                "use the request's own field (`tools`, `add_generation_prompt`, "
-                "`continue_final_message`) or leave it out",
-                param="chat_template_kwargs",
-            )
+        rendered = chat_messages(request.get("messages"))
+        tools = chat_tools(request)
+        kwargs = template_kwargs(request)
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise OpenAIError(
                 "the tokenizer has no chat template; set `tokenizer.chat_template` or use "
                 "/v1/completions",
                 param="messages",
             )
-        add = _check(request.get("add_generation_prompt", True), bool, "add_generation_prompt",
-                     "a boolean")  # fmt: skip
-        cont = _check(request.get("continue_final_message", False), bool,
-                      "continue_final_message", "a boolean")  # fmt: skip
+        add = check(request.get("add_generation_prompt", True), bool, "add_generation_prompt",
+                    "a boolean")  # fmt: skip
+        cont = check(request.get("continue_final_message", False), bool,
+                     "continue_final_message", "a boolean")  # fmt: skip
         try:
             ids = self.tokenizer.apply_chat_template(
                 rendered, tools=tools, add_generation_prompt=add and not cont,
@@ -479,57 +303,6 @@ class OpenAIRoutes:
                 f"the chat template could not render `messages`: {exc}", param="messages"
             ) from exc
         return [int(t) for t in ids]
-
-    @staticmethod
-    def _tools(request: Mapping[str, Any]) -> list[Any] | None:
-        """The request's ``tools`` (checked) for the template; None under ``tool_choice: none``."""
-        tools = request.get("tools")
-        names = []
-        if tools is not None:
-            _check(tools, list, "tools", "a list of tool definitions")
-            for i, entry in enumerate(tools):
-                tool = entry if isinstance(entry, dict) else {}
-                function = tool.get("function")
-                function = function if isinstance(function, dict) else {}
-                name = function.get("name")
-                if tool.get("type") != "function" or not isinstance(name, str) or not name:
-                    raise OpenAIError(
-                        f'`tools[{i}]` must be {{"type": "function", "function": {{"name": str, '
-                        f'"parameters": {{...}}}}}}, got {entry!r}',
-                        param=f"tools[{i}]",
-                    )
-                parameters = function.get("parameters")
-                if parameters is not None and not isinstance(parameters, dict):
-                    raise OpenAIError(
-                        f"`tools[{i}].function.parameters` must be a JSON Schema object, got "
-                        f"{parameters!r}",
-                        param=f"tools[{i}].function.parameters",
-                    )
-                names.append(name)
-        choice = request.get("tool_choice")
-        if choice is None or choice == "auto":
-            return tools
-        if choice == "none":
-            return None
-        wanted = choice.get("function") if isinstance(choice, dict) else None
-        name = wanted.get("name") if isinstance(wanted, dict) else None
-        if isinstance(name, str) and name not in names:
-            raise OpenAIError(
-                f"`tool_choice` names the tool {name!r}, which is not in `tools` ({names}); name "
-                "a tool of `tools`, or pass 'auto' or 'none'",
-                param="tool_choice",
-            )
-        if not names:
-            raise OpenAIError(
-                f"`tool_choice` = {choice!r} needs `tools` (the request has none); pass `tools` "
-                "or leave `tool_choice` unset",
-                param="tool_choice",
-            )
-        raise OpenAIError(
-            f"`tool_choice` = {choice!r} is not supported: the server does not constrain "
-            "decoding to a tool call; pass 'auto' (the model decides) or 'none'",
-            param="tool_choice",
-        )
 
     def _prompts(self, prompt: Any) -> list[list[int]]:
         if isinstance(prompt, str):
@@ -547,7 +320,7 @@ class OpenAIRoutes:
             ids = (
                 list(self.tokenizer(p, add_special_tokens=False)["input_ids"])
                 if isinstance(p, str)
-                else _int_list(p, f"prompt[{i}]")
+                else int_list(p, f"prompt[{i}]")
             )
             if not ids:
                 raise OpenAIError(f"`prompt[{i}]` is empty", param="prompt")
@@ -563,13 +336,13 @@ class OpenAIRoutes:
     ) -> SamplingParams:
         """SamplingParams of the request, with ``max_tokens`` checked against the engine."""
         kwargs: dict[str, Any] = {"return_logprobs": True}
-        for name, target in _SAMPLING_FIELDS.items():
+        for name, target in SAMPLING_FIELDS.items():
             value = request.get(name)
             if value is None:
                 continue
             kind = (int, float) if name in {"temperature", "top_p", "min_p",
                                             "repetition_penalty"} else int  # fmt: skip
-            kwargs[target] = _check(value, kind, prefix + name, "a number")
+            kwargs[target] = check(value, kind, prefix + name, "a number")
             if name == "seed" and not -(2**63) <= value < 2**64:  # a torch generator's range
                 raise OpenAIError(
                     f"`{prefix}seed` must be an int in [-2**63, 2**64), got {value}",
@@ -585,7 +358,7 @@ class OpenAIRoutes:
                 )
             kwargs["stop"] = tuple(stop)
         if request.get("stop_token_ids") is not None:
-            ids = _int_list(request["stop_token_ids"], prefix + "stop_token_ids")
+            ids = int_list(request["stop_token_ids"], prefix + "stop_token_ids")
             kwargs["stop_token_ids"] = tuple(ids)
         if request.get("allowed_token_ids") is not None:
             kwargs["logit_mask"] = self._allowed(request["allowed_token_ids"], prefix)
@@ -596,13 +369,13 @@ class OpenAIRoutes:
             found = re.search(r"`(\w+)`", str(exc))
             if found is None:
                 raise OpenAIError(str(exc)) from exc
-            name = _REVERSE.get(found.group(1), found.group(1))
+            name = REVERSE_FIELDS.get(found.group(1), found.group(1))
             message = str(exc).replace(f"`{found.group(1)}`", f"`{prefix}{name}`", 1)
             raise OpenAIError(message, param=prefix + name) from exc
 
     def _allowed(self, value: Any, prefix: str) -> torch.Tensor:
         """The [V] logit mask of vLLM's ``allowed_token_ids``."""
-        allowed = _int_list(value, prefix + "allowed_token_ids")
+        allowed = int_list(value, prefix + "allowed_token_ids")
         vocab = self._vocab_size()
         if not allowed or max(allowed) >= vocab:
             raise OpenAIError(
@@ -646,7 +419,7 @@ class OpenAIRoutes:
                 )
             return room
         name = prefix + given[0]
-        max_tokens = _check(request[given[0]], int, name, "an int")
+        max_tokens = check(request[given[0]], int, name, "an int")
         if max_tokens < 1:
             raise OpenAIError(f"`{name}` must be >= 1, got {max_tokens}", param=name)
         if room is not None and max_tokens > room:
