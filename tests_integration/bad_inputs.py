@@ -78,6 +78,19 @@ def _lora(**kw: Any) -> Any:
     return LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], **kw)
 
 
+def _ilql(**kw: Any) -> Any:
+    from rl_algos import ILQL
+
+    model, _ = _tiny()
+    return ILQL(actor_network=model, pad_token_id=0, pad_token="<pad>", **kw)
+
+
+def _vllm_config() -> Any:
+    from rl_algos import VLLMConfig
+
+    return VLLMConfig()
+
+
 def _learn(ids: torch.Tensor, masks: torch.Tensor, rewards: torch.Tensor, **kw: Any) -> Any:
     return _grpo(**kw).learn((ids, masks, rewards))
 
@@ -224,6 +237,12 @@ def cases() -> list[Case]:
              lambda: _grpo(cast_logprobs_to_fp32=False)),
         Case("rl-algos", "GRPO(lora_config=LoraConfig(bias='all'))", ValueError, "bias",
              lambda: _grpo(lora_config=_lora(bias="all"))),
+        Case("rl-algos", "GRPO(loss_type='dro', importance_sampling_level='turn')", ValueError, "importance_sampling_level",
+             lambda: _grpo(loss_type="dro", importance_sampling_level="turn")),
+        Case("rl-algos", "GRPO(advantage_granularity='turn', advantage_estimator='reinforce_pp_baseline')", ValueError, "advantage_granularity",
+             lambda: _grpo(advantage_granularity="turn", advantage_estimator="reinforce_pp_baseline")),
+        Case("rl-algos", "ILQL(vllm_config=VLLMConfig())", ValueError, "vllm_config",
+             lambda: _ilql(vllm_config=_vllm_config())),
         Case("rl-algos", "GRPO(loss_type='gspo', importance_sampling_level='token')", ValueError, "importance_sampling_level",
              lambda: _grpo(loss_type="gspo", importance_sampling_level="token")),
         Case("rl-algos", "GRPO(importance_sampling_level='turn', loss_aggregation='token_mean', loss_kwargs={'unit_weight': 'unit'})", ValueError, "unit_weight",

@@ -353,7 +353,40 @@ NO_EFFECT = [
     ("GRPO", {"cast_logprobs_to_fp32": False}, "`cast_logprobs_to_fp32=False` has no counterpart"),
     ("GRPO", {"torch_compiler": "default"}, "`torch_compiler='default'`"),
     ("LLMPPO", {"action_granularity": "token"}, "a turn is one action"),
+    ("ILQL", {"vllm_config": VLLMConfig()}, "`vllm_config`.*vLLM is not used by ILQL"),
+    (
+        "GRPO",
+        {"advantage_granularity": "turn", "advantage_estimator": "reinforce_pp_baseline"},
+        "`advantage_granularity='turn'`.*advantage_estimator='reinforce_pp_baseline'",
+    ),
+    (
+        "GRPO",
+        {
+            "advantage_granularity": "turn",
+            "advantage_estimator": "optimal_token_baseline",
+            "importance_sampling_level": "turn",
+        },
+        "`advantage_granularity='turn'`.*advantage_estimator='optimal_token_baseline'",
+    ),
 ]
+
+#: (keywords, words of the error): an importance-sampling level the policy loss cannot take.
+LEVEL_WITHOUT_LOSS = [
+    ({"loss_type": "dro", "importance_sampling_level": "turn"},
+     "`importance_sampling_level='turn'`.*loss_type='dro'.*pass importance_sampling_level='token'"),
+    ({"loss_type": "gmpo", "importance_sampling_level": "trajectory"},
+     "`importance_sampling_level='trajectory'`.*loss_type='gmpo'"),
+    ({"loss_type": "vespo", "importance_sampling_level": "turn", "loss_aggregation": "token_mean"},
+     "`importance_sampling_level='turn'`.*loss_type='vespo'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kw", "words"), LEVEL_WITHOUT_LOSS)
+def test_ratio_level_the_loss_cannot_take_is_refused_when_built(kw: dict, words: str) -> None:  # type: ignore[type-arg]
+    """A turn or trajectory ratio with a registered loss that takes no ``level`` is refused
+    when the agent is built (not with a TypeError at the first learn())."""
+    with pytest.raises(ValueError, match=words):
+        make_agent("GRPO", **kw)
 
 
 @pytest.mark.parametrize(
@@ -403,9 +436,18 @@ def test_settings_that_take_effect_are_accepted() -> None:
         ("LLMREINFORCE", {"clip_coef": None, "min_output_tokens": 512}),
         ("GRPO", {"calc_position_embeddings": True, "wrap": False, "clone": False,
                   "cast_logprobs_to_fp32": True, "action_granularity": "auto"}),
+        ("GRPO", {"loss_type": "gspo", "importance_sampling_level": "trajectory"}),
+        ("GRPO", {"loss_type": "cispo", "importance_sampling_level": "turn"}),
+        ("GRPO", {"loss_type": "sapo", "importance_sampling_level": "trajectory"}),
     ]:  # fmt: skip
         make_agent(algo, perturb_seed=None, **kw)
     tl.make_ilql(temperature=0.5, top_k=5)
+    # "auto" with an estimator that has no per-turn form: whole-sequence advantages, said so
+    for estimator in ("reinforce_pp_baseline", "optimal_token_baseline"):
+        agent = make_agent("GRPO", perturb_seed=None, importance_sampling_level="turn",
+                           advantage_estimator=estimator)  # fmt: skip
+        assert agent.advantage_granularity == "trajectory"
+    assert make_agent("GRPO", importance_sampling_level="turn").advantage_granularity == "turn"
 
 
 def test_load_classmethod_rebuilds_the_agent(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -39,6 +39,7 @@ __all__ = [
     "NOT_FOR_AGENTS",
     "SUM_PI_SQUARED_ESTIMATORS",
     "TOKEN_ESTIMATORS",
+    "WHOLE_SEQUENCE_ESTIMATORS",
     "GroupAdvantage",
     "gae_advantages",
     "group_advantages",
@@ -57,6 +58,9 @@ TOKEN_ESTIMATORS: frozenset[str] = frozenset({"reinforce_plus_plus_baseline"})
 #: action token (``Scores.sum_pi_squared``, scored in the same forward as the old log-probs)
 #: and the rollout correction's weights when the agent applies one.
 SUM_PI_SQUARED_ESTIMATORS: frozenset[str] = frozenset({"optimal_token_baseline"})
+#: Registered estimators without a per-turn form: ``advantage_granularity="turn"`` is refused
+#: with them, and ``"auto"`` gives their whole-sequence advantages.
+WHOLE_SEQUENCE_ESTIMATORS: frozenset[str] = TOKEN_ESTIMATORS | SUM_PI_SQUARED_ESTIMATORS
 #: Registered estimators whose inputs an agent's batch does not carry: refused by name when
 #: the agent is built (call them from rl_advantages directly). None today.
 NOT_FOR_AGENTS: Mapping[str, str] = {}
@@ -217,7 +221,7 @@ def group_advantages(
         cfg.granularity == "turn"
         and r.dim() == 2
         and batch.turn_ids is not None
-        and cfg.estimator not in TOKEN_ESTIMATORS | SUM_PI_SQUARED_ESTIMATORS
+        and cfg.estimator not in WHOLE_SEQUENCE_ESTIMATORS
     ):
         turn_mask = pool_to_turns(mask.float(), batch.turn_ids, num_turns=r.shape[1]).mask
         fallback = _as_tokens(_sequence(cfg, seq, batch, scores), seq, cfg.estimator)

@@ -9,19 +9,20 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from rl_kernels import FUSED_OBJECTIVES
-from rl_losses import Aggregation, get_policy_loss
+from rl_losses import Aggregation, available_policy_losses, get_policy_loss
 
 from rl_algos.base import AgentParts, Batch, LLMAlgorithm
 from rl_algos.batch import Estimates, Scores
 from rl_algos.config import AgentConfig
 from rl_algos.estimators import (
-    SUM_PI_SQUARED_ESTIMATORS,
     TOKEN_ESTIMATORS,
+    WHOLE_SEQUENCE_ESTIMATORS,
     GroupAdvantage,
     group_advantages,
     resolve_estimator_name,
 )
 from rl_algos.objectives import (
+    LOSS_ALIASES,
     PolicyObjective,
     clip_options,
     resolve_loss_name,
@@ -31,6 +32,18 @@ from rl_algos.objectives import (
 __all__ = ["CISPO", "GRPO", "GSPO", "GRPOConfig"]
 
 Level = Literal["token", "turn", "trajectory"]
+
+#: Keywords a policy loss is called with at a turn or trajectory ratio level.
+_LEVEL_KEYWORDS = ("level", "pooling", "turn_ids")
+
+
+def _takes_level(name: str) -> bool:
+    """Whether the registered policy loss ``name`` takes :data:`_LEVEL_KEYWORDS`."""
+    params = inspect.signature(get_policy_loss(name)).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return True
+    return all(k in params for k in _LEVEL_KEYWORDS)
+
 
 #: Defaults an objective brings when ``clip_coef`` is not passed (GSPO's paper values).
 OBJECTIVE_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
@@ -84,9 +97,12 @@ class GRPOConfig(AgentConfig):
     importance_sampling_level: Level | None = None
     """Ratio unit: token (default), turn or trajectory (GSPO's, which refuses the others). The
     loss of a turn or trajectory counts once per unit in the sequence means, once per token of
-    it with ``token_mean``."""
+    it with ``token_mean``. Turn and trajectory need a loss that takes ``level``, ``pooling``
+    and ``turn_ids`` (refused otherwise)."""
     advantage_granularity: Literal["auto", "trajectory", "turn"] = "auto"
-    """Per-turn group-relative advantages for [N, K] rewards (``auto``: with turn ratios)."""
+    """Per-turn group-relative advantages for [N, K] rewards (``auto``: with turn ratios). The
+    estimators of :data:`~rl_algos.estimators.WHOLE_SEQUENCE_ESTIMATORS` have no per-turn form:
+    ``auto`` gives their whole-sequence advantages, ``"turn"`` is refused."""
     turn_ratio_pooling: Literal["sum", "mean"] = "mean"
     """Log-ratio pooling within a turn or trajectory (refused at token level and for GSPO)."""
     whiten_advantages: bool = False
@@ -154,19 +170,37 @@ class GRPOConfig(AgentConfig):
             raise ValueError(f"`group_size` must be >= 1, got {self.group_size}")
         if self.adv_norm not in ("mean_std", "mean_only"):
             raise ValueError(f"`adv_norm` must be 'mean_std' or 'mean_only', got {self.adv_norm!r}")
-        resolve_estimator_name(self.advantage_estimator, self.adv_norm)
+        estimator = resolve_estimator_name(self.advantage_estimator, self.adv_norm)
         if self.adv_clip_range is not None and self.adv_clip_range <= 0:
             raise ValueError(f"`adv_clip_range` must be > 0, got {self.adv_clip_range}")
-        if self.advantage_granularity == "auto":
-            self.advantage_granularity = "turn" if level == "turn" else "trajectory"
+        if self.advantage_granularity == "auto":  # per turn where the estimator has that form
+            per_turn = level == "turn" and estimator not in WHOLE_SEQUENCE_ESTIMATORS
+            self.advantage_granularity = "turn" if per_turn else "trajectory"
         if self.loss_aggregation is None:
             # CISPO's objective (MiniMax-M1 eq. 4) normalises by the batch's token count
             cispo = self.loss_type == "cispo"
             self.loss_aggregation = "token_mean" if cispo else "seq_mean_token_mean"
         name = resolve_loss_name(self.loss_type)
+        if name != "gspo" and level != "token":  # GSPO fixes its own sequence level
+            self._check_loss_takes_level(name, level)
         # token_mean at a turn or trajectory level: refused here for a loss without unit_weight
         token_weighted_options(
             name, None if name == "gspo" else level, self.loss_aggregation, self.loss_kwargs
+        )
+
+    def _check_loss_takes_level(self, name: str, level: str) -> None:
+        """Refuse a turn or trajectory ratio with a loss that cannot take ``level``."""
+        if _takes_level(name):
+            return
+        alias = {v: k for k, v in LOSS_ALIASES.items()}  # the agent-facing names ("grpo")
+        others = ", ".join(
+            alias.get(n, n) for n in available_policy_losses() if n != "gspo" and _takes_level(n)
+        )
+        raise ValueError(
+            f"`importance_sampling_level={level!r}` pools the ratio per {level}, and "
+            f"loss_type={self.loss_type!r} takes no `level` (with `pooling`, `turn_ids`): pass "
+            f"importance_sampling_level='token' (or leave it unset), or a loss_type that takes "
+            f"one ({others})"
         )
 
     def kl_term(self) -> bool:
@@ -273,9 +307,15 @@ class GRPOConfig(AgentConfig):
                 "beta=0: pass beta > 0, or leave it unset"
             )
         estimator = resolve_estimator_name(self.advantage_estimator, self.adv_norm)
-        per_turn = self.advantage_granularity == "turn" and estimator not in (
-            TOKEN_ESTIMATORS | SUM_PI_SQUARED_ESTIMATORS
-        )
+        per_turn = self.advantage_granularity == "turn"
+        if per_turn and estimator in WHOLE_SEQUENCE_ESTIMATORS:  # "auto" resolves to trajectory
+            per_turn = False
+            out["advantage_granularity"] = (
+                "`advantage_granularity='turn'` asks for per-turn advantages, and "
+                f"advantage_estimator={self.advantage_estimator!r} gives whole-sequence ones "
+                "only: leave advantage_granularity unset ('auto': whole-sequence with it), or "
+                "pass advantage_estimator='grpo' for per-turn group-relative advantages"
+            )
         if self.adv_norm != "mean_std" and self.advantage_estimator != "grpo" and not per_turn:
             out["adv_norm"] = (
                 f"`adv_norm={self.adv_norm!r}` picks GRPO's scaling, and "

@@ -267,6 +267,12 @@ class ILQL(LLMAlgorithm):
                 "ILQL decodes with its Q/V heads inside the generation loop, which vLLM does not "
                 "run: use the Hugging Face engine (use_vllm=False)"
             )
+        if kwargs.get("vllm_config") is not None:
+            raise ValueError(
+                "`vllm_config` configures the colocated vLLM engine, and vLLM is not used by "
+                "ILQL (it decodes with its Q/V heads on the Hugging Face engine): leave "
+                "vllm_config unset"
+            )
         if deepspeed_plugin(kwargs.get("accelerator")) is not None:
             raise ValueError(
                 "ILQL under DeepSpeed is not supported (its Q/V heads live outside the policy "
