@@ -224,3 +224,38 @@ def test_a_checkpoint_of_another_base_model_is_refused(tmp_path: Path) -> None:
         with pytest.raises(tinker.BadRequestError, match=error):
             service.create_sampling_client(model_path=sampler_path).result()
         service.close("success").result()
+
+
+def test_a_save_cut_short_keeps_the_checkpoint_it_replaces(
+    served: tuple[tinker.ServiceClient, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure after the adapter file was written (here the optimizer file's write raises,
+    as a full disk would), or a kill between the swap's two renames, never costs the previous
+    checkpoint of that name."""
+    import rl_train.tinker.checkpoints as ckpt
+
+    service, checkpoints = served
+    client = service.create_lora_training_client(base_model=MODEL, rank=2).result()
+    step_then_logprobs(client)  # an optimizer state to save
+    path = client.save_state("crash").result().path
+    saved = logprobs(client)
+    step_then_logprobs(client)
+    write = ckpt.save_tensors
+
+    def full_disk(tensors: dict[str, torch.Tensor], file: Path) -> None:
+        if file.name == "optimizer.safetensors":
+            raise OSError(28, "No space left on device")
+        write(tensors, file)
+
+    monkeypatch.setattr(ckpt, "save_tensors", full_disk)
+    with pytest.raises(tinker.RequestFailedError, match="No space left on device"):
+        client.save_state("crash", overwrite=True).result()
+    monkeypatch.undo()
+    # bit-exact: the previous checkpoint's weights, loaded by the same kernels
+    assert torch.equal(logprobs(service.create_training_client_from_state(path).result()), saved)
+    target = meta_file(checkpoints, path).parent
+    target.rename(target.parent / f".{target.name}.old")  # killed between the two renames
+    # bit-exact: the set-aside checkpoint is taken back at the next read
+    assert torch.equal(logprobs(service.create_training_client_from_state(path).result()), saved)
+    assert client.save_state("crash", overwrite=True).result().path == path
+    assert sorted(p.name for p in target.parent.iterdir() if "crash" in p.name) == ["crash"]

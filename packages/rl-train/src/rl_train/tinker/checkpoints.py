@@ -15,13 +15,15 @@ so a server started again on the same ``checkpoint_dir`` loads them: ``load_stat
 samples from them. Loading reads only these files with ``safetensors`` and ``json``, and
 refuses a checkpoint of another base model, an expired one and one it cannot read with a
 :class:`UserError`. ``save_state`` keeps an existing checkpoint of the same name unless
-``overwrite=True``.
+``overwrite=True``. A save is written next to its directory (``.<name>.tmp``) and swapped in
+once complete, so a crash in the middle of a save never costs the checkpoint it replaces.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import struct
 import time
 from collections.abc import Mapping, Sequence
@@ -55,9 +57,33 @@ def parse_path(path: str) -> tuple[str, str, str]:
 
 
 def directory(root: Path, path: str) -> Path:
-    """The directory of checkpoint ``path`` under ``root``."""
+    """The directory of checkpoint ``path`` under ``root`` (a swap a crash cut short undone)."""
     model_id, kind, name = parse_path(path)
-    return root / model_id / kind / name
+    target = root / model_id / kind / name
+    old = _aside(target, "old")
+    if not target.exists() and (old / "checkpoint.json").is_file():
+        old.rename(target)  # killed between the two renames of _swap_in: the previous one
+    return target
+
+
+def _aside(target: Path, what: str) -> Path:
+    """``.<name>.<what>`` next to ``target``: where a save is written, or the old one set aside."""
+    return target.parent / f".{target.name}.{what}"
+
+
+def _swap_in(written: Path, target: Path) -> None:
+    """Replace ``target`` by the complete ``written`` directory.
+
+    The old checkpoint is set aside, the new one renamed in, the old one deleted: a crash
+    before the first rename keeps the old checkpoint as it was, one between the renames is
+    undone by :func:`directory` at the next read.
+    """
+    old = _aside(target, "old")
+    shutil.rmtree(old, ignore_errors=True)
+    if target.exists():
+        target.rename(old)
+    written.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def save(
@@ -104,7 +130,9 @@ def save(
             f"`ttl_seconds` must be an integer >= 1 (seconds), got {ttl_seconds!r}; "
             "pass None for a checkpoint that never expires"
         )
-    target.mkdir(parents=True, exist_ok=True)
+    final, target = target, _aside(target, "tmp")  # written aside, swapped in once complete
+    shutil.rmtree(target, ignore_errors=True)  # a save a crash cut short
+    target.mkdir(parents=True)
     params = base.adapter_params(client.adapter)
     names = list(params)
     save_tensors(
@@ -130,6 +158,7 @@ def save(
         groups = [dict(g.items()) for g in state["param_groups"]]
         meta["optimizer"] = {"param_groups": groups}
     (target / "checkpoint.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+    _swap_in(target, final)
     return path
 
 
