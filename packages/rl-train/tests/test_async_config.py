@@ -143,6 +143,8 @@ def test_a_stalled_worker_is_an_error_naming_it_and_leaves_nothing_behind(tmp_pa
                                async_config=config, rollout_factory=worker_testlib.stalled_factory)  # fmt: skip
     assert not multiprocessing.active_children()
     feeders = [t for t in set(threading.enumerate()) - before if t.name == "QueueFeederThread"]
+    for feeder in feeders:  # a closed queue's feeder ends on its own once its pipe is read out;
+        feeder.join(120.0)  # a hang guard, never a speed limit: a blocked one never ends
     assert not [t for t in feeders if t.is_alive()]
 
 
