@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import itertools
+import logging
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,8 @@ from rl_train.tinker.state import BaseModel, Snapshot
 from rl_train.tinker.wire import decode_forward_backward, encode_sample_response
 
 __all__ = ["POLL_SECONDS", "ServerConfig", "create_app"]
+
+logger = logging.getLogger(__name__)
 
 #: Longest wait of one ``retrieve_future`` call before it answers ``try_again``.
 POLL_SECONDS = 5.0
@@ -79,6 +82,24 @@ class ServerConfig:
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse(status_code=status, content={"detail": message, "message": message})
+
+
+def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    """HTTP 500 naming the route and the exception, its traceback logged.
+
+    The SDK retries a 5xx for about a minute, and the same request would fail the same way
+    again: ``x-should-retry: false`` makes it raise at once. Answered here rather than by an
+    exception handler, which would re-raise after answering and have the connection closed.
+    """
+    logger.error("tinker-server: %s failed", request.url.path, exc_info=exc)
+    response = _error(
+        500,
+        f"the server failed on {request.url.path} ({type(exc).__name__}: {exc}); it keeps "
+        "serving other requests: check the request's fields, or report the traceback in the "
+        "server's log",
+    )
+    response.headers["x-should-retry"] = "false"
+    return response
 
 
 class Service:
@@ -279,7 +300,10 @@ def create_app(config: ServerConfig) -> FastAPI:
             given = request.headers.get("X-API-Key", "")
             if not hmac.compare_digest(given.encode(), config.api_key.encode()):
                 return _error(401, "invalid API key: set TINKER_API_KEY to this server's key")
-        return await call_next(request)
+        try:
+            return await call_next(request)
+        except Exception as exc:  # not a UserError or KeyError (their handlers answered those)
+            return _internal_error(request, exc)
 
     @app.exception_handler(UserError)
     async def user_error(_: Request, exc: UserError) -> JSONResponse:
@@ -288,19 +312,6 @@ def create_app(config: ServerConfig) -> FastAPI:
     @app.exception_handler(KeyError)
     async def missing_field(_: Request, exc: KeyError) -> JSONResponse:
         return _error(400, f"the request lacks the field {exc.args[0]!r}")
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        # the SDK retries a 5xx for about a minute; the same request fails the same way again,
-        # so it is told not to (its `x-should-retry` header) and raises at once
-        response = _error(
-            500,
-            f"the server failed on {request.url.path} ({type(exc).__name__}: {exc}); it keeps "
-            "serving other requests: check the request's fields, or report the traceback in the "
-            "server's log",
-        )
-        response.headers["x-should-retry"] = "false"
-        return response
 
     _session_routes(app, service)
     _training_routes(app, service)
