@@ -50,8 +50,8 @@ _HARMLESS = {
 # the request fields each route reads (any other is refused by name, never ignored)
 _COMMON_FIELDS = {
     "model", "n", "stop", "seed", "max_tokens", "max_completion_tokens", "temperature", "top_p",
-    "stream", "presence_penalty", "frequency_penalty", "logit_bias", "top_k", "min_p",
-    "repetition_penalty", "min_tokens", "stop_token_ids", "allowed_token_ids",
+    "stream", "stream_options", "presence_penalty", "frequency_penalty", "logit_bias", "top_k",
+    "min_p", "repetition_penalty", "min_tokens", "stop_token_ids", "allowed_token_ids",
 }  # fmt: skip
 _ROUTE_FIELDS = {
     "chat": _COMMON_FIELDS | {
@@ -121,8 +121,13 @@ def check_fields(request: Mapping[str, Any], route: str) -> None:
     stream = request.get("stream")
     if stream is not None:
         check(stream, bool, "stream", "a boolean")
-        if stream:
-            raise OpenAIError("`stream` is not supported; set it to false", param="stream")
+        if stream and route == "generate":
+            raise OpenAIError(
+                "`stream` is not supported on the token route; set it to false (the chat and "
+                "completions routes stream)",
+                param="stream",
+            )
+    check_stream_options(request.get("stream_options"), bool(stream))
     for name, value in request.items():
         if value is None or name in _ROUTE_FIELDS[route] or name in _BOOKKEEPING:
             continue
@@ -134,12 +139,41 @@ def check_fields(request: Mapping[str, Any], route: str) -> None:
                 f"behaviour; leave it unset or pass {_DEFAULT_ONLY[name]!r}",
                 param=name,
             )
-        supported = sorted(_ROUTE_FIELDS[route] - {"stream"})
+        supported = sorted(_ROUTE_FIELDS[route])
         raise OpenAIError(
             f"`{name}` is not supported by this server (it would be ignored); leave it "
             f"unset. Supported fields: {supported}",
             param=name,
         )
+
+
+def check_stream_options(options: Any, stream: bool) -> None:
+    """Refuse ``stream_options`` without ``stream`` and options this server cannot give."""
+    if options is None:
+        return
+    if not stream:
+        raise OpenAIError(
+            "`stream_options` is only read with `stream: true`; set `stream` or drop it",
+            param="stream_options",
+        )
+    check(options, dict, "stream_options", "an object")
+    for key, value in options.items():
+        name = f"stream_options.{key}"
+        if key == "include_usage":
+            check(value, bool, name, "a boolean")
+        elif key in ("continuous_usage_stats", "include_obfuscation"):
+            if value is not False:
+                raise OpenAIError(
+                    f"`{name}` = {value!r} is not supported: the answer is streamed after "
+                    "sampling, with the usage once at the end; leave it unset or pass false",
+                    param=name,
+                )
+        else:
+            raise OpenAIError(
+                f"`{name}` is not supported; the options read are include_usage, "
+                "continuous_usage_stats and include_obfuscation (false)",
+                param=name,
+            )
 
 
 def check_unsupported(request: Mapping[str, Any], prefix: str) -> None:

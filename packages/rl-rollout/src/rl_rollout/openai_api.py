@@ -7,9 +7,10 @@ the OpenAI format, with the token ids and sampling log-probs of what was sampled
 - ``GET /v1/models``: the one served model (``GET /v1/models/{id}``: its card).
 - ``POST /v1/chat/completions``: ``messages`` (and ``tools``) rendered by the tokenizer's chat
   template (``add_generation_prompt``, ``continue_final_message`` and ``chat_template_kwargs``
-  as in vLLM); ``logprobs`` / ``top_logprobs=0``, ``n``, ``stop``, ``seed``, ``max_tokens``.
+  as in vLLM); ``logprobs`` / ``top_logprobs=0``, ``n``, ``stop``, ``seed``, ``max_tokens``,
+  ``stream`` (:mod:`rl_rollout.openai_stream`: sent after sampling, as server-sent events).
 - ``POST /v1/completions``: ``prompt`` as text(s) (tokenised without special tokens, as
-  :meth:`Engine.generate` does) or token ids; ``logprobs`` 0 or 1.
+  :meth:`Engine.generate` does) or token ids; ``logprobs`` 0 or 1; ``stream``.
 - ``POST /inference/v1/generate``: the token route of vLLM and verifiers' ``TrainClient``:
   ``{model, token_ids, sampling_params{max_tokens, temperature, ..., logprobs}}`` ->
   ``choices[i].token_ids``, ``choices[i].logprobs.content[j].logprob``, ``finish_reason``.
@@ -62,6 +63,7 @@ from rl_rollout._openai_checks import (
     template_kwargs,
 )
 from rl_rollout.engine import Engine
+from rl_rollout.openai_stream import StreamedResponse, stream_chunks
 from rl_rollout.openai_tools import TOOL_PARSERS, ToolParser, openai_tool_calls
 from rl_rollout.openai_trace import TraceCall, TraceRecorder
 from rl_rollout.params import SamplingParams
@@ -125,8 +127,14 @@ class OpenAIRoutes:
         card: dict[str, Any] = self.models()["data"][0]
         return card
 
-    def handle(self, path: str, body: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
-        """Answer a POST to ``path``; raises :class:`OpenAIError` for bad input."""
+    def handle(
+        self, path: str, body: bytes, headers: Mapping[str, str]
+    ) -> dict[str, Any] | StreamedResponse:
+        """Answer a POST to ``path``; raises :class:`OpenAIError` for bad input.
+
+        A request with ``stream: true`` gets a :class:`~rl_rollout.openai_stream.StreamedResponse`
+        (server-sent events, sent after sampling), any other the response object.
+        """
         routes = {
             "/v1/chat/completions": self.chat,
             "/v1/completions": self.completions,
@@ -148,7 +156,11 @@ class OpenAIRoutes:
         episode = next((headers[h] for h in EPISODE_HEADERS if headers.get(h)), None)
         if episode is None and isinstance(request.get("user"), str) and request["user"]:
             episode = request["user"]
-        return routes[path](request, episode)
+        answer = routes[path](request, episode)
+        if request.get("stream"):  # checked by the route: chat and completions only
+            usage = bool((request.get("stream_options") or {}).get("include_usage"))
+            return StreamedResponse(tuple(stream_chunks(answer, include_usage=usage)))
+        return answer
 
     # -- routes --------------------------------------------------------------------------------
 

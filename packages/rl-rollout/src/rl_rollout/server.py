@@ -60,6 +60,7 @@ from rl_rollout._wire import (
 from rl_rollout.engine import Engine
 from rl_rollout.lora_sync import LoraAdapter, adapter_from_bytes, adapter_to_bytes
 from rl_rollout.openai_api import OpenAIError, OpenAIRoutes
+from rl_rollout.openai_stream import StreamedResponse
 from rl_rollout.openai_tools import TOOL_PARSERS, ToolParser
 from rl_rollout.openai_trace import TraceCall, TraceRecorder
 from rl_rollout.params import SamplingParams
@@ -171,7 +172,20 @@ class RolloutServer:
                     code = 404 if isinstance(exc, _NoRouteError) else code
                     self._reply(code, {"error": type(exc).__name__, "message": str(exc)})
                     return
+                if isinstance(payload, StreamedResponse):
+                    self._stream(payload)
+                    return
                 self._reply(200, payload)
+
+            def _stream(self, payload: StreamedResponse) -> None:
+                """Server-sent events; the connection closes after ``[DONE]`` (HTTP/1.0)."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.end_headers()
+                for event in payload.events():
+                    self.wfile.write(event)
+                self.wfile.flush()
 
             def _reply(self, code: int, payload: dict[str, Any]) -> None:
                 data = json.dumps(payload).encode()
@@ -190,7 +204,9 @@ class RolloutServer:
         host, port = self._httpd.server_address[:2]
         return f"http://{host!s}:{port}"
 
-    def _openai(self, path: str, body: bytes, headers: dict[str, str]) -> dict[str, Any]:
+    def _openai(
+        self, path: str, body: bytes, headers: dict[str, str]
+    ) -> dict[str, Any] | StreamedResponse:
         headers = {k.lower(): v for k, v in headers.items()}
         try:
             with self._lock:
