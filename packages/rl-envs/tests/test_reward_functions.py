@@ -82,8 +82,8 @@ def test_styles_are_read_from_the_signature() -> None:
     assert detect_reward_style(max) == "agilerl"  # no readable signature: the old convention
     assert resolve_reward_styles([trl, agilerl], None) == ["trl", "agilerl"]
     assert resolve_reward_styles([trl, agilerl], ["auto", "trl"]) == ["trl", "trl"]
-    with pytest.raises(ValueError, match=r"`reward_style` 'openrlhf' for agilerl is unknown"):
-        resolve_reward_styles([agilerl], "openrlhf")
+    with pytest.raises(ValueError, match=r"`reward_style` 'openai' for agilerl is unknown"):
+        resolve_reward_styles([agilerl], "openai")
     with pytest.raises(ValueError, match="`reward_style` has 1 entries for 2 reward functions"):
         resolve_reward_styles([trl, agilerl], ["trl"])
 
@@ -558,19 +558,6 @@ def test_numpy_rewards_are_numbers() -> None:
     assert score_samples([trl], [1.0], ["trl"], samples(4)).total.tolist() == [1.0, 0.5, 2.0, 3.0]
     # bit-exact: rewards are small dyadic constants, exact in float32
     assert score_samples([agilerl], [1.0], ["agilerl"], samples(4)).total.tolist() == [1, 0, 0, 0]
-
-
-def test_an_openrlhf_reward_func_is_named_with_the_fix() -> None:
-    """OpenRLHF's ``reward_func(queries, prompts, labels)`` names ``prompts``, so it used to be
-    taken for a TRL function and fail at the first step with a missing-argument TypeError."""
-
-    def reward_func(queries: list[str], prompts: list[str], labels: list[str]) -> Any:
-        return {"rewards": torch.zeros(len(queries))}
-
-    with pytest.raises(ValueError, match=r"^reward function reward_func takes `queries`: OpenRLHF's reward_func\(queries, prompts, labels\) convention, which rl-envs does not call; write it as TRL's"):  # fmt: skip
-        resolve_reward_styles([reward_func], None)
-    with pytest.raises(ValueError, match=r"takes `queries`: OpenRLHF's"):
-        prompt_gym([{"prompt": "p"}] * 2, reward_func)
 
 
 # A Qwen2.5-style template: roles it does not know are left out without a word.

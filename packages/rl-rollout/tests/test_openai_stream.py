@@ -98,6 +98,7 @@ def test_streamed_tool_calls_are_the_plain_ones(
         server.openai.tool_parser = None
     [want], [got] = plain.choices, final.choices
     assert want.message.tool_calls is not None and got.message.tool_calls is not None
+
     def calls(message: Any) -> list[tuple[str, str, str]]:
         return [(c.type, c.function.name, c.function.arguments) for c in message.tool_calls]
 

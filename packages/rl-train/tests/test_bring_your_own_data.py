@@ -98,7 +98,7 @@ def test_question_answer_files_still_use_the_template(tmp_path: Path) -> None:
     [
         (["data.reward=[demo, exact_match]", "data.reward_weights=[1.0]"],
          "data.reward_weights has 1 entries for 2 reward functions"),
-        (["data.reward_style=openrlhf"], "data.reward_style 'openrlhf' is unknown"),
+        (["data.reward_style=openai"], "data.reward_style 'openai' is unknown"),
         (["data.reward=[demo]", "data.reward_style=[trl, trl]"], "data.reward_style has 2 entries"),
         (["data.reward=[]"], "data.reward must be a name or a non-empty list"),
         (["model.chat_template=no_such.jinja"], "model.chat_template 'no_such.jinja' is neither"),

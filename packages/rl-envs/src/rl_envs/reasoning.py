@@ -107,7 +107,7 @@ class ReasoningGym:
         completions_include_prompt: Token completions passed to :meth:`step` start with the
             prompt's ids (AgileRL's ``get_action`` output), which are cut off before decoding.
         reward_style: ``None``/``"auto"`` (read each function's signature), ``"agilerl"``,
-            ``"trl"`` or ``"verl"``, or a list with one per function.
+            ``"trl"``, ``"verl"`` or ``"openrlhf"``, or a list with one per function.
         prompt_column: The prompt column of prompt data (``conversation_template=None``).
         reward_timeout: Seconds a reward function may take per call (one sample of an
             AgileRL-style function, the batch of a TRL-style one; the ``async`` functions'
@@ -358,6 +358,15 @@ class ReasoningGym:
         def each(values: list[Any]) -> list[Any]:  # [B] -> [N], prompt-major
             return [v for v in values for _ in range(G)]
 
+        styles = resolve_reward_styles(self.reward_fns, self.reward_style)
+        queries = None
+        if "openrlhf" in styles:  # prompt and completion decoded together, special tokens kept
+            decode = self.tokenizer.decode
+            queries = [
+                str(decode([*p["input_ids"][0].tolist(), *i], skip_special_tokens=False))
+                for p, group in zip(batch, ids, strict=True)
+                for i in group
+            ]
         samples = RewardSamples(
             group_size=G,
             prompts=each([r["prompt"] for r in rows]),
@@ -366,8 +375,9 @@ class ReasoningGym:
             columns={k: each([r["columns"][k] for r in rows]) for k in rows[0]["columns"]},
             answers=each([p["answer"] for p in batch]),
             questions=each([p["question"] for p in batch]),
+            prompt_texts=each([p["text"] for p in batch]),
+            queries=queries,
         )
-        styles = resolve_reward_styles(self.reward_fns, self.reward_style)
         scores = score_samples(
             self.reward_fns,
             self.reward_weights,

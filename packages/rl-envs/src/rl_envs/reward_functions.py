@@ -1,4 +1,4 @@
-r"""Reward functions in the three conventions users bring: AgileRL, TRL and verl.
+r"""Reward functions in the four conventions users bring: AgileRL, TRL, verl and OpenRLHF.
 
 * **AgileRL** (``"agilerl"``): ``reward_fn(completion, answer, question) -> float``, called once
   per sample with the decoded completion.
@@ -14,6 +14,11 @@ r"""Reward functions in the three conventions users bring: AgileRL, TRL and verl
   -> float | dict``, per sample; :func:`verl_reward` adapts it to the TRL convention
   (``ground_truth`` from a ``reward_model`` column's ``"ground_truth"``, else a
   ``ground_truth`` column, else ``answer``; a returned dict gives its ``"score"``).
+* **OpenRLHF** (``"openrlhf"``): ``reward_func(queries, prompts, labels) -> tensor | dict``,
+  called once per step, positionally, with the ``N`` samples' ``queries`` (prompt and
+  completion decoded together from their ids, special tokens kept), ``prompts`` (the rendered
+  prompt texts) and ``labels`` (the answers, OpenRLHF's ``--label_key`` column); a returned dict
+  gives its ``"rewards"`` (:mod:`rl_envs._openrlhf`).
 
 :func:`detect_reward_style` reads the style from the signature; :func:`score_samples` calls
 every function once per step (the coroutines of all ``async`` functions gathered together on
@@ -46,6 +51,7 @@ from typing import Any
 import torch
 
 from rl_envs import _timeout
+from rl_envs._openrlhf import openrlhf_arguments, openrlhf_rewards
 from rl_envs._signature import accepted as _accepted
 from rl_envs._signature import callable_name as _name
 from rl_envs._signature import is_batched_reward
@@ -64,7 +70,7 @@ __all__ = [
 ]
 
 #: The reward-function conventions :func:`score_samples` knows.
-REWARD_STYLES = ("agilerl", "trl", "verl")
+REWARD_STYLES = ("agilerl", "trl", "verl", "openrlhf")
 
 
 class RewardFunctionError(RuntimeError):
@@ -89,6 +95,12 @@ class RewardSamples:
     """``[N]`` reference answers (AgileRL's ``answer``)."""
     questions: list[str]
     """``[N]`` questions (AgileRL's ``question``)."""
+    prompt_texts: list[str] | None = None
+    """``[N]`` the rendered prompt texts (chat template applied; OpenRLHF's ``prompts``), or
+    None."""
+    queries: list[str] | None = None
+    """``[N]`` prompt and completion decoded together from their ids, special tokens kept
+    (OpenRLHF's ``queries``), or None."""
 
     def where(self, n: int) -> str:
         """Sample ``n`` in words, for error messages."""
@@ -110,9 +122,10 @@ class RewardScores:
 def detect_reward_style(fn: Callable[..., Any]) -> str:
     """The convention of ``fn``, read from its signature.
 
-    ``"verl"`` if it takes ``solution_str``; ``"trl"`` if it takes ``completions``, ``prompts``
-    or ``completion_ids``, or only ``**kwargs``; else ``"agilerl"`` (three positional
-    parameters, or no readable signature).
+    ``"verl"`` if it takes ``solution_str``; ``"openrlhf"`` if it takes ``queries`` and not
+    ``completions``; ``"trl"`` if it takes ``completions``, ``prompts`` or ``completion_ids``,
+    or only ``**kwargs``; else ``"agilerl"`` (three positional parameters, or no readable
+    signature).
 
     Args:
         fn: A reward function.
@@ -125,6 +138,8 @@ def detect_reward_style(fn: Callable[..., Any]) -> str:
         return "agilerl"
     if "solution_str" in found[0]:
         return "verl"
+    if "queries" in found[0] and "completions" not in found[0]:
+        return "openrlhf"
     return "trl" if is_batched_reward(fn) else "agilerl"
 
 
@@ -141,19 +156,8 @@ def resolve_reward_styles(
         ``len(fns)`` styles.
 
     Raises:
-        ValueError: An unknown style, a list of the wrong length, or a function in OpenRLHF's
-            convention (``reward_func(queries, prompts, labels)``), which is not called here.
+        ValueError: An unknown style or a list of the wrong length.
     """
-    for fn in fns:
-        found = _parameters(fn)
-        if found is not None and "queries" in found[0] and "completions" not in found[0]:
-            raise ValueError(
-                f"reward function {_name(fn)} takes `queries`: OpenRLHF's reward_func(queries, "
-                "prompts, labels) convention, which rl-envs does not call; write it as TRL's "
-                "reward_func(prompts, completions, **columns) -> list[float] (OpenRLHF's "
-                "queries are prompt + completion; its labels are a dataset column, e.g. "
-                "`answer`, passed by name)"
-            )
     styles = [style] * len(fns) if style is None or isinstance(style, str) else list(style)
     if len(styles) != len(fns):
         raise ValueError(
@@ -377,7 +381,7 @@ def score_samples(
                 if result is failure:
                     raise _raised(names[k], result, samples, n) from result
             elif n is None:
-                values[k] = _check_batch(names[k], result, samples)
+                values[k] = _check_batch(names[k], _rewards(styles[k], names[k], result), samples)
             else:
                 values[k][n] = _check_agilerl(names[k], result, samples, n)
     return _combine(names, weights, values, samples)
@@ -413,8 +417,11 @@ def _call_all(
             continue
         call = verl_reward(fn) if style == "verl" else fn
         limit = None if inspect.iscoroutinefunction(call) else timeout
+        # OpenRLHF's positionally, as OpenRLHF calls it; the others with the names they take
+        args = openrlhf_arguments(name, samples) if style == "openrlhf" else ()
+        kwargs = {} if args else _accepted(call, _batch_kwargs(samples))
         try:
-            out = _timeout.call(call, limit, **_accepted(call, _batch_kwargs(samples)))
+            out = _timeout.call(call, limit, *args, **kwargs)
         except _timeout.CallTimeoutError:
             assert timeout is not None
             raise _timed_out(name, timeout, samples, None) from None
@@ -423,7 +430,12 @@ def _call_all(
         if inspect.isawaitable(out):
             pending.append((k, None, out))
         else:
-            values[k] = _check_batch(name, out, samples)
+            values[k] = _check_batch(name, _rewards(style, name, out), samples)
+
+
+def _rewards(style: str, name: str, out: Any) -> Any:
+    """A batched function's rewards: OpenRLHF's dict gives its ``"rewards"``."""
+    return openrlhf_rewards(name, out) if style == "openrlhf" else out
 
 
 def _overflow(

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 #: The values of ``data.reward_style``.
-REWARD_STYLES = ("auto", "agilerl", "trl", "verl")
+REWARD_STYLES = ("auto", "agilerl", "trl", "verl", "openrlhf")
 
 
 def _check(config: RunConfig) -> None:
