@@ -46,6 +46,7 @@ __all__ = [
     "build_rewards",
     "import_user_code",
     "rollout_pieces",
+    "training_rows",
 ]
 
 RewardFn = Callable[..., Any]
@@ -270,6 +271,12 @@ def _datasets(config: RunConfig) -> tuple[Any, Any]:
             f"unknown task {d.task!r}; built-in tasks: {', '.join(available_tasks())}"
         )
     return train_test_split_task(d.task, d.n_train, d.n_test, seed=config.train.seed)
+
+
+def training_rows(config: RunConfig) -> list[dict[str, Any]]:
+    """The training rows of ``config.data`` (a file, the hub or a built-in task) as dicts."""
+    train, _ = _datasets(config)
+    return list(train.to_list())
 
 
 def build_env(

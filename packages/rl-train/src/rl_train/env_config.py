@@ -1,17 +1,20 @@
 """The ``env:`` section of a run config: train on a multi-turn environment instead of prompts.
 
-One of three sources (torch-free: checked when the YAML is read):
+One of four sources (torch-free: checked when the YAML is read):
 
 * ``openenv: "module:EnvClass"``: an OpenEnv ``Environment`` class (or a function that builds
   one), run in-process (:class:`rl_envs.openenv.OpenEnvWrapper`);
 * ``openenv_url: "http://host:port"``: the same environment served by OpenEnv's
   ``create_app``, driven over its WebSocket by ``EnvClient``;
 * ``verifiers: "module:taskset"`` (or a module with ``load_taskset()``): a ``verifiers`` v1
-  ``Taskset``, each task one episode (:mod:`rl_envs.verifiers`).
+  ``Taskset``, each task one episode (:mod:`rl_envs.verifiers`);
+* ``openrlhf_agent: "module:AgentInstance"``: OpenRLHF's agent class (``--agent_func_path``),
+  one instance per episode on the rows of ``data`` (``data.prompt_column``,
+  ``data.answer_column`` as its label; :mod:`rl_envs.openrlhf_agent`).
 
 Each step plays ``data.prompts_per_step`` tasks x ``G`` episodes to their end and learns from
 them with per-turn rewards (:class:`rl_train.sources.MultiTurnSource`); ``data`` then only
-sets ``prompts_per_step``.
+sets ``prompts_per_step`` (and, for ``openrlhf_agent``, the rows).
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ class EnvConfig:
     verifiers: str | None = None
     """``module:attribute`` of a ``verifiers`` v1 ``Taskset`` (or a function returning one), or
     a module with ``load_taskset(**kwargs)``."""
+    openrlhf_agent: str | None = None
+    """``module:AgentInstance``: OpenRLHF's agent class, run on ``data``'s rows (episodes of at
+    most ``max_turns`` steps, OpenRLHF's ``max_steps``)."""
     kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the environment class / factory or of ``load_taskset``."""
     action: str | None = None
@@ -72,32 +78,59 @@ def check_env(env: EnvConfig | None, algo_online: bool, *, asynchronous: bool = 
         return
     if asynchronous:
         raise ConfigError("env: runs are synchronous; remove the async section")
-    sources = [k for k in ("openenv", "openenv_url", "verifiers") if getattr(env, k) is not None]
+    sources = [
+        k
+        for k in ("openenv", "openenv_url", "verifiers", "openrlhf_agent")
+        if getattr(env, k) is not None
+    ]
     if len(sources) != 1:
         raise ConfigError(
-            "env: set exactly one of openenv (module:EnvClass), openenv_url (http://host:port) "
-            f"and verifiers (module:taskset); got {sources or 'none'}"
+            "env: set exactly one of openenv (module:EnvClass), openenv_url (http://host:port), "
+            f"verifiers (module:taskset) and openrlhf_agent (module:AgentInstance); got "
+            f"{sources or 'none'}"
         )
     if not algo_online:
         raise ConfigError("env: an offline algorithm learns from data.offline_path, not an env")
-    for key in ("openenv", "action", "observation", "action_class", "observation_class"):
+    if env.openrlhf_agent is not None:
+        _check_openrlhf(env)
+    for key in ("openenv", "openrlhf_agent", "action", "observation", "action_class",
+                "observation_class"):  # fmt: skip
         value = getattr(env, key)
         if value is not None and (":" not in value or value.startswith(":")):
             raise ConfigError(f"env.{key} must look like 'module:name', got {value!r}")
     if env.openenv_url is not None:
-        parts = urlsplit(env.openenv_url)
-        if parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname:
-            raise ConfigError(
-                f"env.openenv_url must look like 'http://host:port', got {env.openenv_url!r}"
-            )
-        if env.action is None and env.action_class is None:
-            raise ConfigError(
-                "env.openenv_url needs env.action_class (module:Class of the actions) or "
-                "env.action (module:function text -> action)"
-            )
+        _check_url(env)
     if env.max_turns < 1:
         raise ConfigError(f"env.max_turns must be >= 1, got {env.max_turns}")
     if not env.timeout > 0:
         raise ConfigError(f"env.timeout must be > 0 seconds, got {env.timeout}")
     if env.eval_episodes < 1:
         raise ConfigError(f"env.eval_episodes must be >= 1, got {env.eval_episodes}")
+
+
+def _check_openrlhf(env: EnvConfig) -> None:
+    """Keys that do not apply to ``openrlhf_agent``, refused by name."""
+    given = [k for k in ("action", "observation", "action_class", "observation_class",
+                         "system_prompt") if getattr(env, k) is not None]  # fmt: skip
+    if env.kwargs:
+        given.append("kwargs")
+    if given:
+        raise ConfigError(
+            f"env.{given[0]} does not apply to env.openrlhf_agent (OpenRLHF builds "
+            "AgentInstance() without arguments and its prompt is the data's); remove it"
+        )
+
+
+def _check_url(env: EnvConfig) -> None:
+    """``openenv_url`` an http(s)/ws(s) URL, with the action class or function it needs."""
+    assert env.openenv_url is not None
+    parts = urlsplit(env.openenv_url)
+    if parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname:
+        raise ConfigError(
+            f"env.openenv_url must look like 'http://host:port', got {env.openenv_url!r}"
+        )
+    if env.action is None and env.action_class is None:
+        raise ConfigError(
+            "env.openenv_url needs env.action_class (module:Class of the actions) or "
+            "env.action (module:function text -> action)"
+        )

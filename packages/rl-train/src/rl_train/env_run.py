@@ -1,4 +1,4 @@
-"""``rl-train run`` with an ``env:`` section: episodes of an OpenEnv or verifiers environment.
+"""``rl-train run`` with an ``env:`` section: episodes of an OpenEnv, verifiers or OpenRLHF agent.
 
 :func:`env_factory` turns ``config.env`` into the picklable factory of token-level episodes
 that :func:`rl_train.finetune_llm_multiturn` plays; :func:`fit_episodes` is
@@ -73,8 +73,9 @@ def env_factory(config: RunConfig, tokenizer: Any, agent: Any) -> Callable[[], A
         agent: The agent (its ``max_model_len`` and ``max_output_tokens`` size the episodes).
 
     Returns:
-        ``() -> TokenObservationWrapper`` (an :class:`rl_envs.openenv.OpenEnvWrapper` or a
-        :class:`rl_envs.verifiers.TasksetEnvWrapper`).
+        ``() -> TokenObservationWrapper`` (an :class:`rl_envs.openenv.OpenEnvWrapper`, a
+        :class:`rl_envs.verifiers.TasksetEnvWrapper`, or OpenRLHF's agent in
+        :func:`rl_envs.openrlhf_agent.openrlhf_agent_env`).
 
     Raises:
         ConfigError: A name that does not resolve.
@@ -89,6 +90,8 @@ def env_factory(config: RunConfig, tokenizer: Any, agent: Any) -> Callable[[], A
         "max_output_tokens": int(agent.max_output_tokens or max_model_len // 2),
         "system_prompt": e.system_prompt,
     }
+    if e.openrlhf_agent is not None:
+        return _openrlhf_factory(config, tokenizer, common)
     if e.verifiers is not None:
         _require("verifiers.v1", "verifiers", "env.verifiers")
         from rl_envs.verifiers import TasksetEnvWrapper, load_taskset, tasks
@@ -117,6 +120,36 @@ def env_factory(config: RunConfig, tokenizer: Any, agent: Any) -> Callable[[], A
         observation_cls=_optional("env.observation_class", e.observation_class),
         timeout=e.timeout,
         **common,
+    )
+
+
+def _openrlhf_factory(
+    config: RunConfig, tokenizer: Any, common: dict[str, Any]
+) -> Callable[[], Any]:
+    """OpenRLHF's ``AgentInstance`` on the training rows of ``config.data``."""
+    from rl_envs.openrlhf_agent import openrlhf_agent_env
+
+    from rl_train.builder import training_rows
+
+    assert config.env is not None
+    assert config.env.openrlhf_agent is not None
+    agent_cls = resolve("env.openrlhf_agent", config.env.openrlhf_agent)
+    if not isinstance(agent_cls, type):
+        raise ConfigError(
+            f"env.openrlhf_agent {config.env.openrlhf_agent!r} is a {type(agent_cls).__name__}, "
+            "not a class: name OpenRLHF's AgentInstance class"
+        )
+    return functools.partial(
+        openrlhf_agent_env,
+        agent_cls,
+        tokenizer,
+        training_rows(config),
+        max_steps=common["max_turns"],
+        pad_id=common["pad_id"],
+        max_model_len=common["max_model_len"],
+        max_output_tokens=common["max_output_tokens"],
+        prompt_column=config.data.prompt_column,
+        label_column=config.data.answer_column,
     )
 
 
