@@ -144,6 +144,68 @@ def test_load_of_corrupted_files_names_the_file(tmp_path: Path) -> None:
         ILQLHeads.load(tmp_path)
 
 
+def _same(a: ILQLHeads, b: ILQLHeads) -> bool:
+    # bit-exact: a loaded head holds the saved tensors
+    return a.config == b.config and all(
+        torch.equal(x, y) for x, y in zip(a.tensors().values(), b.tensors().values(), strict=True)
+    )
+
+
+@pytest.mark.parametrize("cut", ["weights written", "between the renames"])
+def test_a_save_cut_off_keeps_the_previous_heads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cut: str
+) -> None:
+    """Both files were written in place: a save cut off between them (or inside one) left a
+    new configuration beside old weights, or a truncated file."""
+    import os
+
+    import rl_adapters.ilql_heads as module
+
+    before = heads(seed=1, alpha=0.1)
+    before.save(tmp_path)
+    after = heads(seed=2, alpha=0.5, sync_every=3)
+    real_replace, calls = os.replace, []
+
+    def replace(src: object, dst: object) -> None:
+        calls.append(dst)
+        if cut == "between the renames" and len(calls) == 2:
+            raise OSError("killed (injected)")
+        real_replace(src, dst)  # type: ignore[arg-type]
+
+    def save_file(tensors: object, path: str, **kwargs: object) -> None:
+        Path(path).write_bytes(b"\x08\x00\x00")  # a few bytes, then the disk is full
+        raise OSError("disk full (injected)")
+
+    if cut == "weights written":
+        monkeypatch.setattr(module, "save_file", save_file)
+    monkeypatch.setattr(module.os, "replace", replace)
+    with pytest.raises(OSError, match="injected"):
+        after.save(tmp_path)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ilql_heads.json",
+        "ilql_heads.safetensors",
+    ]
+    if cut == "between the renames":  # the new JSON is in place, the old weights too
+        assert json.loads((tmp_path / "ilql_heads.json").read_text())["sync_every"] == 3
+        with pytest.warns(RuntimeWarning, match=r"ilql_heads\.json differs from the configuration saved with ilql_heads\.safetensors"):  # fmt: skip
+            back = ILQLHeads.load(tmp_path)
+    else:
+        back = ILQLHeads.load(tmp_path)
+    assert _same(back, before)
+    after.save(tmp_path)  # a later complete save replaces both
+    assert _same(ILQLHeads.load(tmp_path), after)
+
+
+def test_heads_saved_without_the_embedded_config_still_load(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    h = heads(seed=3)
+    save_file(h.tensors(), str(tmp_path / "ilql_heads.safetensors"))
+    (tmp_path / "ilql_heads.json").write_text(json.dumps(h.config.to_dict()))
+    assert _same(ILQLHeads.load(tmp_path), h)
+
+
 def test_inside_an_agent_checkpoint(tmp_path: Path) -> None:
     policy = PolicyModel(tl.base(), lora_config=tl.lora())
     h = ILQLHeads.for_model(policy.causal_lm, seed=5)

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
@@ -36,6 +38,32 @@ __all__ = ["ILQLHeads", "ILQLHeadsConfig", "ILQLHeadsOutput"]
 
 WEIGHTS_FILE = "ilql_heads.safetensors"
 CONFIG_FILE = "ilql_heads.json"
+_CONFIG_KEY = "ilql_heads_config"  # the weights file's metadata entry holding the config (JSON)
+
+
+def _config(path: Path, data: Any) -> ILQLHeadsConfig:
+    """``data`` as the heads' configuration; a bad one is a CheckpointError naming ``path``."""
+    try:
+        return ILQLHeadsConfig.from_dict(data)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(f"{path}: {exc}") from exc
+
+
+def _metadata(path: Path) -> dict[str, str]:
+    """The string metadata of a safetensors file's header.
+
+    Raises:
+        CheckpointError: The file is not valid safetensors; the message names it.
+    """
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except Exception as exc:
+        raise CheckpointError(
+            f"checkpoint file {path.name} is not valid safetensors: {exc}"
+        ) from exc
 
 
 @dataclass(frozen=True)
@@ -272,16 +300,38 @@ class ILQLHeads(nn.Module):
         self.target_q_heads.requires_grad_(False)
 
     def save(self, directory: str | os.PathLike[str]) -> Path:
-        """Write ``ilql_heads.safetensors`` and ``ilql_heads.json`` into ``directory``."""
+        """Write ``ilql_heads.safetensors`` and ``ilql_heads.json`` into ``directory``.
+
+        Each file is written aside, flushed to disk and renamed into place once complete, the
+        JSON first; the weights file carries the configuration in its metadata too, and
+        :meth:`load` reads that one. So a save cut off at any point (a full disk, a kill)
+        leaves the previous heads loadable as they were.
+        """
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        save_file(self.tensors(), str(out / WEIGHTS_FILE))
-        (out / CONFIG_FILE).write_text(json.dumps(self.config.to_dict(), indent=2) + "\n")
+        config = self.config.to_dict()
+        aside = {name: out / f".{name}.tmp" for name in (WEIGHTS_FILE, CONFIG_FILE)}
+        try:
+            save_file(self.tensors(), str(aside[WEIGHTS_FILE]),
+                      metadata={_CONFIG_KEY: json.dumps(config)})  # fmt: skip
+            aside[CONFIG_FILE].write_text(json.dumps(config, indent=2) + "\n")
+            for path in aside.values():
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
+            os.replace(aside[CONFIG_FILE], out / CONFIG_FILE)
+            os.replace(aside[WEIGHTS_FILE], out / WEIGHTS_FILE)
+        finally:
+            for path in aside.values():
+                path.unlink(missing_ok=True)
         return out
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> ILQLHeads:
         """Rebuild heads saved by :meth:`save` (reads only safetensors and JSON).
+
+        The configuration is the one in the weights file's metadata (heads saved before it
+        was written there: the JSON's); a JSON that disagrees with it is left from a save that
+        was cut off between its two renames, and a warning says so.
 
         Raises:
             FileNotFoundError: ``directory`` lacks one of the two files.
@@ -292,12 +342,24 @@ class ILQLHeads(nn.Module):
         for name in (WEIGHTS_FILE, CONFIG_FILE):
             if not (root / name).is_file():
                 raise FileNotFoundError(f"{root} has no {name}: not a saved ILQLHeads directory")
-        try:
-            config = ILQLHeadsConfig.from_dict(_read_json(root / CONFIG_FILE))
-        except (TypeError, ValueError) as exc:
-            if isinstance(exc, CheckpointError):
-                raise
-            raise CheckpointError(f"{root / CONFIG_FILE}: {exc}") from exc
+        config = _config(root / CONFIG_FILE, _read_json(root / CONFIG_FILE))
+        embedded = _metadata(root / WEIGHTS_FILE).get(_CONFIG_KEY)
+        if embedded is not None:
+            try:
+                stored = _config(root / WEIGHTS_FILE, json.loads(embedded))
+            except ValueError as exc:  # json's errors are ValueErrors
+                if isinstance(exc, CheckpointError):
+                    raise
+                raise CheckpointError(f"{root / WEIGHTS_FILE}: its config is not JSON") from exc
+            if stored != config:
+                warnings.warn(
+                    f"{root / CONFIG_FILE} differs from the configuration saved with "
+                    f"{WEIGHTS_FILE} (a save was cut off between its renames); loading the "
+                    "heads as the weights file saved them",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            config = stored
         heads = cls(config)
         heads.load_tensors(_load_tensors(root / WEIGHTS_FILE), where=str(root / WEIGHTS_FILE))
         return heads
