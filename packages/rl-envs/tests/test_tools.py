@@ -204,6 +204,11 @@ def test_a_tool_that_raises_answers_with_an_error_and_the_episode_goes_on() -> N
     [
         (call("mul", a=1, b=2), "error: unknown tool 'mul'; tools: add, divide"),
         (call("add", a=1), "error: bad arguments for add: missing a required argument: 'b'"),
+        (
+            call("add", a=1.5, b=True),
+            "error: bad arguments for add: `a` must be an integer, got "
+            "1.5 (float); `b` must be an integer, got True (bool)",
+        ),  # they ran: 3.5
         ("<tool_call>{oops</tool_call>", "error: the tool call is not valid JSON"),
         ('<tool_call>{"arguments": {}}</tool_call>', "error: a tool call must be"),
     ],

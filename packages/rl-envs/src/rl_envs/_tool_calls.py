@@ -176,3 +176,55 @@ def tool_schemas(environment: Any) -> list[dict[str, Any]]:
                 f"schema ({type(exc).__name__}: {exc})"
             ) from exc
     return schemas
+
+
+# JSON schema type -> the Python values a parsed JSON argument of that type can be
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "integer": (int,), "number": (int, float), "string": (str,), "boolean": (bool,),
+    "array": (list, tuple), "object": (dict,), "null": (type(None),),
+}  # fmt: skip
+_ARTICLE = {"integer": "an integer", "array": "an array", "object": "an object"}
+
+
+def _fits(value: Any, kind: str) -> bool:
+    if kind not in _JSON_TYPES:  # a type the check does not know: left to the tool
+        return True
+    if isinstance(value, bool) and kind in ("integer", "number"):
+        return False  # JSON true is not a count
+    return isinstance(value, _JSON_TYPES[kind])
+
+
+def argument_errors(arguments: Mapping[str, Any], parameters: Mapping[str, Any]) -> list[str]:
+    """What is wrong with a call's arguments against its tool's JSON schema ``parameters``.
+
+    Checks each argument's JSON type (``type``, one or a list; ``nullable``), ``enum`` and the
+    type of an array's ``items``; a parameter without a type is not checked.
+
+    Args:
+        arguments: The bound arguments, by parameter name (after the compact parser's string
+            conversion).
+        parameters: The ``parameters`` object of the tool's schema (:func:`tool_schemas`).
+
+    Returns:
+        One sentence per wrong argument (empty when all fit).
+    """
+    properties = parameters.get("properties") or {}
+    errors = []
+    for name, value in arguments.items():
+        spec = properties.get(name) or {}
+        kinds = spec.get("type")
+        kinds = [kinds] if isinstance(kinds, str) else list(kinds or [])
+        if spec.get("nullable") and value is None:
+            continue
+        if kinds and not any(_fits(value, k) for k in kinds):
+            want = " or ".join(_ARTICLE.get(k, f"a {k}") for k in kinds)
+            errors.append(f"`{name}` must be {want}, got {value!r:.40} ({type(value).__name__})")
+        elif "enum" in spec and value not in spec["enum"]:
+            errors.append(f"`{name}` must be one of {spec['enum']}, got {value!r:.40}")
+        elif "array" in kinds and isinstance(value, list | tuple):
+            item = (spec.get("items") or {}).get("type")
+            bad = [v for v in value if isinstance(item, str) and not _fits(v, item)]
+            if bad and isinstance(item, str):
+                kind = f"{item}s" if item in _JSON_TYPES else f"{item} values"
+                errors.append(f"`{name}` must hold {kind}, got {bad[0]!r:.40}")
+    return errors

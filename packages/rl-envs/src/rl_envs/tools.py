@@ -17,7 +17,8 @@ template (``apply_chat_template(messages, tools=schemas)``):
    number. Tools and ``get_reward`` may be ``async def`` (awaited, as TRL does).
 
 Errors never end an episode: a tool that raises, an unknown tool name, arguments that do not
-fit the signature and an unparseable call are all answered with a tool message
+fit the signature or the JSON types of the tool's schema (checked before the tool runs) and an
+unparseable call are all answered with a tool message
 ``"error: <what went wrong>"`` and the model gets another turn. After ``max_tool_calls`` turns
 with calls, a further call is not run: the episode is *truncated*
 (``info["truncated_by"] == "max_tool_calls"``) and scored as it stands.
@@ -48,6 +49,7 @@ from rl_envs._tool_calls import (
     ToolCall,
     ToolCallParseError,
     ToolCallParser,
+    argument_errors,
     parse_compact_tool_calls,
     parse_hermes_tool_calls,
     tool_methods,
@@ -125,9 +127,16 @@ def _finite(what: str, value: Any, where: str) -> float:
 
 
 def _run(
-    call: ToolCall, tools: Mapping[str, Callable[..., Any]], timeout: float | None = None
+    call: ToolCall,
+    tools: Mapping[str, Callable[..., Any]],
+    timeout: float | None = None,
+    parameters: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> tuple[str, bool]:
-    """``(content of the tool message, ok)`` for one call; raises only ``CallTimeoutError``."""
+    """``(content of the tool message, ok)`` for one call; raises only ``CallTimeoutError``.
+
+    ``parameters``: each tool's schema ``parameters``, against which the (converted) arguments
+    are checked before the tool runs (:func:`~rl_envs._tool_calls.argument_errors`).
+    """
     tool = tools.get(call.name)
     if tool is None:
         return f"error: unknown tool {call.name!r}; tools: {', '.join(tools)}", False
@@ -141,6 +150,9 @@ def _run(
             convert = _CONVERT.get(params[key].annotation)
             if convert is not None and isinstance(value, str):
                 bound.arguments[key] = convert(value)
+        wrong = argument_errors(bound.arguments, (parameters or {}).get(call.name) or {})
+        if wrong:
+            return f"error: bad arguments for {call.name}: {'; '.join(wrong)}", False
         result = _timeout.call(tool, timeout, *bound.args, **bound.kwargs)
         result = _awaited(result, timeout)
     except _timeout.CallTimeoutError:
@@ -266,6 +278,9 @@ class ToolEnvWrapper(TokenObservationWrapper):
         self.call_reward = float(call_reward)
         self.tools = tool_methods(environment)
         self.schemas = tool_schemas(environment)
+        self._parameters = {
+            s["function"]["name"]: s["function"]["parameters"] for s in self.schemas
+        }
         self._row: dict[str, Any] = {}
         self._where = ""
         self._calls = self._errors = 0
@@ -377,7 +392,7 @@ class ToolEnvWrapper(TokenObservationWrapper):
             replies = []
             for call in calls:
                 try:
-                    content, ok = _run(call, self.tools, self.tool_timeout)
+                    content, ok = _run(call, self.tools, self.tool_timeout, self._parameters)
                 except _timeout.CallTimeoutError:
                     self._errors = errors
                     raise _timeout.EnvTimeoutError(
