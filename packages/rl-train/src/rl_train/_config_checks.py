@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 #: The values of ``data.reward_style``.
 REWARD_STYLES = ("auto", "agilerl", "trl", "verl", "openrlhf")
+REWARD_PROTOCOLS = ("rl-envs", "openrlhf")
 
 
 def _check(config: RunConfig) -> None:
@@ -105,15 +106,36 @@ def _check_rewards(d: DataConfig) -> None:
 
 def _check_reward_url(d: DataConfig) -> None:
     """``data.reward_url`` and its timeout and retries, checked without connecting."""
+    if d.reward_protocol not in REWARD_PROTOCOLS:
+        raise ConfigError(
+            f"data.reward_protocol {d.reward_protocol!r} is unknown: use "
+            f"{' or '.join(REWARD_PROTOCOLS)}"
+        )
+    if d.reward_protocol != "rl-envs" and d.reward_url is None:
+        raise ConfigError(
+            f"data.reward_protocol {d.reward_protocol!r} needs data.reward_url (the server's "
+            "endpoint); remove it or set the URL"
+        )
     if d.reward_url is not None:
         parts = urlsplit(d.reward_url)
         try:
             port = parts.port
         except ValueError:
             port = None
+        openrlhf = d.reward_protocol == "openrlhf"
+        want = "'http://host:port/path'" if openrlhf else "'http://host:port'"
         if parts.scheme != "http" or not parts.hostname or port is None:
+            raise ConfigError(f"data.reward_url must look like {want}, got {d.reward_url!r}")
+        if openrlhf and parts.path in ("", "/"):
             raise ConfigError(
-                f"data.reward_url must look like 'http://host:port', got {d.reward_url!r}"
+                f"data.reward_url {d.reward_url!r} names no endpoint: an OpenRLHF reward server "
+                "answers on a path, e.g. http://host:5000/get_reward"
+            )
+        if not openrlhf and parts.path not in ("", "/"):
+            raise ConfigError(
+                f"data.reward_url {d.reward_url!r} has a path: rl-train reward-server answers "
+                "on http://host:port; for an OpenRLHF reward server set "
+                "data.reward_protocol: openrlhf"
             )
     if not d.reward_timeout > 0:
         raise ConfigError(f"data.reward_timeout must be > 0 seconds, got {d.reward_timeout}")

@@ -198,7 +198,13 @@ def build_reward(name: str, key: str = "data.reward") -> RewardFn:
 
 
 def remote_reward(d: DataConfig) -> RemoteReward:
-    """The client of ``data.reward_url`` (with ``reward_timeout`` and ``reward_retries``)."""
+    """The client of ``data.reward_url`` in ``data.reward_protocol`` (with the timeout, retries)."""
+    if d.reward_protocol == "openrlhf":
+        from rl_envs.openrlhf_reward import OpenRLHFRemoteReward
+
+        return OpenRLHFRemoteReward(
+            d.reward_url or "", timeout=d.reward_timeout, retries=d.reward_retries
+        )
     return RemoteReward(d.reward_url or "", timeout=d.reward_timeout, retries=d.reward_retries)
 
 

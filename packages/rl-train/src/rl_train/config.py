@@ -118,11 +118,17 @@ class DataConfig:
     reward_weights: list[float] | None = None
     """One weight per reward function (default 1.0 each)."""
     reward_style: str | list[str] = "auto"
-    """``auto`` (read from each function's signature), ``agilerl``, ``trl`` or ``verl``; or
-    one per reward function."""
+    """``auto`` (read from each function's signature), ``agilerl``, ``trl``, ``verl`` or
+    ``openrlhf``; or one per reward function."""
     reward_url: str | None = None
     """``http://host:port`` of a reward server (``rl-train reward-server``, e.g. a reward model
-    on another machine); replaces ``reward``. One request scores a whole batch."""
+    on another machine); replaces ``reward``. One request scores a whole batch. With
+    ``reward_protocol: openrlhf``: an OpenRLHF reward server's endpoint,
+    ``http://host:port/get_reward``."""
+    reward_protocol: str = "rl-envs"
+    """How ``reward_url`` is spoken: ``rl-envs`` (``rl-train reward-server``) or ``openrlhf``
+    (OpenRLHF's ``{"query", "prompts", "labels"} -> {"rewards"}``,
+    :class:`rl_envs.openrlhf_reward.OpenRLHFRemoteReward`)."""
     reward_timeout: float = 60.0
     """Seconds one reward request may take in all (retries included) before the run stops
     with an error naming the server."""
