@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
+import socket
 import string
+import struct
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -159,3 +163,29 @@ def test_errors_come_before_the_stream(client: openai.OpenAI) -> None:
 def test_stream_chunks_refuses_what_has_no_streamed_form() -> None:
     with pytest.raises(ValueError, match="object 'list' has no streamed form"):
         stream_chunks({"object": "list"}, include_usage=False)
+
+
+def test_a_client_that_leaves_is_one_log_line_and_the_server_goes_on(
+    served: tuple[HFEngine, RolloutServer],
+    client: openai.OpenAI,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """It was a traceback on the server's stderr (socketserver's handle_error)."""
+    _, server = served
+    caplog.set_level(logging.INFO, logger="rl_rollout.server")
+    host, port = server.url.removeprefix("http://").split(":")
+    body = json.dumps({"model": MODEL, "prompt": "x", "max_tokens": 32, "seed": 0,
+                       "stream": True}).encode()  # fmt: skip
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: h\r\nContent-Length: {len(body)}\r\n\r\n"
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.sendall(head.encode() + body)
+    sock.close()  # linger 0: a reset, as a killed client's
+    deadline = time.monotonic() + 120  # a hang guard, not a speed limit
+    while not any("left before its" in r.getMessage() for r in caplog.records):
+        assert time.monotonic() < deadline, "the server never noticed the client had left"
+        time.sleep(0.05)
+    reply = client.completions.create(model=MODEL, prompt="x", max_tokens=2, seed=0)
+    assert reply.choices[0].finish_reason in {"stop", "length"}  # the server goes on
+    assert "Traceback" not in capfd.readouterr().err

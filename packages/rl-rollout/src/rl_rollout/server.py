@@ -34,51 +34,34 @@ Start one with ``rl-rollout-server --engine vllm --model PATH --port 8000``.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
+import logging
 import threading
-import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
 import torch
 from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 
 from rl_rollout._arrival import ArrivalOrderLock
-from rl_rollout._http import exchange
-from rl_rollout._prompts import Prompts
 from rl_rollout._wire import (
     params_from_json,
-    params_to_json,
-    prompts_to_json,
-    result_from_json,
     result_to_json,
 )
 from rl_rollout.engine import Engine
-from rl_rollout.lora_sync import LoraAdapter, adapter_from_bytes, adapter_to_bytes
+from rl_rollout.lora_sync import adapter_from_bytes
 from rl_rollout.openai_api import OpenAIError, OpenAIRoutes
 from rl_rollout.openai_stream import StreamedResponse
 from rl_rollout.openai_tools import TOOL_PARSERS, ToolParser
-from rl_rollout.openai_trace import TraceCall, TraceRecorder
-from rl_rollout.params import SamplingParams
-from rl_rollout.result import RolloutResult
+from rl_rollout.openai_trace import TraceRecorder
+from rl_rollout.remote import _CLIENT_ERRORS, RemoteEngine, RolloutServerError
 
 __all__ = ["RemoteEngine", "RolloutServer", "RolloutServerError", "main"]
 
+_LOG = logging.getLogger(__name__)
 _MAX_BODY = 64 * 1024**3  # refuse absurd Content-Length values outright
-# what a rejected request raises on the client: the server's exception name -> client type
-_CLIENT_ERRORS: dict[str, type[Exception]] = {
-    "ValueError": ValueError,
-    "KeyError": ValueError,
-    "NotImplementedError": NotImplementedError,
-}
-
-
-class RolloutServerError(RuntimeError):
-    """A rollout server could not be reached, did not answer in time, or failed."""
 
 
 class _NoRouteError(Exception):
@@ -130,6 +113,13 @@ class RolloutServer:
             def log_message(self, format: str, *args: Any) -> None:
                 """Quiet: the trainer's logs are the place for progress."""
 
+            def handle(self) -> None:
+                """A client that leaves mid-request is one log line, not a traceback."""
+                try:
+                    super().handle()
+                except (BrokenPipeError, ConnectionResetError) as exc:
+                    _LOG.info("a client left before its request was read (%s)", type(exc).__name__)
+
             def do_GET(self) -> None:
                 if self.path == "/v1/models":
                     self._reply(200, server.openai.models())
@@ -179,21 +169,30 @@ class RolloutServer:
 
             def _stream(self, payload: StreamedResponse) -> None:
                 """Server-sent events; the connection closes after ``[DONE]`` (HTTP/1.0)."""
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Cache-Control", "no-cache")
-                self.end_headers()
-                for event in payload.events():
-                    self.wfile.write(event)
-                self.wfile.flush()
+                headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+                self._send(200, headers, payload.events())
 
             def _reply(self, code: int, payload: dict[str, Any]) -> None:
                 data = json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                headers = {"Content-Type": "application/json", "Content-Length": str(len(data))}
+                self._send(code, headers, [data])
+
+            def _send(self, code: int, headers: dict[str, str], body: Iterable[bytes]) -> None:
+                """Send an answer; a client that has left is logged in one line, not raised."""
+                try:
+                    self.send_response(code)
+                    for key, value in headers.items():
+                        self.send_header(key, value)
+                    self.end_headers()
+                    for chunk in body:
+                        self.wfile.write(chunk)
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError) as exc:
+                    self.close_connection = True
+                    _LOG.info(
+                        "the client of %s %s left before its answer was sent (%s)",
+                        self.command, self.path, type(exc).__name__,
+                    )  # fmt: skip
 
         self._httpd = ThreadingHTTPServer((host, port), Handler)
         self._httpd.daemon_threads = True
@@ -290,249 +289,6 @@ class RolloutServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class RemoteEngine:
-    """Client of a :class:`RolloutServer`; an :class:`~rl_rollout.Engine` like the others.
-
-    Args:
-        base_url: ``http://host:port`` of the server.
-        timeout: Seconds for a whole call once connected (sending the request, generation,
-            reading the reply) before failing: a deadline, however slowly the reply comes.
-        connect_timeout: Seconds to wait for the TCP connection.
-        weight_sync_timeout: Seconds for ``update_weights`` / ``load_lora`` /
-            ``load_adapter`` / ``sleep`` / ``wake_up`` (default: ``timeout``), each try.
-        sync_retries: Further tries of a ``load_adapter`` that found the server down or silent
-            (a refused adapter is not retried), after 0.5 s, 1 s, ...
-    """
-
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        timeout: float = 600.0,
-        connect_timeout: float = 10.0,
-        weight_sync_timeout: float | None = None,
-        sync_retries: int = 2,
-    ) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme != "http" or not parts.hostname or parts.port is None:
-            raise ValueError(f"`base_url` must look like 'http://host:port', got {base_url!r}")
-        for name, value in (("timeout", timeout), ("connect_timeout", connect_timeout)):
-            if not value > 0:
-                raise ValueError(f"`{name}` must be > 0 seconds, got {value}")
-        self.base_url = base_url.rstrip("/")
-        self._host, self._port = parts.hostname, parts.port
-        self.timeout = timeout
-        self.connect_timeout = connect_timeout
-        self.weight_sync_timeout = weight_sync_timeout or timeout
-        if sync_retries < 0:
-            raise ValueError(f"`sync_retries` must be >= 0, got {sync_retries}")
-        self.sync_retries = sync_retries
-        self.last_sync: dict[str, float] = {}
-        """``bytes`` (request body), ``tensor_bytes`` and ``seconds`` of the last
-        :meth:`load_adapter`."""
-
-    def pop_trace(self, episode_id: str) -> list[TraceCall]:
-        """The calls the server recorded for ``episode_id``, removed from the server.
-
-        Build training rows with :func:`rl_rollout.openai_trace.trace_rows`.
-        """
-        body = json.dumps({"episode_id": episode_id}).encode()
-        payload = self._request("/traces/pop", body, timeout=self.timeout)
-        return [TraceCall.from_json(call) for call in payload["calls"]]
-
-    def _request(
-        self,
-        path: str,
-        body: bytes | None = None,
-        *,
-        timeout: float,
-        content_type: str = "application/json",
-        setting: str = "timeout",
-    ) -> dict[str, Any]:
-        """One call: ``connect_timeout`` for the connection, then ``timeout`` as a deadline.
-
-        The deadline covers sending the request and reading the whole reply, however slowly
-        it comes; ``setting`` is the name of the setting ``timeout`` came from, for the errors.
-        """
-        url = f"{self.base_url}{path}"
-        start = time.monotonic()
-        conn = http.client.HTTPConnection(self._host, self._port, timeout=self.connect_timeout)
-        try:
-            try:
-                conn.connect()
-            except TimeoutError as exc:
-                raise RolloutServerError(
-                    f"connecting to the rollout server at {self.base_url} timed out after "
-                    f"{self.connect_timeout} s (connect_timeout); is the host reachable?"
-                ) from exc
-            except OSError as exc:
-                raise RolloutServerError(
-                    f"cannot reach the rollout server at {self.base_url} ({exc}); start it with "
-                    "`rl-rollout-server --engine vllm --model PATH --port PORT` or "
-                    "check `base_url`"
-                ) from exc
-            replied: list[bool] = []
-            try:
-                status, data = exchange(conn, path, body, content_type, timeout, replied)
-            except TimeoutError as exc:
-                if not replied:
-                    raise RolloutServerError(
-                        f"no reply from {url} within {timeout} s (`{setting}`); the server is "
-                        "busy or stuck (a weight sync waiting on a collective, an engine out of "
-                        "memory); raise the timeout for long generations or check the server's "
-                        "log"
-                    ) from exc
-                raise RolloutServerError(
-                    f"the reply from {url} did not finish within {timeout} s (`{setting}`, a "
-                    "deadline for the whole call): the server sends it too slowly or stalled "
-                    "mid-body; check the server and the network, or raise the timeout"
-                ) from exc
-            except (OSError, http.client.HTTPException) as exc:
-                raise RolloutServerError(
-                    f"the rollout server at {url} dropped the connection after "
-                    f"{time.monotonic() - start:.1f} s ({exc!r}); check the server's log"
-                ) from exc
-        finally:
-            conn.close()
-        try:
-            payload = json.loads(data)
-        except ValueError as exc:
-            raise RolloutServerError(
-                f"{url} answered HTTP {status} with a body that is not JSON: {data[:200]!r}"
-            ) from exc
-        if not isinstance(payload, dict):
-            raise RolloutServerError(
-                f"{url} answered HTTP {status} with JSON that is not an object: "
-                f"{data[:200]!r}; is this an rl-rollout server?"
-            )
-        if status != 200:
-            message = f"{path.lstrip('/')} failed on the server: {payload.get('message', payload)}"
-            error = _CLIENT_ERRORS.get(str(payload.get("error")), RolloutServerError)
-            raise error(message)
-        return payload
-
-    def health(self) -> dict[str, Any]:
-        """The server's ``/health`` answer (raises :class:`RolloutServerError` when down).
-
-        The call's deadline is the smaller of ``timeout`` and ``connect_timeout``.
-        """
-        if self.timeout < self.connect_timeout:
-            return self._request("/health", timeout=self.timeout)
-        return self._request("/health", timeout=self.connect_timeout, setting="connect_timeout")
-
-    def generate(self, prompts: Prompts, params: SamplingParams) -> RolloutResult:
-        """Sample on the server; see :meth:`rl_rollout.Engine.generate`.
-
-        Raises:
-            ValueError: the server refused the prompts or the parameters (its message).
-            RolloutServerError: the server is down, stuck or failed, or answered with something
-                that is not a rollout result for these prompts.
-        """
-        body = json.dumps(
-            {"prompts": prompts_to_json(prompts), "params": params_to_json(params)}
-        ).encode()
-        url = f"{self.base_url}/generate"
-        payload = self._request("/generate", body, timeout=self.timeout)
-        try:
-            result = result_from_json(payload)
-            rows = len(prompts) * params.n
-            if result.completion_ids.shape[0] != rows:
-                raise ValueError(
-                    f"{result.completion_ids.shape[0]} rows for {len(prompts)} prompts x "
-                    f"n = {params.n}"
-                )
-        except (KeyError, TypeError, ValueError, IndexError, RuntimeError) as exc:
-            raise RolloutServerError(
-                f"{url} answered a body that is not a rollout result: {exc}; is this an "
-                "rl-rollout server?"
-            ) from exc
-        return result
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Send tensors (safetensors bytes over HTTP) for a full-weight sync."""
-        tensors = {name: t.detach().contiguous().cpu() for name, t in named_tensors}
-        if not tensors:
-            raise ValueError("`named_tensors` is empty: nothing to sync")
-        self._request(
-            "/update_weights",
-            save_safetensors(tensors),
-            timeout=self.weight_sync_timeout,
-            content_type="application/octet-stream",
-            setting="weight_sync_timeout",
-        )
-
-    def load_lora(self, name: str, path: str) -> None:
-        """Have the server (re)load the peft adapter at ``path`` (a path it can read)."""
-        body = json.dumps({"name": name, "path": path}).encode()
-        self._request(
-            "/load_lora", body, timeout=self.weight_sync_timeout, setting="weight_sync_timeout"
-        )
-
-    def load_adapter(
-        self,
-        name: str,
-        tensors: Mapping[str, torch.Tensor],
-        config: Mapping[str, Any],
-        version: int,
-    ) -> None:
-        """Send a LoRA adapter's tensors: one safetensors body, no file on either side.
-
-        The server generates with it from now on and tags each result with ``version``.
-
-        The body is the tensors' bytes plus a safetensors header (names, shapes, the peft
-        config as JSON); see :attr:`last_sync`. A server that is down or silent is tried
-        ``sync_retries`` more times, each within ``weight_sync_timeout``. Both errors name the
-        server's URL and the adapter.
-
-        Raises:
-            ValueError: the server refused the adapter (unknown target module, wrong rank...).
-            RolloutServerError: no try succeeded.
-        """
-        adapter = LoraAdapter(name, int(version), dict(config), dict(tensors))
-        body = adapter_to_bytes(adapter)
-        what = f"{adapter.describe()} ({len(body)} bytes)"
-        start = time.monotonic()
-        for attempt in range(self.sync_retries + 1):
-            try:
-                self._request(
-                    "/load_adapter",
-                    body,
-                    timeout=self.weight_sync_timeout,
-                    content_type="application/octet-stream",
-                    setting="weight_sync_timeout",
-                )
-                break
-            except (ValueError, NotImplementedError) as exc:
-                message = f"the rollout server at {self.base_url} refused {what}: {exc}"
-                raise type(exc)(message) from exc
-            except RolloutServerError as exc:
-                if attempt == self.sync_retries:
-                    raise RolloutServerError(
-                        f"pushing {what} to the rollout server at {self.base_url} failed "
-                        f"after {attempt + 1} tries ({time.monotonic() - start:.1f} s): {exc}"
-                    ) from exc
-                time.sleep(0.5 * 2**attempt)
-        self.last_sync = {
-            "bytes": float(len(body)),
-            "tensor_bytes": float(adapter.tensor_bytes),
-            "seconds": time.monotonic() - start,
-        }
-
-    def sleep(self, level: int = 1) -> None:
-        """Put the server's engine to sleep (frees its GPU memory)."""
-        body = json.dumps({"level": level}).encode()
-        self._request(
-            "/sleep", body, timeout=self.weight_sync_timeout, setting="weight_sync_timeout"
-        )
-
-    def wake_up(self, tags: Sequence[str] | None = None) -> None:
-        """Wake the server's engine."""
-        body = json.dumps({"tags": None if tags is None else list(tags)}).encode()
-        self._request(
-            "/wake_up", body, timeout=self.weight_sync_timeout, setting="weight_sync_timeout"
-        )
 
 
 def _build_engine(args: argparse.Namespace) -> Engine:
