@@ -6,9 +6,9 @@ and :class:`SyncMultiTurnVecEnv` (multi-turn text environments), :class:`ToolEnv
 OpenEnv environments in-process or served (:class:`OpenEnvWrapper`, the ``openenv`` extra),
 ``verifiers`` tasksets scored by their own rewards (:class:`TasksetEnvWrapper`, the
 ``verifiers`` extra),
-built-in tasks generated locally (:mod:`rl_envs.tasks`), reward helpers
-(:mod:`rl_envs.rewards`) and the AgileRL, TRL and verl reward-function conventions
-(:mod:`rl_envs.reward_functions`).
+OpenRLHF agent files (:mod:`rl_envs.openrlhf_agent`), built-in tasks generated locally
+(:mod:`rl_envs.tasks`), reward helpers (:mod:`rl_envs.rewards`) and the AgileRL, TRL, verl and
+OpenRLHF reward-function conventions (:mod:`rl_envs.reward_functions`).
 """
 
 from importlib import import_module
