@@ -136,6 +136,13 @@ class GRPOConfig:
     disable_tqdm: bool = False
     extra_agent_kwargs: dict[str, Any] = field(default_factory=dict)
     """Not TRL's: any further rl-algos agent setting (e.g. ``micro_batch_tokens``)."""
+    max_tool_calling_iterations: int | None = None
+    """With ``environment_factory``: turns with tool calls before an episode is cut off; None
+    (TRL's "no limit"): ``max_completion_length``, which the turns' tokens reach first."""
+    tool_parser: str = "hermes"
+    """Not TRL's: how tool calls are read from the model's text with ``environment_factory``:
+    ``hermes`` (``<tool_call>{json}</tool_call>``, TRL's Qwen-style default) or ``compact``
+    (character vocabularies; :mod:`rl_envs.tools`)."""
     algo: str | None = None
     """Not TRL's: a grouped, online algorithm of the table (:data:`rl_algos.ALGORITHMS`) to
     train instead of the preset ``loss_type`` picks (its row's defaults apply, not
@@ -199,6 +206,9 @@ class GRPOTrainer:
         eval_dataset: Greedy evaluations run on it (default: the first 32 training rows).
         processing_class: The tokenizer (default: loaded from ``model`` when it is a name).
         peft_config: A ``peft.LoraConfig``: train LoRA adapters (default: full fine-tuning).
+        environment_factory: TRL's: a class or callable making one environment per episode
+            (``reset(**row)``, public methods as tools, optional ``get_reward()``); the reward
+            functions then get ``environments=`` (:mod:`rl_train.trl_env`).
     """
 
     def __init__(
@@ -210,8 +220,21 @@ class GRPOTrainer:
         eval_dataset: Any = None,
         processing_class: Any = None,
         peft_config: Any = None,
+        environment_factory: Callable[[], Any] | None = None,
     ) -> None:
         self.args = args or GRPOConfig()
+        if environment_factory is None and self.args.max_tool_calling_iterations is not None:
+            raise ValueError(
+                "GRPOConfig.max_tool_calling_iterations is read with environment_factory; pass "
+                "one, or leave it unset"
+            )
+        if environment_factory is not None and not callable(environment_factory):
+            raise TypeError(
+                f"GRPOTrainer: environment_factory {environment_factory!r} is not callable; pass "
+                "the environment class (or a function returning a new environment)"
+            )
+        self.environment_factory = environment_factory
+        self.train_dataset = train_dataset
         funcs = list(reward_funcs) if isinstance(reward_funcs, Sequence) else [reward_funcs]
         for f in funcs:
             if not callable(f):
@@ -318,12 +341,70 @@ class GRPOTrainer:
 
     def train(self) -> TrainOutput:
         """Train for ``max_steps`` (or ``num_train_epochs`` passes); returns the summary."""
-        from rl_train.loops import finetune_llm_reasoning
-
         a = self.args
         steps = a.max_steps if a.max_steps > 0 else None
         interval = int(a.eval_steps or a.save_steps)
         rows: list[dict[str, float]] = []
+        if self.environment_factory is not None:
+            self._train_episodes(steps, interval, rows.append)
+        else:
+            self._train_prompts(steps, interval, rows.append)
+        losses = [r["loss"] for r in rows if "loss" in r]
+        return TrainOutput(
+            global_step=len(rows),
+            training_loss=sum(losses) / len(losses) if losses else math.nan,
+            metrics=dict(rows[-1]) if rows else {},
+        )
+
+    def _train_episodes(
+        self, steps: int | None, interval: int, log_fn: Callable[[dict[str, float]], None]
+    ) -> None:
+        """``environment_factory``: tool-calling episodes (:mod:`rl_train.trl_env`)."""
+        from rl_train.loops import finetune_llm_multiturn
+        from rl_train.trl_env import tool_episode_factory
+
+        a = self.args
+        assert self.environment_factory is not None
+        calls = a.max_tool_calling_iterations
+        calls = a.max_completion_length if calls is None else calls
+        factory = tool_episode_factory(
+            self.environment_factory,
+            self.processing_class,
+            [dict(r) for r in self.train_dataset],
+            self.reward_funcs,
+            weights=a.reward_weights,
+            max_tool_calls=calls,
+            max_model_len=int(self.agent.max_model_len),
+            max_output_tokens=int(self.agent.max_output_tokens),
+            tool_parser=a.tool_parser,
+        )
+        per_step = a.per_device_train_batch_size * a.gradient_accumulation_steps
+        if steps is None:  # num_train_epochs passes over the rows
+            steps = math.ceil(a.num_train_epochs * len(self.train_dataset) * a.num_generations
+                              / per_step)  # fmt: skip
+        finetune_llm_multiturn(
+            [self.agent],
+            calls + 1,
+            factory,
+            max_steps=steps,
+            evaluation_interval=max(1, interval),
+            batch_size=per_step // a.num_generations,
+            group_size=a.num_generations,
+            seed=a.seed,
+            checkpoint_steps=max(1, int(a.save_steps)),
+            run_dir=a.output_dir or "runs/trl",
+            verbose=not a.disable_tqdm,
+            report_to=a.report_to,
+            log_fn=log_fn,
+        )
+
+    def _train_prompts(
+        self, steps: int | None, interval: int, log_fn: Callable[[dict[str, float]], None]
+    ) -> None:
+        """Prompts and reward functions (:func:`rl_train.finetune_llm_reasoning`)."""
+        from rl_train.loops import finetune_llm_reasoning
+
+        a = self.args
         finetune_llm_reasoning(
             [self.agent],
             self.env,
@@ -334,13 +415,7 @@ class GRPOTrainer:
             run_dir=a.output_dir or "runs/trl",
             verbose=not a.disable_tqdm,
             report_to=a.report_to,
-            log_fn=rows.append,
-        )
-        losses = [r["loss"] for r in rows if "loss" in r]
-        return TrainOutput(
-            global_step=len(rows),
-            training_loss=sum(losses) / len(losses) if losses else math.nan,
-            metrics=dict(rows[-1]) if rows else {},
+            log_fn=log_fn,
         )
 
     def save_model(self, output_dir: str | None = None) -> None:
