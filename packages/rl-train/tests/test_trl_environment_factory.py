@@ -101,3 +101,59 @@ def test_bad_environment_settings_name_the_field() -> None:
     with pytest.raises(TypeError, match="environment_factory 3 is not callable"):
         GRPOTrainer(tiny_model(len(tok)), reward, GRPOConfig(), data, processing_class=tok,
                     environment_factory=3)  # type: ignore[arg-type]  # fmt: skip
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first.
+        b: The second.
+    """
+    return a + b
+
+
+async def shout(text: str) -> str:
+    """Say it louder.
+
+    Args:
+        text: What to say.
+    """
+    return text.upper()
+
+
+def test_trl_tools_are_the_methods_of_a_stateless_environment() -> None:
+    from rl_envs.tools import tool_schemas
+    from rl_train.trl_env import tools_environment
+    from transformers.utils.chat_template_utils import get_json_schema
+
+    env = tools_environment([add, shout])()
+    assert env.reset(prompt="p", other=1) is None
+    assert tool_schemas(env) == [get_json_schema(add), get_json_schema(shout)]
+    assert env.add(2, b=3) == 5
+    assert asyncio.run(env.shout("hi")) == "HI"
+    for bad, match in [([lambda x: x], "must be a named function"), ([add, add], "given twice"),
+                       ([reward, SecretEnv.reset], "cannot be a tool name")]:  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            tools_environment(bad)
+
+
+def test_a_trl_tools_script_trains(tmp_path: Path) -> None:
+    """TRL's ``tools=[...]``: the model may call ``add`` (``!(1,2)`` in the compact syntax)."""
+    tok = tiny_tokenizer()
+    tok.chat_template = TINY_TOOL_CHAT_TEMPLATE
+    data = Dataset.from_list([{"prompt": f"{i}+1?", "answer": str(i + 1)} for i in range(8)])
+
+    def correct(completions: list[str], answer: list[str], **kwargs: Any) -> list[float]:
+        return [float(c == a) for c, a in zip(completions, answer, strict=True)]
+
+    args = GRPOConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=8,
+                      num_generations=4, max_completion_length=2, max_prompt_length=60,
+                      max_tool_calling_iterations=1, tool_parser="compact", eval_steps=2,
+                      report_to="none", disable_tqdm=True)  # fmt: skip
+    trainer = GRPOTrainer(tiny_model(len(tok), 0), correct, args, data, processing_class=tok,
+                          tools=[add])  # fmt: skip
+    assert trainer.train().global_step == 2
+    with pytest.raises(ValueError, match="pass `tools` or `environment_factory`, not both"):
+        GRPOTrainer(tiny_model(len(tok)), correct, args, data, processing_class=tok,
+                    tools=[add], environment_factory=SecretEnv)  # fmt: skip

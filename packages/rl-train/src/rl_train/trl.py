@@ -209,6 +209,8 @@ class GRPOTrainer:
         environment_factory: TRL's: a class or callable making one environment per episode
             (``reset(**row)``, public methods as tools, optional ``get_reward()``); the reward
             functions then get ``environments=`` (:mod:`rl_train.trl_env`).
+        tools: TRL's: stateless functions the model may call (type hints and an ``Args``
+            docstring, as TRL reads their schema); episodes as with ``environment_factory``.
     """
 
     def __init__(
@@ -221,12 +223,22 @@ class GRPOTrainer:
         processing_class: Any = None,
         peft_config: Any = None,
         environment_factory: Callable[[], Any] | None = None,
+        tools: Sequence[Callable[..., Any]] | None = None,
     ) -> None:
         self.args = args or GRPOConfig()
+        if tools is not None:
+            from rl_train.trl_env import tools_environment
+
+            if environment_factory is not None:
+                raise ValueError(
+                    "GRPOTrainer: pass `tools` or `environment_factory`, not both (an "
+                    "environment's public methods are its tools)"
+                )
+            environment_factory = tools_environment(list(tools))
         if environment_factory is None and self.args.max_tool_calling_iterations is not None:
             raise ValueError(
-                "GRPOConfig.max_tool_calling_iterations is read with environment_factory; pass "
-                "one, or leave it unset"
+                "GRPOConfig.max_tool_calling_iterations is read with environment_factory or "
+                "tools; pass one, or leave it unset"
             )
         if environment_factory is not None and not callable(environment_factory):
             raise TypeError(

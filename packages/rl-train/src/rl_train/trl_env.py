@@ -14,15 +14,66 @@ list of one), the non-None values weighted and summed.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
+import typing
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["tool_episode_factory", "trl_episode_reward"]
+__all__ = ["tool_episode_factory", "tools_environment", "trl_episode_reward"]
 
 #: ``tool_parser`` names -> the rl-envs parser (``compact``: character vocabularies).
 PARSERS = ("hermes", "compact")
+
+
+def _as_method(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` as a method: the same name, docstring, parameters and type hints (for its schema)."""
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)  # an async tool's coroutine is awaited by the episode
+
+    signature = inspect.signature(fn)
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    method.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=[self_param, *signature.parameters.values()]
+    )
+    method.__name__ = method.__qualname__ = fn.__name__
+    method.__doc__ = fn.__doc__
+    method.__annotations__ = typing.get_type_hints(fn)
+    return method
+
+
+def tools_environment(tools: Sequence[Callable[..., Any]]) -> type:
+    """TRL's ``tools=[...]`` (stateless functions) as an environment class whose methods they are.
+
+    Args:
+        tools: Functions with type hints and a docstring with an ``Args`` section (their
+            schema, as in TRL); ``async def`` too.
+
+    Returns:
+        A class with ``reset(**row) -> None`` and one method per tool.
+
+    Raises:
+        ValueError: A tool that is not a named function, a reserved or private name, or two
+            tools with one name.
+    """
+    from rl_envs.tools import RESERVED
+
+    namespace: dict[str, Any] = {"reset": lambda self, **row: None}
+    for fn in tools:
+        name = getattr(fn, "__name__", None)
+        if not callable(fn) or not isinstance(name, str) or name == "<lambda>":
+            raise ValueError(
+                f"`tools` entry {fn!r} must be a named function (its name is the tool's)"
+            )
+        if name in RESERVED or name.startswith("_") or name in namespace:
+            raise ValueError(
+                f"tool {name!r} cannot be a tool name here (reserved: {sorted(RESERVED)}, "
+                "private or given twice); rename the function"
+            )
+        namespace[name] = _as_method(fn)
+    return type("Tools", (), namespace)
 
 
 def trl_episode_reward(
