@@ -58,7 +58,7 @@ def tools_environment(tools: Sequence[Callable[..., Any]]) -> type:
         ValueError: A tool that is not a named function, a reserved or private name, or two
             tools with one name.
     """
-    from rl_envs.tools import RESERVED
+    from rl_envs._tool_calls import RESERVED
 
     namespace: dict[str, Any] = {"reset": lambda self, **row: None}
     for fn in tools:
