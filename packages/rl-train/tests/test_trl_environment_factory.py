@@ -79,15 +79,18 @@ def test_trl_reward_functions_score_one_episode() -> None:
         await asyncio.sleep(0)
         return [float(len(completions[0]) + len(secret[0]))]
 
+    def run(score: Any, *args: Any, **row: Any) -> float:  # the episode awaits the reward
+        return float(asyncio.run(score(*args, **row)))
+
     score = trl_episode_reward([reward, never, length], [2.0, 1.0, 0.5])
     # bit-exact: 2 * 1 + 0.5 * (1 + 1) in binary fractions
-    assert score("3", env, prompt="p", secret="3") == 3.0
+    assert run(score, "3", env, prompt="p", secret="3") == 3.0
     chat = trl_episode_reward([lambda completions, **kw: [len(completions[0])]])
-    assert chat("3", env, prompt=[{"role": "user", "content": "p"}]) == 1.0  # one message
+    assert run(chat, "3", env, prompt=[{"role": "user", "content": "p"}]) == 1.0  # one message
     with pytest.warns(RuntimeWarning, match="every reward function returned None"):
-        assert trl_episode_reward([never])("3", env, prompt="p") == 0.0
+        assert run(trl_episode_reward([never]), "3", env, prompt="p") == 0.0
     with pytest.raises(ValueError, match=r"returned \[1\.0, 2\.0\] for one episode"):
-        trl_episode_reward([lambda completions: [1.0, 2.0]])("3", env, prompt="p")
+        run(trl_episode_reward([lambda completions: [1.0, 2.0]]), "3", env, prompt="p")
     with pytest.raises(ValueError, match="`reward_weights` has 2 entries for 1 reward"):
         trl_episode_reward([never], [1.0, 2.0])
 

@@ -45,7 +45,7 @@ import torch
 
 from rl_envs import _timeout
 from rl_envs._tool_calls import (
-    RESERVED,  # noqa: F401 (re-exported: rl_envs.tools.RESERVED)
+    RESERVED,
     ToolCall,
     ToolCallParseError,
     ToolCallParser,
@@ -58,6 +58,7 @@ from rl_envs._tool_calls import (
 from rl_envs.multiturn import TokenObservationWrapper
 
 __all__ = [
+    "RESERVED",
     "TINY_TOOL_CHAT_TEMPLATE",
     "SecretDigitEnv",
     "ToolCall",

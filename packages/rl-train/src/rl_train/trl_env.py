@@ -18,7 +18,7 @@ import inspect
 import math
 import typing
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["tool_episode_factory", "tools_environment", "trl_episode_reward"]
@@ -58,7 +58,7 @@ def tools_environment(tools: Sequence[Callable[..., Any]]) -> type:
         ValueError: A tool that is not a named function, a reserved or private name, or two
             tools with one name.
     """
-    from rl_envs._tool_calls import RESERVED
+    from rl_envs.tools import RESERVED
 
     namespace: dict[str, Any] = {"reset": lambda self, **row: None}
     for fn in tools:
@@ -78,7 +78,7 @@ def tools_environment(tools: Sequence[Callable[..., Any]]) -> type:
 
 def trl_episode_reward(
     reward_funcs: Sequence[Callable[..., Any]], weights: Sequence[float] | None = None
-) -> Callable[..., float]:
+) -> Callable[..., Awaitable[float]]:
     """A ToolEnvWrapper ``reward_fn(completion, environment, **row)`` from TRL reward functions.
 
     Args:
@@ -88,12 +88,10 @@ def trl_episode_reward(
         weights: One weight per function (default 1.0 each).
 
     Returns:
-        The episode's reward: the weighted sum of the values that are not None (0 when all are,
-        with a warning, as TRL).
+        ``async`` ``reward(completion, environment, **row) -> float`` (the episode awaits it):
+        the weighted sum of the values that are not None (0 when all are, with a warning, as
+        TRL).
     """
-    from rl_envs._signature import accepted, callable_name
-    from rl_envs.tools import _awaited
-
     weights = [1.0] * len(reward_funcs) if weights is None else list(weights)
     if len(weights) != len(reward_funcs):
         raise ValueError(
@@ -101,7 +99,7 @@ def trl_episode_reward(
             "functions; give one per function"
         )
 
-    def reward(completion: str, environment: Any, **row: Any) -> float:
+    async def reward(completion: str, environment: Any, **row: Any) -> float:
         prompt = row.get("prompt", "")
         text = completion if isinstance(prompt, str) else [
             {"role": "assistant", "content": completion}
@@ -110,13 +108,15 @@ def trl_episode_reward(
         kwargs.update(prompts=[prompt], completions=[text], environments=[environment])
         total, counted = 0.0, False
         for fn, weight in zip(reward_funcs, weights, strict=True):
-            values = _awaited(fn(**accepted(fn, kwargs)), None)
+            values = fn(**_accepted(fn, kwargs))
+            if inspect.isawaitable(values):
+                values = await values
             if hasattr(values, "tolist"):
                 values = values.tolist()
             if not isinstance(values, Sequence) or isinstance(values, str) or len(values) != 1:
                 raise ValueError(
-                    f"reward function {callable_name(fn)} returned {values!r:.80} for one "
-                    "episode; it must return a list with one value per episode"
+                    f"reward function {getattr(fn, '__name__', fn)} returned {values!r:.80} for "
+                    "one episode; it must return a list with one value per episode"
                 )
             if values[0] is not None:
                 total, counted = total + float(weight) * float(values[0]), True
@@ -133,11 +133,23 @@ def trl_episode_reward(
     return reward
 
 
+def _accepted(fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments ``fn`` names (all of them when it takes ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no readable signature: pass everything
+        return kwargs
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return kwargs
+    names = {p.name for p in parameters}
+    return {k: v for k, v in kwargs.items() if k in names}
+
+
 def _episode(
     environment_factory: Callable[[], Any],
     tokenizer: Any,
     rows: Sequence[Mapping[str, Any]],
-    reward_fn: Callable[..., float] | None,
+    reward_fn: Callable[..., Any] | None,
     **kwargs: Any,
 ) -> Any:
     """One episode: a :class:`rl_envs.ToolEnvWrapper` on a fresh environment (picklable)."""
