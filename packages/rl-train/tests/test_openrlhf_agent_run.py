@@ -60,3 +60,36 @@ def test_a_name_that_is_not_a_class_is_a_config_error(tmp_path: Path) -> None:
     path.write_text(json.dumps(config))
     with pytest.raises(ConfigError, match=r"is a module, not a class"):
         train(load_config(path), verbose=False)
+
+
+def test_an_env_run_builds_no_data_environment_and_eval_plays_its_episodes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The run builds no ``ReasoningGym`` (its episodes come from ``env:``), and ``rl-train
+    eval`` of its checkpoint reports the greedy mean return of the same fresh episodes the
+    run reports after training, not an accuracy on ``data:``'s default task."""
+    from rl_train.cli import main
+    from rl_train.run import evaluate, prepare
+
+    path = write(tmp_path, {"openrlhf_agent": AGENT, "max_turns": 1}, steps=2, checkpoint_steps=2)
+    config = json.loads(path.read_text())
+    config["data"]["train_path"] = str(rows_file(tmp_path))
+    path.write_text(json.dumps(config))
+    assert prepare(load_config(path)).env is None
+    summary = train(load_config(path), verbose=False)
+    result = evaluate(load_config(path), tmp_path / "run")
+    assert result == {"mean_return": summary.accuracy_after}, (result, summary)
+    assert main(["eval", str(tmp_path / "run"), "--config", str(path)]) == 0
+    assert (
+        capsys.readouterr()
+        .out.strip()
+        .endswith(f"greedy mean return: {summary.accuracy_after:.3f}")
+    )
+
+
+def test_the_trlx_style_trainer_refuses_an_env_section(tmp_path: Path) -> None:
+    from rl_train.trainer import get_trainer
+
+    config = load_config(write(tmp_path, {"openrlhf_agent": AGENT}, steps=1))
+    with pytest.raises(ConfigError, match=r"env: the trlX-style trainers .* `rl-train run`"):
+        get_trainer("grpo")(config)

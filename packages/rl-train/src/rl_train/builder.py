@@ -64,8 +64,9 @@ class Built:
     """The causal LM (before the agent wraps it)."""
     tokenizer: Any
     """Its tokenizer."""
-    env: ReasoningGym
-    """The prompts and rewards (for ``ilql``: the evaluation data)."""
+    env: ReasoningGym | None
+    """The prompts and rewards (for ``ilql``: the evaluation data); None in a run with an
+    ``env:`` section, whose episodes :mod:`rl_train.env_run` makes."""
     agent: Any
     """The rl-algos agent."""
 
@@ -408,7 +409,8 @@ def build(
     1. import the user's modules (``imports``), so what they register can be named;
     2. the accelerator (under a launcher or with DeepSpeed; ``distributed=False``: none);
     3. model and tokenizer;
-    4. the environment (sharded by process under a launcher);
+    4. the environment (sharded by process under a launcher; none for an ``env:`` run, whose
+       episodes :mod:`rl_train.env_run` makes from its own section);
     5. the agent.
 
     Objects a caller already holds (the TRL facade: a model, datasets, reward functions, a
@@ -429,7 +431,11 @@ def build(
     import_user_code(config.imports)
     accelerator = build_accelerator(config) if distributed else None
     lm, tokenizer = build_model(config) if model is None else model
-    env = build_env(config, tokenizer, accelerator, datasets=datasets, rewards=rewards)
+    env = (
+        build_env(config, tokenizer, accelerator, datasets=datasets, rewards=rewards)
+        if config.env is None
+        else None
+    )
     agent = build_agent(config, lm, tokenizer, accelerator, lora_config=lora_config)
     if config.engine_url is not None and config.async_ is None:  # the worker has its own
         from rl_algos.server_sync import use_server  # sample on the server, push after updates
@@ -464,4 +470,5 @@ def rollout_pieces(config: RunConfig, shard: ProcessShard | None = None) -> Roll
     """
     built = build(config, distributed=False)
     env = built.env if shard is None else build_env(config, built.tokenizer, shard)
+    assert env is not None  # async: runs have no env: section (rl_train.env_config)
     return RolloutPieces(built.agent, env)

@@ -91,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser(
         "eval",
         help="evaluate a checkpoint",
-        description="Greedy accuracy of a checkpoint on the data of a config.",
+        description="Greedy accuracy of a checkpoint on the data of a config (with an env: "
+        "section: the greedy mean return of env.eval_episodes fresh episodes).",
     )
     ev.add_argument(
         "checkpoint",
@@ -226,7 +227,11 @@ def _eval(args: argparse.Namespace) -> int:
     from rl_train.run import evaluate
 
     result = evaluate(config, args.checkpoint)
-    print(f"greedy accuracy: {result['accuracy']:.2f}   test reward: {result['test_reward']:.3f}")
+    if "mean_return" in result:  # an env: section's episodes
+        print(f"greedy mean return: {result['mean_return']:.3f}")
+    else:
+        accuracy, reward = result["accuracy"], result["test_reward"]
+        print(f"greedy accuracy: {accuracy:.2f}   test reward: {reward:.3f}")
     return 0
 
 

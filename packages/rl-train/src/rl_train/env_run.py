@@ -25,7 +25,7 @@ from rl_train.loops import finetune_llm_multiturn
 if TYPE_CHECKING:
     from rl_train.builder import Built
 
-__all__ = ["env_factory", "fit_episodes", "max_turns", "resolve"]
+__all__ = ["env_factory", "fit_episodes", "greedy_episode_return", "max_turns", "resolve"]
 
 
 def resolve(key: str, name: str) -> Any:
@@ -163,7 +163,7 @@ def fit_episodes(
     ``accuracy_before`` / ``accuracy_after``.
 
     Args:
-        built: What :func:`rl_train.run.prepare` built (its ``env`` is unused).
+        built: What :func:`rl_train.run.prepare` built (its ``env`` is None).
         verbose: Show progress.
         say: Where the report lines go (process 0).
 
@@ -215,3 +215,20 @@ def fit_episodes(
     if main:
         say(f"greedy mean return after training:  {after:.3f}")
     return before, after
+
+
+def greedy_episode_return(built: Built) -> float:
+    """The agent's greedy mean return over ``env.eval_episodes`` fresh episodes.
+
+    The seeds start at 10**6, as in :func:`fit_episodes`'s reports before and after training.
+
+    Args:
+        built: What :func:`rl_train.builder.build` built from a config with ``env:``.
+
+    Returns:
+        The mean return.
+    """
+    config = built.config
+    assert config.env is not None
+    factory = env_factory(config, built.tokenizer, built.agent)
+    return greedy_return(built.agent, factory, config.env.eval_episodes, seed=10**6)

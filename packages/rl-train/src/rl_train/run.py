@@ -130,6 +130,7 @@ def fit(built: Built, *, verbose: bool = True, say: Callable[[str], None] = _sil
         run = Path(built.config.train.run_dir).resolve()
         return Summary(before, after, str(run), is_main_process())
     config, agent, env = built.config, built.agent, built.env
+    assert env is not None  # built without an env: section
     t = config.train
     run_dir = Path(t.run_dir)
     main = is_main_process()
@@ -210,13 +211,16 @@ def train(
 def evaluate(config: RunConfig, checkpoint: str | Path) -> dict[str, float]:
     """Greedy accuracy and mean test reward of a checkpoint on the configured data.
 
+    With an ``env:`` section: the greedy mean return of ``env.eval_episodes`` fresh episodes
+    (seeds from 10**6, as ``rl-train run`` reports before and after training) instead.
+
     Args:
         config: The run's configuration (model, data, agent).
         checkpoint: A checkpoint directory (``step_<n>``) or its ``agent_0`` directory, or a
             run directory or its ``checkpoints`` folder (their latest checkpoint).
 
     Returns:
-        ``{"accuracy": ..., "test_reward": ...}``.
+        ``{"accuracy": ..., "test_reward": ...}``; with ``env:``, ``{"mean_return": ...}``.
 
     Raises:
         ConfigError: ``checkpoint`` is not a checkpoint, or was written by another algorithm's
@@ -226,6 +230,10 @@ def evaluate(config: RunConfig, checkpoint: str | Path) -> dict[str, float]:
     _check_agent_class(config, path, str(checkpoint))
     built = build(config, distributed=False)
     built.agent.load_checkpoint(path, load_optimizer=False)
+    if built.env is None:  # an env: run's episodes
+        from rl_train.env_run import greedy_episode_return
+
+        return {"mean_return": greedy_episode_return(built)}
     return {
         "accuracy": greedy_accuracy(built.agent, built.env),
         "test_reward": float(built.agent.test(built.env)),

@@ -123,11 +123,19 @@ class AgentTrainer(BaseRLTrainer):
 
     def setup(self) -> None:
         """Build model, tokenizer, environment and agent from the config."""
+        if self.config.env is not None:
+            raise ConfigError(
+                "env: the trlX-style trainers train on data:'s prompts and do not run an env: "
+                "section's episodes; run the config with `rl-train run` (rl_train.run.prepare "
+                "and fit), or remove env: to train on data:"
+            )
         built = build(self.config, distributed=False)
+        env = built.env
+        assert env is not None  # built without an env: section
         self.model, self.tokenizer, self.env, self.agent = (
             built.model,
             built.tokenizer,
-            built.env,
+            env,
             built.agent,
         )
         if self.reward_fn is not None:

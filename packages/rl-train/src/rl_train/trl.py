@@ -286,7 +286,9 @@ class GRPOTrainer:
             rewards=funcs,
             lora_config=peft_config,
         )
-        self.env, self.agent = built.env, built.agent
+        env = built.env
+        assert env is not None  # the facade's config has no env: section
+        self.env, self.agent = env, built.agent
 
     def run_config(self, model_name: str = "", *, full_finetune: bool = True) -> RunConfig:
         """The :class:`~rl_train.config.RunConfig` of :attr:`args` (what ``build`` reads).
