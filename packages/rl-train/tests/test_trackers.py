@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import struct
 import sys
@@ -11,7 +12,14 @@ from pathlib import Path
 import pytest
 from rl_train.config import ConfigError, load_config
 from rl_train.metrics import MetricsLogger
-from rl_train.trackers import TRACKERS, check_report_to, resolve_report_to
+from rl_train.trackers import (
+    _UNCHANGED,
+    CLEARML_SUBPROCESS_ENV,
+    TRACKERS,
+    _report_from_a_thread,
+    check_report_to,
+    resolve_report_to,
+)
 
 ROWS = [
     (0, {"mean_reward": 0.25, "kl": 0.0}),
@@ -130,6 +138,85 @@ def test_wandb_offline_run_read_back_from_its_files(
     assert got == [(0, 0.25, 0.0), (1, 0.5, 0.125), (2, 1.0, None)]
 
 
+def _clearml_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A home without ``clearml.conf`` and a cache directory of the test's own."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("CLEARML_CACHE_DIR", str(tmp_path / "clearml-cache"))
+    for name in (
+        "CLEARML_CONFIG_FILE",
+        "TRAINS_CONFIG_FILE",
+        "CLEARML_API_ACCESS_KEY",
+        "CLEARML_API_SECRET_KEY",
+        "CLEARML_OFFLINE_MODE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path / "clearml-cache"
+
+
+def test_clearml_offline_session_read_back_from_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import json
+
+    from clearml import Task
+
+    cache = _clearml_env(tmp_path, monkeypatch)
+    monkeypatch.setenv("CLEARML_OFFLINE_MODE", "1")
+    monkeypatch.delenv(CLEARML_SUBPROCESS_ENV, raising=False)
+    run_dir = tmp_path / "run-clearml"
+    with caplog.at_level(logging.INFO, logger="rl_train.trackers"):
+        logger = _log(run_dir, ["clearml"])
+    assert "reporting from a thread, not a forked subprocess" in caplog.text
+    assert "_report_subprocess_enabled" not in Task.__dict__  # ClearML's own setting again
+    (session,) = [p for p in (cache / "offline").glob("offline-*") if p.is_dir()]
+    assert (cache / "offline" / f"{session.name}.zip").is_file()  # closed: zipped for import
+    task = json.loads((session / "task.json").read_text())
+    assert task["name"] == "run-clearml"
+    events = [
+        event
+        for line in (session / "metrics.jsonl").read_text().splitlines()
+        for event in json.loads(line)
+        if event["type"] == "training_stats_scalar"
+    ]
+    got = sorted((e["metric"], e["variant"], e["iter"], e["value"]) for e in events)
+    assert got == [
+        ("eval_accuracy", "eval_accuracy", 1, 0.75),
+        ("kl", "kl", 0, 0.0),
+        ("kl", "kl", 1, 0.125),  # the NaN at step 2 is kept out
+        ("mean_reward", "mean_reward", 0, 0.25),
+        ("mean_reward", "mean_reward", 1, 0.5),
+        ("mean_reward", "mean_reward", 2, 1.0),
+    ]
+    assert logger.trackers == []  # closed
+
+
+def test_clearml_without_a_server_refuses_instead_of_the_public_demo_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _clearml_env(tmp_path, monkeypatch)
+    with pytest.raises(ValueError, match=r"report_to clearml: .*CLEARML_OFFLINE_MODE=1"):
+        MetricsLogger(tmp_path / "run", report_to="clearml")
+    assert not (tmp_path / "clearml-cache").exists()  # refused before ClearML started
+
+
+def test_clearml_reporting_switch_is_observable_and_can_be_left_alone(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from clearml import Task
+
+    monkeypatch.setenv(CLEARML_SUBPROCESS_ENV, "1")
+    with caplog.at_level(logging.INFO, logger="rl_train.trackers"):
+        assert _report_from_a_thread(Task) is _UNCHANGED
+    assert "_report_subprocess_enabled" not in Task.__dict__
+    assert f"{CLEARML_SUBPROCESS_ENV}=1" in caplog.text
+    monkeypatch.delenv(CLEARML_SUBPROCESS_ENV)
+    older_release = type("Task", (), {})  # a ClearML without the attribute
+    with caplog.at_level(logging.WARNING, logger="rl_train.trackers"):
+        assert _report_from_a_thread(older_release) is _UNCHANGED
+    assert "no Task._report_subprocess_enabled" in caplog.text
+    assert "_report_subprocess_enabled" not in vars(older_release)
+
+
 def test_wandb_without_an_account_says_how_to_go_offline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -150,7 +237,7 @@ def test_report_to_names_and_missing_extras(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(ValueError, match="unknown tracker 'mlfow'; did you mean 'mlflow'"):
         resolve_report_to(["mlfow"])
     monkeypatch.setitem(TRACKERS, "mlflow", "mlflow_is_not_installed_here")
-    assert resolve_report_to("all") == ["tensorboard", "wandb", "trackio"]
+    assert resolve_report_to("all") == ["tensorboard", "wandb", "trackio", "clearml"]
     with pytest.raises(ValueError, match=r"pip install 'rl-train\[mlflow\]'"):
         check_report_to(["tensorboard", "mlflow"])
     with pytest.raises(ValueError, match=r"rl-train\[mlflow\]"):

@@ -25,18 +25,20 @@ class MetricsLogger:
 
     TensorBoard event files go to ``run_dir/tensorboard`` (when the ``tensorboard`` package is
     importable), flushed at most every :attr:`tb_flush_s` seconds and on :meth:`close`;
-    the trackers of ``report_to`` (W&B, MLflow, trackio) get every row too. The JSONL and CSV
-    files get each row as it is logged (the CSV is rewritten only when a new column appears).
+    the trackers of ``report_to`` (W&B, MLflow, trackio, ClearML) get every row too. The JSONL
+    and CSV files get each row as it is logged (the CSV is rewritten only when a new column
+    appears).
 
     Args:
         run_dir: The run directory (created).
         tensorboard: Also write TensorBoard scalars (when ``report_to`` is None).
         wandb_project: A W&B project name to log to, or None (when ``report_to`` is None).
         resume: Keep the existing files and append (a resumed run).
-        report_to: TRL's ``report_to``: ``tensorboard``, ``wandb``, ``mlflow``, ``trackio``
-            (a name or a list), ``"none"`` or ``"all"``; replaces ``tensorboard`` and
+        report_to: TRL's ``report_to``: ``tensorboard``, ``wandb``, ``mlflow``, ``trackio``,
+            ``clearml`` (a name or a list), ``"none"`` or ``"all"``; replaces ``tensorboard`` and
             ``wandb_project``. See :mod:`rl_train.trackers`.
-        project: The trackers' project (W&B project, MLflow experiment, trackio project).
+        project: The trackers' project (W&B project, MLflow experiment, trackio project,
+            ClearML project).
     """
 
     def __init__(

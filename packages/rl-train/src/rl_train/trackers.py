@@ -1,9 +1,10 @@
-"""Experiment trackers beside the run directory's files: W&B, MLflow and trackio (``report_to``).
+"""Experiment trackers beside the run directory's files: W&B, MLflow, trackio, ClearML.
 
-``report_to`` takes TRL's names: a list of ``tensorboard``, ``wandb``, ``mlflow``, ``trackio``, or
-``"none"`` (files and console only) or ``"all"`` (TensorBoard and every tracker installed). Each
-tracker's package is optional, installed through an extra (``pip install 'rl-train[mlflow]'``)
-and imported only when named; a missing one fails with the extra to install, before training.
+``report_to`` takes TRL's names: a list of ``tensorboard``, ``wandb``, ``mlflow``, ``trackio``,
+``clearml``, or ``"none"`` (files and console only) or ``"all"`` (TensorBoard and every tracker
+installed). Each tracker's package is optional, installed through an extra (``pip install
+'rl-train[mlflow]'``) and imported only when named; a missing one fails with the extra to
+install, before training.
 
 Where each run goes (the run directory is ``run_dir``, the run's name its last part):
 
@@ -17,21 +18,32 @@ Where each run goes (the run directory is ``run_dir``, the run's name its last p
 - ``trackio``: its local SQLite store in ``TRACKIO_DIR`` (set to ``run_dir/trackio`` when
   unset and trackio is not yet imported; trackio reads the variable once, at import);
   ``trackio show --project project``.
+- ``clearml``: ``Task.init(project_name=project, task_name=...)`` with every automatic hook off
+  (no framework, argparse, console or resource patching: only the scalars we send), reporting
+  from a thread rather than ClearML's forked subprocess (``RL_TRAIN_CLEARML_SUBPROCESS=1`` keeps
+  the fork; :func:`_report_from_a_thread` says why); the server
+  of ``clearml.conf`` / ``CLEARML_API_*``; offline (a session folder and zip under ClearML's
+  cache, ``offline/<task id>``) with ``CLEARML_OFFLINE_MODE=1``, imported later with
+  ``Task.import_offline_session``. Without a configured server and not offline it refuses:
+  ClearML would otherwise send the run to its public demo server.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib.util
+import logging
 import math
 import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["TRACKERS", "Tracker", "check_report_to", "open_tracker", "resolve_report_to"]
+
+_log = logging.getLogger(__name__)
 
 #: Every name ``report_to`` takes -> the module it needs (None: always there).
 TRACKERS: dict[str, str | None] = {
@@ -39,6 +51,7 @@ TRACKERS: dict[str, str | None] = {
     "wandb": "wandb",
     "mlflow": "mlflow",
     "trackio": "trackio",
+    "clearml": "clearml",
 }
 
 
@@ -108,7 +121,7 @@ def open_tracker(name: str, run_dir: Path, project: str, *, resume: bool = False
     """Start the tracker ``name`` (not ``tensorboard``, which the logger writes itself).
 
     Args:
-        name: ``wandb``, ``mlflow`` or ``trackio``.
+        name: ``wandb``, ``mlflow``, ``trackio`` or ``clearml``.
         run_dir: The run directory (the run is named after its last part).
         project: W&B project, MLflow experiment, trackio project.
         resume: Continue the run of this name where the tracker can.
@@ -123,6 +136,8 @@ def open_tracker(name: str, run_dir: Path, project: str, *, resume: bool = False
         return MlflowTracker(run_dir, project, resume=resume)
     if name == "trackio":
         return TrackioTracker(run_dir, project, resume=resume)
+    if name == "clearml":
+        return ClearMLTracker(run_dir, project, resume=resume)
     raise ValueError(f"open_tracker: {name!r} is written by the logger itself, not a tracker")
 
 
@@ -216,3 +231,107 @@ class TrackioTracker:
     def close(self) -> None:
         """``run.finish()`` (writes the queued rows)."""
         self.run.finish()
+
+
+def _clearml_offline() -> bool:
+    return os.environ.get("CLEARML_OFFLINE_MODE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _clearml_configured() -> bool:
+    """A server to send to: ``CLEARML_API_*`` credentials or a ``clearml.conf`` file."""
+    if os.environ.get("CLEARML_API_ACCESS_KEY") and os.environ.get("CLEARML_API_SECRET_KEY"):
+        return True
+    for name in ("CLEARML_CONFIG_FILE", "TRAINS_CONFIG_FILE"):
+        if os.environ.get(name) and Path(os.environ[name]).expanduser().is_file():
+            return True
+    return any((Path.home() / f).is_file() for f in ("clearml.conf", "trains.conf"))
+
+
+#: ClearML's class attribute for ``sdk.development.report_use_subprocess`` (True on Linux).
+_SUBPROCESS_ATTR = "_report_subprocess_enabled"
+#: The environment variable that keeps ClearML's own reporting subprocess.
+CLEARML_SUBPROCESS_ENV = "RL_TRAIN_CLEARML_SUBPROCESS"
+_UNCHANGED, _ABSENT = object(), object()
+
+
+def _report_from_a_thread(task_class: Any) -> object:
+    """Make ClearML report from a thread of this process, not from a forked subprocess.
+
+    On Linux ClearML forks its reporter when the task starts. A process running torch's and
+    the other trackers' threads can deadlock in that fork, and ``task.close()`` then waits for
+    the child forever (seen in this repository's tests about one run in two). The switch is
+    ClearML's class attribute for its own ``report_use_subprocess`` setting, set on
+    ``clearml.Task`` for the task's lifetime and restored on close; it is logged, skipped with
+    a warning where a release no longer has the attribute, and left alone with
+    ``RL_TRAIN_CLEARML_SUBPROCESS=1``.
+
+    Returns:
+        The attribute's previous value on ``clearml.Task`` (``_ABSENT``: inherited), or
+        ``_UNCHANGED`` where nothing was set.
+    """
+    if os.environ.get(CLEARML_SUBPROCESS_ENV, "").strip() == "1":
+        _log.info("report_to clearml: %s=1: ClearML's subprocess", CLEARML_SUBPROCESS_ENV)
+        return _UNCHANGED
+    if not hasattr(task_class, _SUBPROCESS_ATTR):
+        _log.warning(
+            "report_to clearml: this ClearML release has no Task.%s; its own reporting setting "
+            "stands (set sdk.development.report_use_subprocess: false in clearml.conf if closing "
+            "the task hangs)",
+            _SUBPROCESS_ATTR,
+        )
+        return _UNCHANGED
+    previous = task_class.__dict__.get(_SUBPROCESS_ATTR, _ABSENT)
+    setattr(task_class, _SUBPROCESS_ATTR, False)
+    _log.info(
+        "report_to clearml: reporting from a thread, not a forked subprocess (a fork beside "
+        "torch's threads can deadlock); %s=1 keeps ClearML's default",
+        CLEARML_SUBPROCESS_ENV,
+    )
+    return previous
+
+
+class ClearMLTracker:
+    """A ClearML task (offline with ``CLEARML_OFFLINE_MODE=1``), scalars only."""
+
+    def __init__(self, run_dir: Path, project: str, *, resume: bool = False) -> None:
+        offline = _clearml_offline()
+        if not offline and not _clearml_configured():
+            raise ValueError(
+                "report_to clearml: no ClearML server is configured (no clearml.conf, no "
+                "CLEARML_API_ACCESS_KEY/CLEARML_API_SECRET_KEY), and ClearML would send the run "
+                "to its public demo server. Run `clearml-init`, or set CLEARML_OFFLINE_MODE=1 to "
+                "keep the run in a local session folder (import it later with "
+                "Task.import_offline_session)"
+            )
+        from clearml import Task
+
+        if offline:  # process-wide in ClearML, and going back online reconnects every session
+            Task.set_offline(offline_mode=True)
+        del resume  # a resumed run is a new ClearML task of the same name
+        self._subprocess_setting = _report_from_a_thread(Task)
+        self.task: Any = Task.init(
+            project_name=project,
+            task_name=run_dir.resolve().name,
+            reuse_last_task_id=False,
+            auto_connect_arg_parser=False,
+            auto_connect_frameworks=False,
+            auto_resource_monitoring=False,
+            auto_connect_streams=False,
+        )
+        self.logger: Any = self.task.get_logger()
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """One ``report_scalar`` per finite value: title and series are the metric's name."""
+        for key, value in _finite(metrics).items():
+            self.logger.report_scalar(title=key, series=key, value=value, iteration=step)
+
+    def close(self) -> None:
+        """``task.close()`` (offline: zips the session folder); ClearML's setting restored."""
+        from clearml import Task
+
+        self.task.close()
+        if self._subprocess_setting is not _UNCHANGED:
+            if self._subprocess_setting is _ABSENT:
+                delattr(Task, _SUBPROCESS_ATTR)
+            else:
+                setattr(Task, _SUBPROCESS_ATTR, self._subprocess_setting)
