@@ -72,6 +72,12 @@ def _grpo(**kw: Any) -> Any:
     return GRPO(actor_network=model, pad_token_id=0, pad_token="<pad>", **kw)
 
 
+def _hp(**bounds: tuple[float, float]) -> Any:
+    from rl_algos import HyperparameterConfig, RLParameter
+
+    return HyperparameterConfig(**{k: RLParameter(*v) for k, v in bounds.items()})
+
+
 def _lora(**kw: Any) -> Any:
     from peft import LoraConfig
 
@@ -247,6 +253,11 @@ def cases() -> list[Case]:
              lambda: _grpo(loss_type="gspo", importance_sampling_level="token")),
         Case("rl-algos", "GRPO(importance_sampling_level='turn', loss_aggregation='token_mean', loss_kwargs={'unit_weight': 'unit'})", ValueError, "unit_weight",
              lambda: _grpo(importance_sampling_level="turn", loss_aggregation="token_mean", loss_kwargs={"unit_weight": "unit"})),
+        Case("rl-algos", "GRPO(top_p=1.5)", ValueError, "top_p", lambda: _grpo(top_p=1.5)),
+        Case("rl-algos", "GRPO(hp_config=HyperparameterConfig(lrr=RLParameter(1e-5, 1e-3)))", ValueError, "lrr",
+             lambda: _grpo(hp_config=_hp(lrr=(1e-5, 1e-3)))),
+        Case("rl-algos", "GRPO(hp_config=HyperparameterConfig(beta=RLParameter(-0.1, 0.1)))", ValueError, "beta",
+             lambda: _grpo(hp_config=_hp(beta=(-0.1, 0.1)))),
         # rl-train
         Case("rl-train", "config with key train.stepz", ValueError, "train.stepz",
              lambda: _config("train:\n  stepz: 3\n")),

@@ -161,6 +161,60 @@ def test_hyperparameter_mutation_is_bounded_and_logged() -> None:
         RLParameter(min=1.0, max=0.0)
 
 
+@pytest.mark.parametrize(
+    ("params", "match"),
+    [
+        ({"lrr": RLParameter(min=1e-5, max=1e-3)}, r"'lrr' is not a hyperparameter of GRPO; mutable ones .*\blr\b"),
+        ({"use_sequence_packing": RLParameter(min=0, max=1)}, r"GRPO\.use_sequence_packing is None; only numeric"),
+        ({"group_size": RLParameter(min=2, max=8)}, r"group_size is an integer; pass RLParameter\(\.\.\., dtype=int\)"),
+        ({"beta": RLParameter(min=-0.1, max=0.1)}, r"beta's RLParameter min=-0\.1 is a value GRPO refuses \(`lr` and `beta` must be >= 0"),
+        ({"top_p": RLParameter(min=0.5, max=1.5)}, r"top_p's RLParameter max=1\.5 is a value GRPO refuses"),
+    ],
+)  # fmt: skip
+def test_an_hp_config_its_mutations_could_not_apply_is_refused_when_built(
+    params: dict[str, RLParameter], match: str
+) -> None:
+    """Mutations are clipped to the RLParameter's bounds: each name must be a numeric setting,
+    an integer one mutates as ``dtype=int``, and both bounds must be values the agent accepts
+    (before, an unknown name failed at the first mutation, mid-run, and ``beta`` could mutate to
+    a negative value the constructor refuses)."""
+    with pytest.raises(ValueError, match=match):
+        make_agent("GRPO", hp_config=HyperparameterConfig(**params))
+    agent = make_agent(
+        "GRPO", hp_config=HyperparameterConfig(group_size=RLParameter(2, 8, dtype=int))
+    )
+    assert agent.mutate_hyperparameter(random.Random(0))["after"] in (2, 4)  # 3 * 0.8 or 3 * 1.2
+
+
+def test_a_mutation_the_config_refuses_together_with_another_setting_changes_nothing() -> None:
+    """The bounds are checked beside the settings the agent was built with; a setting changed
+    since (here ``min_output_tokens``, set on the agent) can make a value inside the bounds one
+    the config refuses beside it: the mutation raises, naming both, and changes nothing."""
+    hp = HyperparameterConfig(max_output_tokens=RLParameter(min=4, max=8, dtype=int))
+    agent = make_agent("GRPO", hp_config=hp, max_output_tokens=8)
+    agent.min_output_tokens = 9  # either mutation (8 clipped, or 6) is below it
+    with pytest.raises(
+        ValueError, match=r"mutating max_output_tokens from 8 to [68]\b.*`min_output_tokens=9`"
+    ):
+        agent.mutate_hyperparameter(random.Random(0))
+    assert agent.max_output_tokens == 8 and agent.mutation_history == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"top_p": 1.5}, r"`top_p` must be in \(0, 1\]"),
+        ({"top_p": 0.0}, r"`top_p` must be in \(0, 1\]"),
+        ({"min_p": -0.1}, r"`min_p` must be in \[0, 1\]"),
+        ({"top_k": -1}, r"`top_k` must be >= 0, got -1; 0 is no cut \(vLLM's -1\)"),
+        ({"repetition_penalty": 0.0}, r"`repetition_penalty` must be > 0"),
+    ],
+)  # fmt: skip
+def test_sampling_filters_out_of_range_are_refused(kwargs: dict[str, float], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        make_agent("GRPO", **kwargs)
+
+
 def test_nonfinite_loss_never_reaches_the_weights() -> None:
     agent = make_agent("GRPO")
     _, param = next(

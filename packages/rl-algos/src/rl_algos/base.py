@@ -164,6 +164,7 @@ class LLMAlgorithm:
         self.pad_token_id = int(pad_token_id)
         self.pad_token = pad_token
         self.model_name = model_name
+        lifecycle.check_hp_config(type(self).__name__, hp_config, cfg)
         self.hp_config = hp_config
         self.cosine_lr_schedule_config = cosine_lr_schedule_config
         self.accelerator = accelerator

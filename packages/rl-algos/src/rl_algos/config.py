@@ -272,6 +272,7 @@ class AgentConfig:
                 f"`temperature` must be > 0 (it divides the training logits), got "
                 f"{self.temperature}"
             )
+        self._check_sampling_filters()
         c = self.clip_coef
         if isinstance(c, list):  # a tuple read back from JSON (checkpoints)
             c = (float(c[0]), float(c[1])) if len(c) == 2 else tuple(c)
@@ -355,6 +356,19 @@ class AgentConfig:
                 "max_output_tokens"
             )
         return out
+
+    def _check_sampling_filters(self) -> None:
+        """``top_p``, ``min_p``, ``top_k`` and ``repetition_penalty`` in their ranges."""
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"`top_p` must be in (0, 1] (1: no nucleus cut), got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"`min_p` must be in [0, 1] (0: no cut), got {self.min_p}")
+        if self.top_k < 0:
+            raise ValueError(f"`top_k` must be >= 0, got {self.top_k}; 0 is no cut (vLLM's -1)")
+        if self.repetition_penalty <= 0:
+            raise ValueError(
+                f"`repetition_penalty` must be > 0 (1: none), got {self.repetition_penalty}"
+            )
 
     def _no_kl_reason(self) -> str:
         """Why :meth:`kl_term` is False (for the messages)."""

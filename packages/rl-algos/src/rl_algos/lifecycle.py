@@ -9,6 +9,7 @@ writes.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import random
 import warnings
@@ -29,6 +30,7 @@ from rl_algos.server_sync import ServerEngine
 
 __all__ = [
     "agent_state",
+    "check_hp_config",
     "clone_agent",
     "load_agent",
     "load_agent_state",
@@ -201,8 +203,72 @@ def clone_agent(agent: Any, index: int | None) -> Any:
     return twin
 
 
+def _with_value(config: Any, name: str, value: float, dtype: type) -> Any:
+    """``config`` with ``name = value``, checked as the constructor checks it.
+
+    The checks are the config's ``__post_init__`` and its
+    :meth:`~rl_algos.config.AgentConfig.ignored_options`.
+    """
+    new = dataclasses.replace(config, **{name: int(value) if dtype is int else value})
+    ignored: dict[str, str] = new.ignored_options()
+    if ignored:
+        raise ValueError(next(iter(ignored.values())))
+    return new
+
+
+def check_hp_config(agent: str, hp_config: Any, config: Any) -> None:
+    """Refuse, when the agent is built, an ``hp_config`` its mutations could not apply.
+
+    Each name must be a numeric field of the agent's config (``lr``, ``beta``, ``group_size``,
+    ...), and both bounds of its :class:`~rl_algos.config.RLParameter` must be values the config
+    accepts, so that no mutation (clipped to the bounds) makes a value the agent would have
+    refused at construction.
+
+    Raises:
+        ValueError: Naming the hyperparameter, the bound and the config's own error.
+    """
+    if hp_config is None:
+        return
+    declared = {f.name: str(f.type) for f in dataclasses.fields(config)}
+    fields = set(declared)
+    for name, spec in hp_config.params.items():
+        if name not in fields:
+            numeric = sorted(
+                f
+                for f in fields
+                if isinstance(getattr(config, f), int | float)
+                and not isinstance(getattr(config, f), bool)
+            )
+            raise ValueError(
+                f"hp_config: {name!r} is not a hyperparameter of {agent}; mutable ones are its "
+                f"numeric settings: {', '.join(numeric)}"
+            )
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(
+                f"hp_config: {agent}.{name} is {value!r}; only numeric settings mutate "
+                "(RLParameter multiplies them)"
+            )
+        if declared[name].split("|")[0].strip() == "int" and spec.dtype is not int:
+            raise ValueError(
+                f"hp_config: {agent}.{name} is an integer; pass RLParameter(..., dtype=int)"
+            )
+        for bound, at in (("min", spec.min), ("max", spec.max)):
+            try:
+                _with_value(config, name, at, spec.dtype)
+            except (ValueError, TypeError) as exc:
+                raise ValueError(
+                    f"hp_config: {name}'s RLParameter {bound}={at} is a value {agent} refuses "
+                    f"({exc}); narrow the bounds"
+                ) from exc
+
+
 def mutate_hyperparameter(agent: Any, rng: random.Random | None) -> dict[str, Any]:
-    """Mutate one hyperparameter from ``agent.hp_config``; logged in ``mutation_history``."""
+    """Mutate one hyperparameter from ``agent.hp_config``; logged in ``mutation_history``.
+
+    The new value is checked by the agent's config as a constructor argument would be (a
+    value refused together with the other settings raises, naming both, and nothing changes).
+    """
     if agent.hp_config is None:
         raise ValueError("this agent has no hp_config: nothing to mutate")
     rng = rng or agent._rng
@@ -210,6 +276,13 @@ def mutate_hyperparameter(agent: Any, rng: random.Random | None) -> dict[str, An
     spec = agent.hp_config.params[name]
     before = getattr(agent, name)
     after = spec.mutate(float(before), rng)
+    try:
+        _with_value(agent.config, name, after, spec.dtype)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(
+            f"hp_config: mutating {name} from {before} to {after} makes a configuration "
+            f"{type(agent).__name__} refuses ({exc}); narrow the RLParameter's bounds"
+        ) from exc
     setattr(agent, name, int(after) if spec.dtype is int else after)
     if name == "lr":  # the actor's parameter group (the first)
         agent.optimizer.param_groups[0]["lr"] = after
