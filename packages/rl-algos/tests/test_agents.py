@@ -215,6 +215,16 @@ def test_sampling_filters_out_of_range_are_refused(kwargs: dict[str, float], mat
         make_agent("GRPO", **kwargs)
 
 
+def test_a_sampling_filter_of_none_is_off() -> None:
+    """None switches a filter off, as in transformers' ``GenerationConfig`` (TRL's ``min_p``
+    default), and is stored as the filter's neutral value."""
+    agent = make_agent("GRPO", top_p=None, min_p=None, top_k=None, repetition_penalty=None)
+    got = (agent.top_p, agent.min_p, agent.top_k, agent.repetition_penalty)
+    assert got == (1.0, 0.0, 0, 1.0)
+    with pytest.raises(ValueError, match=r"`top_k` must be a number \(or None: off\), got '50'"):
+        make_agent("GRPO", top_k="50")
+
+
 def test_nonfinite_loss_never_reaches_the_weights() -> None:
     agent = make_agent("GRPO")
     _, param = next(

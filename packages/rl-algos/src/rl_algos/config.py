@@ -358,7 +358,22 @@ class AgentConfig:
         return out
 
     def _check_sampling_filters(self) -> None:
-        """``top_p``, ``min_p``, ``top_k`` and ``repetition_penalty`` in their ranges."""
+        """``top_p``, ``min_p``, ``top_k`` and ``repetition_penalty`` in their ranges.
+
+        None is each filter's "off" (as in transformers' ``GenerationConfig``): stored as
+        ``top_p=1.0``, ``min_p=0.0``, ``top_k=0``, ``repetition_penalty=1.0``.
+        """
+        for name, off in (
+            ("top_p", 1.0),
+            ("min_p", 0.0),
+            ("top_k", 0),
+            ("repetition_penalty", 1.0),
+        ):
+            value = getattr(self, name)
+            if value is None:
+                setattr(self, name, off)
+            elif isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"`{name}` must be a number (or None: off), got {value!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"`top_p` must be in (0, 1] (1: no nucleus cut), got {self.top_p}")
         if not 0 <= self.min_p <= 1:
