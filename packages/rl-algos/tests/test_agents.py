@@ -225,6 +225,20 @@ def test_a_sampling_filter_of_none_is_off() -> None:
         make_agent("GRPO", top_k="50")
 
 
+def test_an_update_that_overflows_the_weights_stops_at_that_step() -> None:
+    """A finite loss and gradient with a learning rate beyond float32's range make the AdamW
+    update infinite: the step that did it raises (it used to return, and the next ``learn()``
+    failed on a NaN loss, after a checkpoint or evaluation could have used the weights), even
+    with ``skip_nonfinite``, which cannot skip a step already applied."""
+    agent = make_agent("GRPO", lr=1e39, skip_nonfinite=True)
+    with pytest.raises(
+        FloatingPointError,
+        match=r"update at optimizer step 0 of GRPO made \d+ of \d+ trained tensors non-finite",
+    ):
+        agent.learn(make_batch().experiences())
+    assert not all(bool(torch.isfinite(p).all()) for p in actor_state(agent).values())
+
+
 def test_nonfinite_loss_never_reaches_the_weights() -> None:
     agent = make_agent("GRPO")
     _, param = next(

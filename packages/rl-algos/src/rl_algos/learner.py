@@ -9,7 +9,11 @@ accumulated gradient, summed over processes, is exactly the gradient of the whol
 No training continues on NaN: a non-finite loss or gradient on any process leaves the weights
 untouched and raises ``FloatingPointError`` (or, with ``skip_nonfinite``, warns and skips the
 step). Every process runs the same collectives whatever its micro-batches hold, so a NaN on one
-rank never hangs the others. A minibatch without an action token on any process (every row
+rank never hangs the others. An update from a finite gradient that makes a weight non-finite
+(an overflow: a learning rate far too large) raises ``FloatingPointError`` at that step,
+whatever ``skip_nonfinite`` says: the weights have changed and cannot continue (checked outside
+DeepSpeed, whose partitioned weights the next step's loss guard catches instead).
+A minibatch without an action token on any process (every row
 filtered out) takes no step at all; every process sees the same all-reduced counts, so all of
 them skip it together.
 """
@@ -276,6 +280,7 @@ class Learner:
             self.optimizer.zero_grad(set_to_none=True)
             return self._nonfinite(total, grad_norm, where)
         self.optimizer.step()
+        _check_updated(self.optimizer, where, grad_norm)
         return self._finish(total, grad_norm, parts)
 
     def _deepspeed_step(
@@ -303,6 +308,28 @@ class Learner:
             raise FloatingPointError(message + ". Pass skip_nonfinite=True to skip such steps")
         warnings.warn(message + "; step skipped", RuntimeWarning, stacklevel=4)
         return StepResult(False, total, grad_norm)
+
+
+def _check_updated(optimizer: torch.optim.Optimizer, where: str, grad_norm: float) -> None:
+    """Raise if the optimizer step just taken made a trained weight non-finite.
+
+    One flag per tensor, reduced on the device and read once (a single synchronisation).
+    """
+    tensors = [(g, p) for g, group in enumerate(optimizer.param_groups) for p in group["params"]]
+    if not tensors:
+        return
+    flags = torch.stack([torch.isfinite(p.detach()).all() for _, p in tensors])
+    if bool(flags.all()):
+        return
+    marks = zip(tensors, flags.tolist(), strict=True)
+    bad = [f"group {g} {tuple(p.shape)}" for (g, p), ok in marks if not ok]
+    raise FloatingPointError(
+        f"the update at {where} made {len(bad)} of {len(tensors)} trained tensors non-finite "
+        f"({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}; group 0 is the actor's) from "
+        f"a finite loss and gradient (grad_norm={grad_norm}): the step overflowed, typically a "
+        "learning rate far too large. The weights are no longer usable: resume from the last "
+        "checkpoint with a smaller lr"
+    )
 
 
 def summarize(metrics: dict[str, list[float]], rewards: torch.Tensor) -> dict[str, float]:
