@@ -197,6 +197,11 @@ def test_clearml_without_a_server_refuses_instead_of_the_public_demo_server(
     with pytest.raises(ValueError, match=r"report_to clearml: .*CLEARML_OFFLINE_MODE=1"):
         MetricsLogger(tmp_path / "run", report_to="clearml")
     assert not (tmp_path / "clearml-cache").exists()  # refused before ClearML started
+    # a run config is refused when it is loaded, before a model is built
+    with pytest.raises(ConfigError, match=r"train\.report_to clearml: .*public demo server"):
+        load_config(None, ["train.report_to=[tensorboard, clearml]"])
+    monkeypatch.setenv("CLEARML_OFFLINE_MODE", "1")
+    assert load_config(None, ["train.report_to=clearml"]).train.report_to == "clearml"
 
 
 def test_clearml_reporting_switch_is_observable_and_can_be_left_alone(

@@ -102,10 +102,13 @@ def resolve_report_to(report_to: str | Sequence[str] | None) -> list[str]:
 
 
 def check_report_to(report_to: str | Sequence[str] | None) -> list[str]:
-    """:func:`resolve_report_to`, and each named tracker's package installed (nothing imported).
+    """:func:`resolve_report_to`, with each named tracker's package installed (none imported).
+
+    For ``clearml``, also a destination other than ClearML's public demo server.
 
     Raises:
-        ValueError: An unknown name, or a tracker whose package is missing (naming the extra).
+        ValueError: An unknown name, a tracker whose package is missing (naming the extra), or
+            ``clearml`` with no configured server and not offline.
     """
     names = resolve_report_to(report_to)
     for name in names:
@@ -114,6 +117,8 @@ def check_report_to(report_to: str | Sequence[str] | None) -> list[str]:
                 f"report_to names {name!r} but {TRACKERS[name]} is not installed: install the "
                 f"extra, pip install 'rl-train[{name}]' (or uv sync --extra {name})"
             )
+    if "clearml" in names:
+        _check_clearml_destination()
     return names
 
 
@@ -290,19 +295,24 @@ def _report_from_a_thread(task_class: Any) -> object:
     return previous
 
 
+def _check_clearml_destination() -> None:
+    """Refuse ClearML's default destination: its public demo server (no config, not offline)."""
+    if not _clearml_offline() and not _clearml_configured():
+        raise ValueError(
+            "report_to clearml: no ClearML server is configured (no clearml.conf, no "
+            "CLEARML_API_ACCESS_KEY/CLEARML_API_SECRET_KEY), and ClearML would send the run "
+            "to its public demo server. Run `clearml-init`, or set CLEARML_OFFLINE_MODE=1 to "
+            "keep the run in a local session folder (import it later with "
+            "Task.import_offline_session)"
+        )
+
+
 class ClearMLTracker:
     """A ClearML task (offline with ``CLEARML_OFFLINE_MODE=1``), scalars only."""
 
     def __init__(self, run_dir: Path, project: str, *, resume: bool = False) -> None:
+        _check_clearml_destination()
         offline = _clearml_offline()
-        if not offline and not _clearml_configured():
-            raise ValueError(
-                "report_to clearml: no ClearML server is configured (no clearml.conf, no "
-                "CLEARML_API_ACCESS_KEY/CLEARML_API_SECRET_KEY), and ClearML would send the run "
-                "to its public demo server. Run `clearml-init`, or set CLEARML_OFFLINE_MODE=1 to "
-                "keep the run in a local session folder (import it later with "
-                "Task.import_offline_session)"
-            )
         from clearml import Task
 
         if offline:  # process-wide in ClearML, and going back online reconnects every session
