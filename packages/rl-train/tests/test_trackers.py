@@ -270,3 +270,32 @@ def test_config_checks_report_to_and_reward_url_before_torch(
     ):
         with pytest.raises(ConfigError, match=message):
             load_config(None, [bad])
+
+
+class ListTracker:
+    """A tracker of the user's own (what a SwanLab or Comet adapter would be): keeps the rows."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, dict[str, float]]] = []
+        self.closed = False
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        self.rows.append((step, dict(metrics)))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_tracker_object_of_your_own_in_report_to_gets_every_row(tmp_path: Path) -> None:
+    mine = ListTracker()
+    logger = _log(tmp_path / "run-mine", ["tensorboard", mine])  # type: ignore[list-item]
+    assert [step for step, _ in mine.rows] == [0, 1, 2] and mine.closed
+    assert mine.rows[1][1] == {"mean_reward": 0.5, "kl": 0.125, "eval_accuracy": 0.75}
+    assert math.isnan(mine.rows[2][1]["kl"])  # every row as logged: the NaN is yours to keep out
+    assert list((tmp_path / "run-mine" / "tensorboard").iterdir())  # the named one as well
+    assert logger.trackers == []
+    alone = ListTracker()
+    _log(tmp_path / "run-alone", alone)  # type: ignore[arg-type]
+    assert len(alone.rows) == 3 and not (tmp_path / "run-alone" / "tensorboard").exists()
+    with pytest.raises(ValueError, match=r"report_to: 3 is neither a tracker name nor an object"):
+        resolve_report_to(["tensorboard", 3])  # type: ignore[list-item]

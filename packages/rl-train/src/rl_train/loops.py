@@ -38,6 +38,7 @@ from rl_train.metrics import open_logger
 from rl_train.offline import OfflineDataset
 from rl_train.rollout_worker import RolloutPieces
 from rl_train.sources import MultiTurnSource, OfflineSource, ReasoningSource, Source
+from rl_train.trackers import ReportTo
 
 __all__ = [
     "finetune_llm_multiturn",
@@ -77,7 +78,7 @@ def finetune_llm_reasoning(
     save_fn: Callable[[Path], None] | None = None,
     async_config: AsyncConfig | None = None,
     rollout_factory: Callable[[], RolloutPieces] | None = None,
-    report_to: str | Sequence[str] | None = None,
+    report_to: ReportTo = None,
     project: str = "rl-train",
 ) -> list[LLMAlgorithm]:
     """Train ``pop`` on a :class:`rl_envs.ReasoningGym` (AgileRL's loop, same arguments).
@@ -138,10 +139,12 @@ def finetune_llm_reasoning(
             ``functools.partial(rl_train.builder.rollout_pieces, run_config)``; under DDP each
             process's factory must build that process's shard of the data (``rollout_pieces``'
             ``shard``).
-        report_to: Trackers as in TRL: ``tensorboard``, ``wandb``, ``mlflow``, ``trackio``
-            (a name or a list), ``"none"`` or ``"all"`` (:mod:`rl_train.trackers`); replaces
-            ``tensorboard`` and ``wb``. None: ``tensorboard`` and ``wb`` decide.
-        project: The trackers' project (W&B project, MLflow experiment, trackio project).
+        report_to: Trackers as in TRL: ``tensorboard``, ``wandb``, ``mlflow``, ``trackio``,
+            ``clearml`` (a name or a list), ``"none"`` or ``"all"``, and objects with
+            ``log(step, metrics)`` and ``close()`` of your own (:mod:`rl_train.trackers`);
+            replaces ``tensorboard`` and ``wb``. None: ``tensorboard`` and ``wb`` decide.
+        project: The trackers' project (W&B project, MLflow experiment, trackio or ClearML
+            project).
 
     Returns:
         The trained population.
@@ -212,7 +215,7 @@ def finetune_llm_multiturn(
     save_fn: Callable[[Path], None] | None = None,
     async_config: AsyncConfig | None = None,
     rollout_factory: Callable[[], RolloutPieces] | None = None,
-    report_to: str | Sequence[str] | None = None,
+    report_to: ReportTo = None,
     project: str = "rl-train",
     env_config: dict[str, Any] | None = None,
     init_hp: dict[str, Any] | None = None,
@@ -330,7 +333,7 @@ def offline_learning_loop(
     save_fn: Callable[[Path], None] | None = None,
     tensorboard: bool = False,
     verbose: bool = False,
-    report_to: str | Sequence[str] | None = None,
+    report_to: ReportTo = None,
     project: str = "rl-train",
     plot: bool = False,
 ) -> list[dict[str, float]]:
@@ -428,7 +431,7 @@ def _train_population(
     resume: bool | Resumed,
     tensorboard: bool,
     wb: bool,
-    report_to: str | Sequence[str] | None,
+    report_to: ReportTo,
     project: str,
     log_fn: Callable[[dict[str, float]], None] | None,
     plot: bool,

@@ -10,12 +10,11 @@ import csv
 import json
 import math
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rl_train.collective import is_main_process
-from rl_train.trackers import Tracker, check_report_to, open_tracker
+from rl_train.trackers import ReportTo, Tracker, check_report_to, custom_trackers, open_tracker
 
 __all__ = ["MetricsLogger", "NullLogger", "curve_figure", "open_logger", "plot_reward_curve"]
 
@@ -36,7 +35,8 @@ class MetricsLogger:
         resume: Keep the existing files and append (a resumed run).
         report_to: TRL's ``report_to``: ``tensorboard``, ``wandb``, ``mlflow``, ``trackio``,
             ``clearml`` (a name or a list), ``"none"`` or ``"all"``; replaces ``tensorboard`` and
-            ``wandb_project``. See :mod:`rl_train.trackers`.
+            ``wandb_project``. Objects with ``log(step, metrics)`` and ``close()`` in the list
+            are trackers of your own (process 0 calls them). See :mod:`rl_train.trackers`.
         project: The trackers' project (W&B project, MLflow experiment, trackio project,
             ClearML project).
     """
@@ -48,7 +48,7 @@ class MetricsLogger:
         tensorboard: bool = True,
         wandb_project: str | None = None,
         resume: bool = False,
-        report_to: str | Sequence[str] | None = None,
+        report_to: ReportTo = None,
         project: str = "rl-train",
     ) -> None:
         if report_to is not None:
@@ -86,6 +86,7 @@ class MetricsLogger:
                 for name in names
                 if name != "tensorboard"
             ]
+            self.trackers += custom_trackers(report_to)
 
     @staticmethod
     def read(path: str | Path) -> list[dict[str, Any]]:
@@ -169,7 +170,7 @@ def open_logger(
     tensorboard: bool = True,
     wandb_project: str | None = None,
     resume: bool = False,
-    report_to: str | Sequence[str] | None = None,
+    report_to: ReportTo = None,
     project: str = "rl-train",
 ) -> MetricsLogger | NullLogger:
     """A :class:`MetricsLogger` on process 0, a :class:`NullLogger` on the others.

@@ -2,9 +2,10 @@
 
 ``report_to`` takes TRL's names: a list of ``tensorboard``, ``wandb``, ``mlflow``, ``trackio``,
 ``clearml``, or ``"none"`` (files and console only) or ``"all"`` (TensorBoard and every tracker
-installed). Each tracker's package is optional, installed through an extra (``pip install
-'rl-train[mlflow]'``) and imported only when named; a missing one fails with the extra to
-install, before training.
+installed); objects with ``log(step, metrics)`` and ``close()`` (:class:`Tracker`) in the list
+are a user's own trackers (SwanLab, Comet, ...) and get every row too. Each named tracker's
+package is optional, installed through an extra (``pip install 'rl-train[mlflow]'``) and
+imported only when named; a missing one fails with the extra to install, before training.
 
 Where each run goes (the run directory is ``run_dir``, the run's name its last part):
 
@@ -41,7 +42,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["TRACKERS", "Tracker", "check_report_to", "open_tracker", "resolve_report_to"]
+__all__ = [
+    "TRACKERS",
+    "ReportTo",
+    "Tracker",
+    "check_report_to",
+    "custom_trackers",
+    "open_tracker",
+    "resolve_report_to",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -65,17 +74,52 @@ class Tracker(Protocol):
         """Flush and finish the run."""
 
 
+#: What ``report_to`` takes: a name, a :class:`Tracker` object, a list of both, or None.
+ReportTo = str | Tracker | Sequence[str | Tracker] | None
+
+
+def _is_tracker(value: object) -> bool:
+    return not isinstance(value, str) and all(
+        callable(getattr(value, m, None)) for m in ("log", "close")
+    )
+
+
+def _names(report_to: ReportTo) -> str | list[str] | None:
+    """The names of ``report_to`` (its :class:`Tracker` objects left out)."""
+    if report_to is None or isinstance(report_to, str):
+        return report_to
+    items = [report_to] if _is_tracker(report_to) else list(report_to)  # type: ignore[arg-type]
+    for item in items:
+        if not isinstance(item, str) and not _is_tracker(item):
+            raise ValueError(
+                f"report_to: {item!r} is neither a tracker name nor an object with log(step, "
+                "metrics) and close() methods (rl_train.trackers.Tracker)"
+            )
+    return [item for item in items if isinstance(item, str)]
+
+
+def custom_trackers(report_to: ReportTo) -> list[Tracker]:
+    """The :class:`Tracker` objects of ``report_to`` (a user's own trackers), in order."""
+    if report_to is None or isinstance(report_to, str):
+        return []
+    if _is_tracker(report_to):
+        return [report_to]  # type: ignore[list-item]
+    return [item for item in report_to if _is_tracker(item)]  # type: ignore[union-attr,misc]
+
+
 def _installed(name: str) -> bool:
     module = TRACKERS[name]
     return module is None or importlib.util.find_spec(module) is not None
 
 
-def resolve_report_to(report_to: str | Sequence[str] | None) -> list[str]:
+def resolve_report_to(report_to: ReportTo) -> list[str]:
     """The tracker names of a ``report_to`` value (TRL's convention).
 
     Args:
         report_to: A name, a list of names, ``"none"`` or ``"all"`` (TensorBoard and every
-            tracker installed); None: ``["tensorboard"]``.
+            tracker installed); None: ``["tensorboard"]``. :class:`Tracker` objects in it
+            (:func:`custom_trackers`) are not names and are left out: ``[my_tracker]`` alone
+            is no named tracker, ``["tensorboard", my_tracker]`` is TensorBoard.
 
     Returns:
         The names, in :data:`TRACKERS` order, without duplicates.
@@ -83,9 +127,10 @@ def resolve_report_to(report_to: str | Sequence[str] | None) -> list[str]:
     Raises:
         ValueError: An unknown name (with the nearest valid one).
     """
-    if report_to is None:
+    given = _names(report_to)
+    if given is None:
         return ["tensorboard"]
-    names = [report_to] if isinstance(report_to, str) else list(report_to)
+    names = [given] if isinstance(given, str) else given
     if names in (["none"], []):
         return []
     if names == ["all"]:
@@ -101,7 +146,7 @@ def resolve_report_to(report_to: str | Sequence[str] | None) -> list[str]:
     return [name for name in TRACKERS if name in names]
 
 
-def check_report_to(report_to: str | Sequence[str] | None) -> list[str]:
+def check_report_to(report_to: ReportTo) -> list[str]:
     """:func:`resolve_report_to`, with each named tracker's package installed (none imported).
 
     For ``clearml``, also a destination other than ClearML's public demo server.
