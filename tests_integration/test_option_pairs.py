@@ -9,7 +9,8 @@ computing its own prompt (``share_prompt_prefix=False``; the default shares a gr
 family (DAPO, CISPO, Dr. GRPO, RLOO, REINFORCE++), REINFORCE,
 PPO with a critic adapter or a shared value head, ILQL; a KL term with a reference adapter,
 ``update_epochs > 1``, full fine-tuning, the base model as reference, sampling log-probs with
-the mismatch correction or with ``clip_against_sampler``), one ``learn()`` on a ragged batch
+the mismatch correction or with ``clip_against_sampler``; a mixture-of-experts model, LoRA and
+full fine-tuning), one ``learn()`` on a ragged batch
 with a neutral option or a pair of them must give the base's loss and every trainable gradient
 (the last optimizer step's, accumulated over the micro-batches), in float32, or the agent must
 refuse the pair when it is built, with an error that names the option and what it conflicts
@@ -17,7 +18,8 @@ with (:data:`REFUSED`).
 
 Each base runs every neutral option alone and paired with gradient checkpointing (the option
 whose recomputation replays the state the others switch); the GRPO and PPO bases run every
-pair. One tiny Qwen2 (two layers) is built per module; each agent gets a deep copy.
+pair. One tiny Qwen2 (two layers) and one tiny Qwen3-MoE (two layers of 4 experts, 2 routed per
+token) are built per module; each agent gets a deep copy.
 
 Tolerance: the routes sum the same terms in other orders (packed against padded rows,
 micro-batches against one batch, the fused loss), so they agree to float32 rounding:
@@ -49,6 +51,7 @@ REDUCTION = 128  # the MLP's intermediate size: the longest sum behind one value
 LOSS_STAGES = 4  # two decoder layers, the head with its log-softmax, the loss's mean
 GRAD_STAGES = 2 * LOSS_STAGES
 LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ATTENTION = LINEAR[:4]  # the MoE model's linear layers (its experts are 3-D parameters)
 
 # (prompt, completion) per row, L = 12: a row of one token without action, a full-width row,
 # a prompt without completion, lengths from 1 to 12; rows 1-2 and 4-5 repeat a prompt (what
@@ -101,6 +104,9 @@ class Base:
     """Pass the sampling log-probs (the actor's, perturbed) to ``learn()``."""
     all_pairs: bool = False
     """Run every pair of neutral options, not only the pairs with checkpointing."""
+    moe: bool = False
+    """On the tiny Qwen3-MoE instead of the Qwen2: the router picks each token's experts
+    again in every forward (packed, padded, shared, recomputed) and must pick the same."""
 
     @property
     def lora(self) -> bool:
@@ -132,6 +138,10 @@ BASES: dict[str, Base] = {
     "ppo-critic-adapter": Base("LLMPPO", {"whiten_advantages": False}, all_pairs=True),
     "ppo-shared-head": Base("LLMPPO", {"critic_mode": "shared", "whiten_advantages": False}),
     "ilql": Base("ILQL", {"beta": 0.0}),
+    # LoRA on the attention (the experts are 3-D parameters, no Linear modules), and full
+    # fine-tuning, where the experts and the router train
+    "grpo-moe": Base("GRPO", {"group_size": GROUP_SIZE}, all_pairs=True, moe=True),
+    "grpo-moe-full": Base("GRPO", {"group_size": GROUP_SIZE, "full_finetune": True}, moe=True),
 }
 
 #: (base, neutral option) -> the words its construction error must contain: the option and the
@@ -217,7 +227,7 @@ def _build(model: torch.nn.Module, base: Base, extra: dict[str, Any]) -> Any:
     kw = {**COMMON, **base.options, **extra}
     if base.lora:
         kw["lora_config"] = LoraConfig(
-            r=4, lora_alpha=8, lora_dropout=0.0, target_modules=list(LINEAR)
+            r=4, lora_alpha=8, lora_dropout=0.0, target_modules=ATTENTION if base.moe else LINEAR
         )
     agent = getattr(rl_algos, base.agent)(actor_network=copy.deepcopy(model), **kw)
     _perturb(agent)
@@ -254,6 +264,15 @@ def model() -> torch.nn.Module:
 
 
 @pytest.fixture(scope="module")
+def moe_model() -> torch.nn.Module:
+    """The tiny Qwen3-MoE (hidden 64, 2 layers of 4 experts, 2 per token), built once."""
+    from rl_testing.models import tiny_causal_lm
+
+    built, _ = tiny_causal_lm("qwen3_moe", seed=0)
+    return built
+
+
+@pytest.fixture(scope="module")
 def sampling(model: torch.nn.Module) -> torch.Tensor:
     """[N, T] sampling log-probs: the actor's at the action positions, moved by up to 0.05
     (a sampler that disagrees a little: the correction weights and the ratio move off 1)."""
@@ -268,14 +287,17 @@ def sampling(model: torch.nn.Module) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def plain(model: torch.nn.Module, sampling: torch.Tensor) -> Callable[[str], Update]:
+def plain(
+    model: torch.nn.Module, moe_model: torch.nn.Module, sampling: torch.Tensor
+) -> Callable[[str], Update]:
     """The base's own update (no neutral option), computed once per base."""
     done: dict[str, Update] = {}
 
     def get(name: str) -> Update:
         if name not in done:
             base = BASES[name]
-            done[name] = _learn(_build(model, base, {}), base, sampling)
+            built = _build(moe_model if base.moe else model, base, {})
+            done[name] = _learn(built, base, sampling)
         return done[name]
 
     return get
@@ -337,11 +359,14 @@ def test_neutral_options_give_the_plain_update(
     base_name: str,
     combo: tuple[str, ...],
     model: torch.nn.Module,
+    moe_model: torch.nn.Module,
     sampling: torch.Tensor,
     plain: Callable[[str], Update],
     recomputations: list[int],
 ) -> None:
     base = BASES[base_name]
+    if base.moe:
+        model = moe_model
     refused = refusal(base_name, combo)
     if refused is not None:
         pattern = ".*".join(re.escape(word) for word in refused)
@@ -370,6 +395,6 @@ def test_the_matrix_covers_every_base_and_option() -> None:
     """The size of the matrix (reported in the issue's closing note)."""
     run = [(b, c) for b, base in BASES.items() for c in combinations(base)]
     refused = [key for key in run if refusal(*key) is not None]
-    assert len(BASES) == 16 and len(NEUTRAL) == 8
-    assert len(run) == 2 * (8 + 28) + 14 * (8 + 7)  # 282
+    assert len(BASES) == 18 and len(NEUTRAL) == 8
+    assert len(run) == 3 * (8 + 28) + 15 * (8 + 7)  # 333
     assert len(refused) == 4  # the fused loss on GSPO and ILQL, alone and with checkpointing

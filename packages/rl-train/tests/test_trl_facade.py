@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 from datasets import Dataset
 from rl_train.tiny import tiny_model, tiny_tokenizer
@@ -82,3 +84,26 @@ def test_bad_settings_name_the_field() -> None:
         GRPOTrainer(tiny_model(len(tok)), reward_len, GRPOConfig(), _dataset())
     with pytest.raises(ValueError, match="needs `train_dataset`"):
         GRPOTrainer(tiny_model(len(tok)), reward_len, GRPOConfig(), processing_class=tok)
+
+
+def test_a_mixture_of_experts_model_is_told_trls_load_balancing_loss_is_not_added() -> None:
+    """TRL 1.16 adds an MoE model's load-balancing loss (weighted by its config's
+    ``router_aux_loss_coef``, Qwen3-MoE's 0.001) unless ``router_aux_loss_coef=0.0``; rl-stack
+    trains without it, so the default warns, 0.0 is TRL's same run, and a weight is refused."""
+    from rl_testing.models import tiny_causal_lm
+
+    tok = tiny_tokenizer()
+    model, _ = tiny_causal_lm("qwen3_moe", tok, seed=0)
+    args = GRPOConfig(per_device_train_batch_size=4, num_generations=4)
+    with pytest.warns(UserWarning, match=r"adds its load-balancing loss \(router_aux_loss_coef=0"):
+        GRPOTrainer(model, reward_len, args, _dataset(), processing_class=tok)
+    for quiet, net in ((0.0, model), (None, tiny_model(len(tok)))):  # TRL's off; a dense model
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            args = GRPOConfig(per_device_train_batch_size=4, num_generations=4,
+                              router_aux_loss_coef=quiet)  # fmt: skip
+            trainer = GRPOTrainer(net, reward_len, args, _dataset(), processing_class=tok)
+        assert not [w for w in caught if "load-balancing" in str(w.message)]
+        assert trainer.agent.config.group_size == 4
+    with pytest.raises(ValueError, match=r"router_aux_loss_coef=0.01 is not supported"):
+        GRPOConfig(router_aux_loss_coef=0.01)

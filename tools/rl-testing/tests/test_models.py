@@ -12,12 +12,14 @@ import pytest
 import torch
 from rl_testing.models import (
     TINY_DEFAULTS,
+    TINY_MOE_DEFAULTS,
     TOKENIZER_SUBDIR,
     load_tiny,
     save_tiny,
     tiny_causal_lm,
     tiny_llama,
     tiny_qwen2,
+    tiny_qwen3_moe,
 )
 from rl_testing.tokenizer import bpe_tokenizer, char_tokenizer
 from transformers import (
@@ -26,11 +28,14 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerFast,
     Qwen2ForCausalLM,
+    Qwen3MoeForCausalLM,
 )
 from transformers.utils import logging as hf_logging
 
-ARCHS: list[Literal["qwen2", "llama"]] = ["qwen2", "llama"]
-BUILDERS = {"qwen2": tiny_qwen2, "llama": tiny_llama}
+Arch = Literal["qwen2", "llama", "qwen3_moe"]
+ARCHS: list[Arch] = ["qwen2", "llama", "qwen3_moe"]
+BUILDERS = {"qwen2": tiny_qwen2, "llama": tiny_llama, "qwen3_moe": tiny_qwen3_moe}
+CLASSES = {"qwen2": Qwen2ForCausalLM, "llama": LlamaForCausalLM, "qwen3_moe": Qwen3MoeForCausalLM}
 PROMPTS = ["1+1=", "what is 12+30?", "7"]
 
 
@@ -88,11 +93,11 @@ def test_seeding_leaves_the_cuda_generators_alone(
 @pytest.mark.parametrize("arch", ARCHS)
 def test_defaults(arch: str) -> None:
     model = BUILDERS[arch](40)
-    expected_cls = Qwen2ForCausalLM if arch == "qwen2" else LlamaForCausalLM
-    assert isinstance(model, expected_cls)
+    assert isinstance(model, CLASSES[arch])
     assert not model.training
     assert all(p.dtype == torch.float32 for p in model.parameters())
-    for key, value in TINY_DEFAULTS.items():
+    moe = TINY_MOE_DEFAULTS if arch == "qwen3_moe" else {}
+    for key, value in {**TINY_DEFAULTS, **moe}.items():
         assert getattr(model.config, key) == value
     assert model.config.vocab_size == 40
     assert model.lm_head.weight is model.get_input_embeddings().weight  # tied
@@ -109,7 +114,7 @@ def test_config_overrides() -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_tiny_causal_lm_sets_special_ids(arch: Literal["qwen2", "llama"]) -> None:
+def test_tiny_causal_lm_sets_special_ids(arch: Arch) -> None:
     model, tok = tiny_causal_lm(arch)
     assert model.config.vocab_size == len(tok)
     for cfg in (model.config, model.generation_config):
@@ -130,9 +135,7 @@ def test_tiny_causal_lm_with_bpe_and_bad_arch() -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_generate_with_padding(
-    arch: Literal["qwen2", "llama"], hf_records: pytest.LogCaptureFixture
-) -> None:
+def test_generate_with_padding(arch: Arch, hf_records: pytest.LogCaptureFixture) -> None:
     model, tok = tiny_causal_lm(arch)
     batch = tok(PROMPTS, padding=True, padding_side="left", return_tensors="pt")
     P = batch["input_ids"].shape[1]
@@ -152,7 +155,7 @@ def test_generate_with_padding(
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_right_padding_does_not_change_valid_logits(arch: Literal["qwen2", "llama"]) -> None:
+def test_right_padding_does_not_change_valid_logits(arch: Arch) -> None:
     model, tok = tiny_causal_lm(arch)
     batch = tok(PROMPTS, padding=True, return_tensors="pt")
     with torch.no_grad():
@@ -164,9 +167,7 @@ def test_right_padding_does_not_change_valid_logits(arch: Literal["qwen2", "llam
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("use_bpe", [False, True], ids=["char", "bpe"])
-def test_save_load_round_trip(
-    arch: Literal["qwen2", "llama"], use_bpe: bool, tmp_path: Path
-) -> None:
+def test_save_load_round_trip(arch: Arch, use_bpe: bool, tmp_path: Path) -> None:
     tok_in = bpe_tokenizer() if use_bpe else char_tokenizer()
     model, tok = tiny_causal_lm(arch, tok_in, seed=5)
     tok_dir = save_tiny(model, tok, tmp_path)

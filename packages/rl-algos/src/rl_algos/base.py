@@ -172,6 +172,7 @@ class LLMAlgorithm:
         self.logit_mask = logit_mask
         self.device = torch.device(accelerator.device if accelerator is not None else device)
         self.policy = self._build_policy(model_name, actor_network, model_config, lora_config)
+        refusals.refuse_router_aux_loss(self.policy.causal_lm)
         self.extra_modules: dict[str, torch.nn.Module] = {}
         eos_ids = model_eos_ids(self.policy.causal_lm)
         self.eos_token_id = eos_ids[0] if eos_ids else self.pad_token_id

@@ -230,12 +230,11 @@ def check_hp_config(agent: str, hp_config: Any, config: Any) -> None:
     if hp_config is None:
         return
     declared = {f.name: str(f.type) for f in dataclasses.fields(config)}
-    fields = set(declared)
     for name, spec in hp_config.params.items():
-        if name not in fields:
+        if name not in declared:
             numeric = sorted(
                 f
-                for f in fields
+                for f in declared
                 if isinstance(getattr(config, f), int | float)
                 and not isinstance(getattr(config, f), bool)
             )

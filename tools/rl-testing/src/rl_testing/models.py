@@ -29,18 +29,22 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 
 from rl_testing.tokenizer import char_tokenizer, load_tokenizer, save_tokenizer
 
 __all__ = [
     "TINY_DEFAULTS",
+    "TINY_MOE_DEFAULTS",
     "TOKENIZER_SUBDIR",
     "load_tiny",
     "save_tiny",
     "tiny_causal_lm",
     "tiny_llama",
     "tiny_qwen2",
+    "tiny_qwen3_moe",
 ]
 
 TINY_DEFAULTS: dict[str, Any] = {
@@ -53,6 +57,16 @@ TINY_DEFAULTS: dict[str, Any] = {
     "tie_word_embeddings": True,
 }
 """Config defaults shared by :func:`tiny_qwen2` and :func:`tiny_llama` (override per call)."""
+
+TINY_MOE_DEFAULTS: dict[str, Any] = {
+    "head_dim": 16,
+    "moe_intermediate_size": 32,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+}
+""":func:`tiny_qwen3_moe`'s settings beside :data:`TINY_DEFAULTS`: every layer sparse, 4 experts
+of MLP width 32, 2 routed per token (Qwen3-30B-A3B's 128 / 8 scaled down)."""
 
 TOKENIZER_SUBDIR = "tokenizer"
 """Subdirectory of a :func:`save_tiny` directory that holds the tokenizer."""
@@ -112,6 +126,25 @@ def tiny_llama(vocab_size: int, *, seed: int = 0, **config_overrides: Any) -> Ll
     return _build(LlamaForCausalLM, LlamaConfig, vocab_size, seed, **config_overrides)
 
 
+def tiny_qwen3_moe(
+    vocab_size: int, *, seed: int = 0, **config_overrides: Any
+) -> Qwen3MoeForCausalLM:
+    """Builds a tiny random-weight Qwen3-MoE causal LM (a mixture of experts in every layer).
+
+    Args:
+        vocab_size: Vocabulary size (``len(tokenizer)``).
+        seed: Weight-init seed; the same seed gives identical weights whatever the global RNG
+            state, and the global RNG state is left untouched.
+        **config_overrides: ``Qwen3MoeConfig`` fields overriding :data:`TINY_DEFAULTS` and
+            :data:`TINY_MOE_DEFAULTS`.
+
+    Returns:
+        The model, in ``eval()`` mode and float32.
+    """
+    kw = {**TINY_MOE_DEFAULTS, **config_overrides}
+    return _build(Qwen3MoeForCausalLM, Qwen3MoeConfig, vocab_size, seed, **kw)
+
+
 def _set_special_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> None:
     ids = {
         "pad_token_id": tokenizer.pad_token_id,
@@ -122,6 +155,16 @@ def _set_special_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast)
         setattr(model.config, name, value)
         if model.generation_config is not None:
             setattr(model.generation_config, name, value)
+
+
+@overload
+def tiny_causal_lm(
+    arch: Literal["qwen3_moe"],
+    tokenizer: PreTrainedTokenizerFast | None = ...,
+    *,
+    seed: int = ...,
+    **config_overrides: Any,
+) -> tuple[Qwen3MoeForCausalLM, PreTrainedTokenizerFast]: ...
 
 
 @overload
@@ -145,7 +188,7 @@ def tiny_causal_lm(
 
 
 def tiny_causal_lm(
-    arch: Literal["qwen2", "llama"] = "qwen2",
+    arch: Literal["qwen2", "llama", "qwen3_moe"] = "qwen2",
     tokenizer: PreTrainedTokenizerFast | None = None,
     *,
     seed: int = 0,
@@ -159,7 +202,7 @@ def tiny_causal_lm(
     (``tokenizer(texts, padding=True, padding_side="left", return_tensors="pt")``).
 
     Args:
-        arch: ``"qwen2"`` or ``"llama"``.
+        arch: ``"qwen2"``, ``"llama"`` or ``"qwen3_moe"`` (:func:`tiny_qwen3_moe`).
         tokenizer: Tokenizer to size the vocabulary from; a :func:`char_tokenizer` when ``None``.
         seed: Weight-init seed (see :func:`tiny_qwen2`).
         **config_overrides: Config fields overriding :data:`TINY_DEFAULTS`.
@@ -176,8 +219,10 @@ def tiny_causal_lm(
         model = tiny_qwen2(len(tok), seed=seed, **config_overrides)
     elif arch == "llama":
         model = tiny_llama(len(tok), seed=seed, **config_overrides)
+    elif arch == "qwen3_moe":
+        model = tiny_qwen3_moe(len(tok), seed=seed, **config_overrides)
     else:
-        raise ValueError(f"unknown arch {arch!r}; expected 'qwen2' or 'llama'")
+        raise ValueError(f"unknown arch {arch!r}; expected 'qwen2', 'llama' or 'qwen3_moe'")
     _set_special_ids(model, tok)
     return model, tok
 
