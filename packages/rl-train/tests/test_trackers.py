@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import struct
 import sys
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rl_train.config import ConfigError, load_config
@@ -299,3 +301,100 @@ def test_a_tracker_object_of_your_own_in_report_to_gets_every_row(tmp_path: Path
     assert len(alone.rows) == 3 and not (tmp_path / "run-alone" / "tensorboard").exists()
     with pytest.raises(ValueError, match=r"report_to: 3 is neither a tracker name nor an object"):
         resolve_report_to(["tensorboard", 3])  # type: ignore[list-item]
+
+
+def _resume(run_dir: Path, report_to: list[Any]) -> MetricsLogger:
+    """The run of :data:`ROWS` resumed from a checkpoint at step 1: step 2 is computed again
+    (another value here, so the test sees which one a tracker keeps), then step 3."""
+    logger = MetricsLogger(run_dir, report_to=report_to, project="rl-train-test", resume=True)
+    logger.truncate(1)
+    logger.log(2, {"mean_reward": 9.0, "kl": 0.5})
+    logger.log(3, {"mean_reward": 0.75, "kl": 0.25})
+    logger.close()
+    assert [r["step"] for r in MetricsLogger.read(run_dir / "metrics.jsonl")] == [0, 1, 2, 3]
+    return logger
+
+
+def test_a_resumed_run_continues_the_mlflow_run_and_sends_each_step_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run_dir = tmp_path / "run-mlflow"
+    _log(run_dir, ["mlflow"])
+    _resume(run_dir, ["mlflow"])
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("rl-train-test")
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])  # one run, not one per start
+    assert run.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "mean_reward")
+    assert [(m.step, m.value) for m in history] == [(0, 0.25), (1, 0.5), (2, 1.0), (3, 0.75)]
+    # another tracking store: the remembered run is not there, so a new run (and a warning)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'other.db'}")
+    _resume(run_dir, ["mlflow"])
+    other = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'other.db'}")
+    experiment = other.get_experiment_by_name("rl-train-test")
+    assert experiment is not None
+    (run,) = other.search_runs([experiment.experiment_id])
+    history = other.get_metric_history(run.info.run_id, "mean_reward")
+    # a new run gets the rows kept at the resume first (the second resume kept steps 0-1)
+    assert [(m.step, m.value) for m in history] == [(0, 0.25), (1, 0.5), (2, 9.0), (3, 0.75)]
+
+
+def _wandb_run(path: Path) -> tuple[str, list[int]]:
+    """The run id and the history steps of an offline ``.wandb`` file."""
+    from wandb.proto import wandb_internal_pb2
+
+    run_id, steps = "", []
+    for data in _wandb_records(path):
+        record = wandb_internal_pb2.Record()
+        record.ParseFromString(data)
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run_id = record.run.run_id
+        if kind == "history":
+            steps.append(int(record.history.step.num))
+    return run_id, steps
+
+
+def test_a_resumed_run_continues_the_wandb_run_by_its_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    import wandb
+
+    wandb.teardown()  # W&B's process-wide settings of an earlier test (online) go
+    run_dir = tmp_path / "run-wandb"
+    first = _log(run_dir, ["wandb"])
+    wandb.teardown()
+    (path,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    _resume(run_dir, ["wandb"])
+    wandb.teardown()
+    (again,) = set((run_dir / "wandb").glob("offline-run-*/run-*.wandb")) - {path}
+    run_id, steps = _wandb_run(path)
+    assert steps == [0, 1, 2]
+    assert _wandb_run(again) == (run_id, [3])  # the same run, and only the new step
+    assert json.loads((run_dir / "trackers.json").read_text()) == {"wandb": {"id": run_id}}
+    assert first.trackers == []
+
+
+def test_a_resumed_run_sends_a_tracker_of_your_own_what_its_run_lacks(tmp_path: Path) -> None:
+    """Without ``continued`` a tracker object is a new run: the rows kept, then every step;
+    with ``continued = True`` it holds the steps sent before: only the later ones."""
+    _log(tmp_path / "run", [ListTracker()])
+    new = ListTracker()
+    _resume(tmp_path / "run", [new])
+    assert [(step, m["mean_reward"]) for step, m in new.rows] == [
+        (0, 0.25), (1, 0.5), (2, 9.0), (3, 0.75)
+    ]  # fmt: skip
+    assert new.closed
+    _log(tmp_path / "run2", [ListTracker()])
+    going_on = ListTracker()
+    going_on.continued = True  # type: ignore[attr-defined]
+    _resume(tmp_path / "run2", [going_on])
+    assert [step for step, _ in going_on.rows] == [3]

@@ -32,7 +32,11 @@ class MetricsLogger:
         run_dir: The run directory (created).
         tensorboard: Also write TensorBoard scalars (when ``report_to`` is None).
         wandb_project: A W&B project name to log to, or None (when ``report_to`` is None).
-        resume: Keep the existing files and append (a resumed run).
+        resume: Keep the existing files and append (a resumed run). A tracker that continues
+            its run (``continued`` True: :mod:`rl_train.trackers`) gets only the steps after
+            the last one it got (a resumed run computes the steps after its checkpoint again:
+            it keeps the first values); one that starts a new run gets the rows kept
+            (:meth:`truncate`) first, then every step.
         report_to: TRL's ``report_to``: ``tensorboard``, ``wandb``, ``mlflow``, ``trackio``,
             ``clearml`` (a name or a list), ``"none"`` or ``"all"``; replaces ``tensorboard`` and
             ``wandb_project``. Objects with ``log(step, metrics)`` and ``close()`` in the list
@@ -63,6 +67,10 @@ class MetricsLogger:
             for path in (self.jsonl, self.csv):
                 path.unlink(missing_ok=True)
         self.history: list[dict[str, Any]] = self.read(self.jsonl) if resume else []
+        #: The last step the trackers got before the run was resumed (-1: none): they continue
+        #: their run, and the steps computed again after the checkpoint are not sent twice.
+        self.tracked_through = max((int(r["step"]) for r in self.history), default=-1)
+        self._replay_pending = resume  # at the first row or close (after truncate())
         self._csv_fields: list[str] | None = None  # the CSV's columns; None: rewrite it
         self.tb_flush_s = 5.0
         self._tb_flushed = time.monotonic()
@@ -96,8 +104,19 @@ class MetricsLogger:
             return []
         return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
 
+    def _replay(self) -> None:
+        """After a resume, the trackers that started a new run get the rows kept so far."""
+        if not self._replay_pending:
+            return
+        self._replay_pending = False
+        for tracker in self.trackers:
+            if not getattr(tracker, "continued", False):
+                for r in self.history:
+                    tracker.log(int(r["step"]), {k: v for k, v in r.items() if k != "step"})
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Record ``metrics`` at ``step`` everywhere."""
+        self._replay()
         row = {"step": step, **{k: float(v) for k, v in metrics.items()}}
         self.history.append(row)
         with self.jsonl.open("a") as f:
@@ -120,7 +139,8 @@ class MetricsLogger:
                 self._tb.flush()
                 self._tb_flushed = time.monotonic()
         for tracker in self.trackers:
-            tracker.log(step, {k: v for k, v in row.items() if k != "step"})
+            if step > self.tracked_through or not getattr(tracker, "continued", False):
+                tracker.log(step, {k: v for k, v in row.items() if k != "step"})
 
     def truncate(self, step: int) -> None:
         """Drop rows after ``step`` (resuming from a checkpoint written at ``step``; 0: all).
@@ -139,6 +159,7 @@ class MetricsLogger:
 
     def close(self) -> None:
         """Flush and close the writers."""
+        self._replay()
         if self._tb is not None:
             self._tb.close()
         for tracker in self.trackers:

@@ -27,12 +27,19 @@ Where each run goes (the run directory is ``run_dir``, the run's name its last p
   cache, ``offline/<task id>``) with ``CLEARML_OFFLINE_MODE=1``, imported later with
   ``Task.import_offline_session``. Without a configured server and not offline it refuses:
   ClearML would otherwise send the run to its public demo server.
+
+A resumed run (``train.resume=true``) continues the tracker's run where the tracker can: W&B
+(the run id) and MLflow (the run id, same tracking URI) from ``run_dir/trackers.json``, written
+when the run starts; trackio by the run's name. ClearML starts a new task of the same name.
+The steps the resumed run computes again (after its checkpoint) are not sent a second time
+(:class:`rl_train.metrics.MetricsLogger`).
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib.util
+import json
 import logging
 import math
 import os
@@ -65,7 +72,12 @@ TRACKERS: dict[str, str | None] = {
 
 
 class Tracker(Protocol):
-    """What :class:`~rl_train.metrics.MetricsLogger` sends each row to."""
+    """What :class:`~rl_train.metrics.MetricsLogger` sends each row to.
+
+    An optional ``continued`` attribute (True: in a resumed run, the tracker continues the run
+    it had, which holds the steps logged before) makes the logger send only the steps after
+    those; without it, a resumed run sends the tracker the rows kept so far first.
+    """
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Record ``metrics`` at ``step``."""
@@ -191,6 +203,32 @@ def open_tracker(name: str, run_dir: Path, project: str, *, resume: bool = False
     raise ValueError(f"open_tracker: {name!r} is written by the logger itself, not a tracker")
 
 
+#: The file in the run directory that holds each tracker's run id, for a resumed run.
+STATE_FILE = "trackers.json"
+
+
+def _remembered(run_dir: Path, name: str) -> dict[str, Any] | None:
+    """What tracker ``name`` stored for its run in ``run_dir/trackers.json`` (None: nothing)."""
+    path = run_dir / STATE_FILE
+    if not path.is_file():
+        return None
+    entry = json.loads(path.read_text()).get(name)
+    return entry if isinstance(entry, dict) else None
+
+
+def _remember(run_dir: Path, name: str, entry: dict[str, Any]) -> None:
+    """Store ``entry`` as tracker ``name``'s in ``run_dir/trackers.json``.
+
+    The file is replaced whole: a crash while writing leaves the previous one.
+    """
+    path = run_dir / STATE_FILE
+    state = json.loads(path.read_text()) if path.is_file() else {}
+    state[name] = entry
+    tmp = path.with_name(f".{STATE_FILE}.tmp")
+    tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
 def _finite(metrics: dict[str, float]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
 
@@ -201,18 +239,23 @@ class WandbTracker:
     def __init__(self, run_dir: Path, project: str, *, resume: bool = False) -> None:
         import wandb
 
+        previous = _remembered(run_dir, "wandb") if resume else None
+        run_id = None if previous is None else str(previous["id"])
         try:
             self.run = wandb.init(
                 project=project,
                 name=run_dir.resolve().name,
                 dir=str(run_dir),
-                resume="allow" if resume else None,
+                id=run_id,
+                resume="allow" if run_id is not None else None,
             )
         except wandb.errors.UsageError as exc:  # no account: say how to go offline
             raise ValueError(
                 f"report_to wandb: {exc} Or set WANDB_MODE=offline to write the run under "
                 f"{run_dir / 'wandb'} without an account (upload it later with `wandb sync`)"
             ) from exc
+        _remember(run_dir, "wandb", {"id": self.run.id})
+        self.continued = run_id is not None
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """``run.log(metrics, step=step)``."""
@@ -229,20 +272,35 @@ class MlflowTracker:
     def __init__(self, run_dir: Path, project: str, *, resume: bool = False) -> None:
         from mlflow.tracking import MlflowClient
 
-        del resume  # a resumed run is a new MLflow run of the same name
         self.tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or (
             f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
         )
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
+        previous = _remembered(run_dir, "mlflow") if resume else None
+        if previous is not None and previous.get("tracking_uri") == self.tracking_uri:
+            self.run_id: str = str(previous["run_id"])
+            self.client.get_run(self.run_id)  # gone (deleted): MLflow's error names it
+            self.client.update_run(self.run_id, status="RUNNING")
+            self.continued = True
+            return
+        self.continued = False
+        if previous is not None:
+            _log.warning(
+                "report_to mlflow: the run was tracked at %s, now MLFLOW_TRACKING_URI is %s: "
+                "a new MLflow run",
+                previous.get("tracking_uri"),
+                self.tracking_uri,
+            )
         experiment = self.client.get_experiment_by_name(project)
         experiment_id = (
             experiment.experiment_id
             if experiment is not None
             else self.client.create_experiment(project)
         )
-        self.run_id: str = self.client.create_run(
+        self.run_id = self.client.create_run(
             experiment_id, run_name=run_dir.resolve().name
         ).info.run_id
+        _remember(run_dir, "mlflow", {"run_id": self.run_id, "tracking_uri": self.tracking_uri})
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """One ``log_batch`` of the finite values."""
@@ -273,6 +331,7 @@ class TrackioTracker:
             resume="allow" if resume else "never",
             embed=False,
         )
+        self.continued = resume  # trackio resumes the run of this name
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """``run.log(metrics, step=step)``."""
@@ -363,6 +422,7 @@ class ClearMLTracker:
         if offline:  # process-wide in ClearML, and going back online reconnects every session
             Task.set_offline(offline_mode=True)
         del resume  # a resumed run is a new ClearML task of the same name
+        self.continued = False  # it gets the rows kept so far first
         self._subprocess_setting = _report_from_a_thread(Task)
         self.task: Any = Task.init(
             project_name=project,
