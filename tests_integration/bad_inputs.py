@@ -72,12 +72,12 @@ def _grpo(**kw: Any) -> Any:
     return GRPO(actor_network=model, pad_token_id=0, pad_token="<pad>", **kw)
 
 
-def _moe_grpo(**config: Any) -> Any:
-    from rl_algos import GRPO
+def _moe_ilql(**kw: Any) -> Any:
+    from rl_algos import ILQL
     from rl_testing.models import tiny_causal_lm
 
-    model, _ = tiny_causal_lm("qwen3_moe", seed=0, **config)
-    return GRPO(actor_network=model, pad_token_id=0, pad_token="<pad>", group_size=2)
+    model, _ = tiny_causal_lm("qwen3_moe", seed=0)
+    return ILQL(actor_network=model, pad_token_id=0, pad_token="<pad>", **kw)
 
 
 def _hp(**bounds: tuple[float, float]) -> Any:
@@ -237,8 +237,10 @@ def cases() -> list[Case]:
              lambda: _grpo(clip_coef=(1.2, 0.8))),
         Case("rl-algos", "GRPO(no_such_option=1)", TypeError, "no_such_option",
              lambda: _grpo(no_such_option=1)),
-        Case("rl-algos", "GRPO(an MoE model with config.output_router_logits=True)", ValueError, "output_router_logits",
-             lambda: _moe_grpo(output_router_logits=True)),
+        Case("rl-algos", "GRPO(router_aux_loss_coef=0.01) on a dense model", ValueError, "router_aux_loss_coef",
+             lambda: _grpo(router_aux_loss_coef=0.01)),
+        Case("rl-algos", "ILQL(router_aux_loss_coef=0.01) on an MoE model", ValueError, "router_aux_loss_coef",
+             lambda: _moe_ilql(router_aux_loss_coef=0.01)),
         Case("rl-algos", "GRPO(loss_type='cispo', clip_coef_high=0.3)", ValueError, "clip_coef_high",
              lambda: _grpo(loss_type="cispo", clip_coef_high=0.3)),
         Case("rl-algos", "GRPO(max_length_norm=8) (token_mean / seq_mean_token_mean)", ValueError, "max_length_norm",

@@ -45,7 +45,12 @@ ALGOS = ("grpo", "gspo", "cispo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "re
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "dppo": ("grpo", {"loss_type": "dppo_tv"}),
     "max_rl": ("grpo", {"advantage_estimator": "max_rl"}),
+    "grpo_moe": ("grpo", {}),
 }
+#: Rows trained on another tiny model (``rl_testing.models.tiny_causal_lm``'s arch, the demo's
+#: size and special ids) instead of ``rl_train.tiny.tiny_model``: GRPO on a mixture of experts
+#: (2 layers of 4 experts, 2 routed per token; the experts and the router train).
+MODELS: dict[str, str] = {"grpo_moe": "qwen3_moe"}
 #: Learning rates other than the demo's 1e-3 (Dr. GRPO: docs/testing.md, "Dr. GRPO's lr").
 LR = {"dr_grpo": 7e-4}
 #: Measured median steps to the target over ``SEEDS`` (a seed that did not reach and hold
@@ -64,6 +69,7 @@ MEDIAN_STEPS = {
     "ppo": 350,
     "dppo": 325,
     "max_rl": 350,
+    "grpo_moe": 550,
 }
 
 #: Options that only take effect when the agent is built (the model is wrapped for them).
@@ -133,7 +139,13 @@ def run(algo: str, seed: int, max_steps: int, **options: Any) -> Curve:
     run_config = config.run_config()
     run_config.agent.update(settings)
     run_config.agent.update({k: v for k, v in options.items() if k in BUILD_OPTIONS})
-    agent = build_agent(run_config, tiny_model(len(tok), seed=seed), tok)
+    if algo in MODELS:
+        from rl_testing.models import tiny_causal_lm
+
+        model, _ = tiny_causal_lm(MODELS[algo], tok, seed=seed, max_position_embeddings=128)
+    else:
+        model = tiny_model(len(tok), seed=seed)
+    agent = build_agent(run_config, model, tok)
     for name, value in options.items():
         if name not in BUILD_OPTIONS:
             setattr(agent, name, value)  # config fields: reach the next learn()

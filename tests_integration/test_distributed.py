@@ -32,6 +32,11 @@ def launch(
     )
 
 
+#: The options that choose what is trained (the one process trains the same model); the others
+#: change only how the ranks compute, and the one process runs the plain path.
+SINGLE_OPTIONS = ("arch", "full_finetune", "lora_config", "router_aux_loss_coef")
+
+
 @pytest.mark.parametrize(
     "options",
     [
@@ -39,8 +44,16 @@ def launch(
         {"use_sequence_packing": True, "micro_batch_tokens": 16},
         {"gradient_checkpointing": True, "use_sequence_packing": False},
         {"gradient_checkpointing": True, "use_sequence_packing": True, "micro_batch_tokens": 16},
+        # the experts and the router train: each rank's tokens reach other experts; the
+        # load-balancing loss over the rows of both ranks (weighted 1: as large as the policy's)
+        {
+            "arch": "qwen3_moe",
+            "full_finetune": True,
+            "lora_config": None,
+            "router_aux_loss_coef": 1.0,
+        },
     ],
-    ids=["padded", "packed-tokens16", "checkpointed", "checkpointed-packed-tokens16"],
+    ids=["padded", "packed-tokens16", "checkpointed", "checkpointed-packed-tokens16", "moe-full"],
 )
 def test_two_process_grpo_equals_one_process_on_the_global_batch(
     tmp_path: Path, options: dict[str, object]
@@ -59,7 +72,7 @@ def test_two_process_grpo_equals_one_process_on_the_global_batch(
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     torch.set_num_threads(1)
-    single = make_agent()
+    single = make_agent(**{k: v for k, v in options.items() if k in SINGLE_OPTIONS})
     for step, (ids, masks, rewards, _) in enumerate(global_batches()):
         metrics = single.learn((ids, masks, rewards))
         ranks = [load_file(str(tmp_path / f"rank{r}_step{step}.safetensors")) for r in (0, 1)]

@@ -82,9 +82,10 @@ def test_algorithm_learns_with_gradient_checkpointing(algo: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", sorted(table.VARIANTS))
 def test_objective_and_estimator_rows_learn_successor_digit(algo: str) -> None:
-    """DPPO-Binary-TV (``GRPO(loss_type="dppo_tv")``, arXiv 2602.04879) and MaxRL
-    (``GRPO(advantage_estimator="max_rl")``, arXiv 2602.02710) learn the demo task under the
-    table's rule, with their own measured budgets (docs/testing.md)."""
+    """DPPO-Binary-TV (``GRPO(loss_type="dppo_tv")``, arXiv 2602.04879), MaxRL
+    (``GRPO(advantage_estimator="max_rl")``, arXiv 2602.02710) and GRPO on a tiny Qwen3-MoE
+    (``learning_table.MODELS``) learn the demo task under the table's rule, with their own
+    measured budgets (docs/testing.md)."""
     curve = _learns(algo)
     assert curve.packed_forwards > 0 and curve.padded_forwards == 0, curve
 

@@ -139,9 +139,14 @@ BASES: dict[str, Base] = {
     "ppo-shared-head": Base("LLMPPO", {"critic_mode": "shared", "whiten_advantages": False}),
     "ilql": Base("ILQL", {"beta": 0.0}),
     # LoRA on the attention (the experts are 3-D parameters, no Linear modules), and full
-    # fine-tuning, where the experts and the router train
-    "grpo-moe": Base("GRPO", {"group_size": GROUP_SIZE}, all_pairs=True, moe=True),
+    # fine-tuning, where the experts and the router train; the load-balancing loss per
+    # sequence, weighted 1 (its gradient as large as the policy's) or the config's 0.001; and
+    # PPO, whose critic forwards must not add to it
+    "grpo-moe": Base(
+        "GRPO", {"group_size": GROUP_SIZE, "router_aux_loss_coef": 1.0}, all_pairs=True, moe=True
+    ),
     "grpo-moe-full": Base("GRPO", {"group_size": GROUP_SIZE, "full_finetune": True}, moe=True),
+    "ppo-moe": Base("LLMPPO", {"whiten_advantages": False, "router_aux_loss_coef": 1.0}, moe=True),
 }
 
 #: (base, neutral option) -> the words its construction error must contain: the option and the
@@ -395,6 +400,6 @@ def test_the_matrix_covers_every_base_and_option() -> None:
     """The size of the matrix (reported in the issue's closing note)."""
     run = [(b, c) for b, base in BASES.items() for c in combinations(base)]
     refused = [key for key in run if refusal(*key) is not None]
-    assert len(BASES) == 18 and len(NEUTRAL) == 8
-    assert len(run) == 3 * (8 + 28) + 15 * (8 + 7)  # 333
+    assert len(BASES) == 19 and len(NEUTRAL) == 8
+    assert len(run) == 3 * (8 + 28) + 16 * (8 + 7)  # 348
     assert len(refused) == 4  # the fused loss on GSPO and ILQL, alone and with checkpointing

@@ -20,8 +20,9 @@ DS_AGENT = {"micro_batch_size_per_gpu": 4, "max_output_tokens": 6}
 PACKED_AGENT = {"use_sequence_packing": True, "micro_batch_tokens": 20}
 
 
-def make_agent(**kw: Any) -> GRPO:
-    model, tok = tiny_causal_lm("qwen2", seed=0)
+def make_agent(arch: str = "qwen2", **kw: Any) -> GRPO:
+    """The GRPO agent on the tiny ``arch`` (``rl_testing.models.tiny_causal_lm``)."""
+    model, tok = tiny_causal_lm(arch, seed=0)  # type: ignore[call-overload]
     return GRPO(
         actor_network=model, pad_token_id=tok.pad_token_id, pad_token=tok.pad_token,
         group_size=GROUP, batch_size=64, lr=1e-2, beta=0.05, max_grad_norm=1.0, seed=3,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 from datasets import Dataset
 from rl_train.tiny import tiny_model, tiny_tokenizer
@@ -86,24 +84,20 @@ def test_bad_settings_name_the_field() -> None:
         GRPOTrainer(tiny_model(len(tok)), reward_len, GRPOConfig(), processing_class=tok)
 
 
-def test_a_mixture_of_experts_model_is_told_trls_load_balancing_loss_is_not_added() -> None:
-    """TRL 1.16 adds an MoE model's load-balancing loss (weighted by its config's
-    ``router_aux_loss_coef``, Qwen3-MoE's 0.001) unless ``router_aux_loss_coef=0.0``; rl-stack
-    trains without it, so the default warns, 0.0 is TRL's same run, and a weight is refused."""
+def test_router_aux_loss_coef_weights_a_mixture_of_experts_models_balance_loss() -> None:
+    """TRL's ``router_aux_loss_coef``: None takes the model config's weight (Qwen3-MoE's
+    0.001), 0.0 turns the loss off, and a weight on a dense model is refused."""
     from rl_testing.models import tiny_causal_lm
 
     tok = tiny_tokenizer()
-    model, _ = tiny_causal_lm("qwen3_moe", tok, seed=0)
-    args = GRPOConfig(per_device_train_batch_size=4, num_generations=4)
-    with pytest.warns(UserWarning, match=r"adds its load-balancing loss \(router_aux_loss_coef=0"):
-        GRPOTrainer(model, reward_len, args, _dataset(), processing_class=tok)
-    for quiet, net in ((0.0, model), (None, tiny_model(len(tok)))):  # TRL's off; a dense model
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            args = GRPOConfig(per_device_train_batch_size=4, num_generations=4,
-                              router_aux_loss_coef=quiet)  # fmt: skip
-            trainer = GRPOTrainer(net, reward_len, args, _dataset(), processing_class=tok)
-        assert not [w for w in caught if "load-balancing" in str(w.message)]
-        assert trainer.agent.config.group_size == 4
-    with pytest.raises(ValueError, match=r"router_aux_loss_coef=0.01 is not supported"):
-        GRPOConfig(router_aux_loss_coef=0.01)
+    for coef, expected in ((None, 0.001), (0.05, 0.05), (0.0, None)):
+        model, _ = tiny_causal_lm("qwen3_moe", tok, seed=0)
+        args = GRPOConfig(per_device_train_batch_size=4, num_generations=4,
+                          router_aux_loss_coef=coef)  # fmt: skip
+        balance = GRPOTrainer(
+            model, reward_len, args, _dataset(), processing_class=tok
+        ).agent.router_balance
+        assert (balance.coef if balance is not None else None) == expected
+    args = GRPOConfig(per_device_train_batch_size=4, num_generations=4, router_aux_loss_coef=0.01)
+    with pytest.raises(ValueError, match=r"router_aux_loss_coef=0.01\): Qwen2ForCausalLM is not"):
+        GRPOTrainer(tiny_model(len(tok)), reward_len, args, _dataset(), processing_class=tok)

@@ -16,6 +16,7 @@ reads and writes it) plus composed parts:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -55,6 +56,7 @@ from rl_algos.learner import Learner, StepResult, broadcast_module, summarize
 from rl_algos.microbatch import RowSplit, split_rows
 from rl_algos.objectives import LossTerms, PolicyObjective, fused_objective_loss, policy_loss
 from rl_algos.packing import PackingReport
+from rl_algos.router_balance import RouterBalance, build_router_balance
 from rl_algos.scoring import Scorer, score_batch
 
 __all__ = ["AgentParts", "Batch", "LLMAlgorithm"]
@@ -172,7 +174,7 @@ class LLMAlgorithm:
         self.logit_mask = logit_mask
         self.device = torch.device(accelerator.device if accelerator is not None else device)
         self.policy = self._build_policy(model_name, actor_network, model_config, lora_config)
-        refusals.refuse_router_aux_loss(self.policy.causal_lm)
+        self.router_balance = self._build_router_balance()
         self.extra_modules: dict[str, torch.nn.Module] = {}
         eos_ids = model_eos_ids(self.policy.causal_lm)
         self.eos_token_id = eos_ids[0] if eos_ids else self.pad_token_id
@@ -221,6 +223,11 @@ class LLMAlgorithm:
         policy.to(self.device)
         policy.eval()
         return policy
+
+    def _build_router_balance(self) -> RouterBalance | None:
+        """A mixture-of-experts policy's load-balancing loss (``router_aux_loss_coef``)."""
+        coef = self.config.router_aux_loss_coef
+        return build_router_balance(type(self).__name__, coef, self.policy.causal_lm)
 
     def make_engine(self, policy: PolicyModel) -> HFEngine:
         """The Hugging Face generation engine over ``policy``'s model."""
@@ -275,7 +282,10 @@ class LLMAlgorithm:
         packing, chunk = cfg.use_sequence_packing, cfg.fused_logprobs_chunk_rows
         zero, report = self.learner.zero_stage, self.packing_report
         share = cfg.share_prompt_prefix
-        return Scorer(self.policy, cfg.temperature, chunk, zero, packing, split, report, share)
+        return Scorer(
+            self.policy, cfg.temperature, chunk, zero, packing, split, report,
+            router=self.router_balance, share_prefix=share,
+        )  # fmt: skip
 
     # -- generation ------------------------------------------------------------------------------
 
@@ -449,14 +459,23 @@ class LLMAlgorithm:
         self, mb: MicroBatch, norm: Normalizers, parts: AgentParts, fused: bool
     ) -> LossTerms | None:
         """One micro-batch's loss: the objective (plain or fused) plus the extra term."""
-        if fused:
-            terms = fused_objective_loss(parts.objective, self.scorer, mb, norm)
-        else:
-            lp = self.scorer.logprobs(mb.input_ids, mb.attention_mask, mb.mask)
-            if not bool(torch.isfinite(lp).all()):  # 0 off the mask; else the loss raises
-                return None
-            mb = self.correction.weigh_micro_batch(mb, lp)  # 5., on-policy
-            terms = policy_loss(parts.objective, mb, lp, norm)
+        router = self.router_balance
+        with router.training() if router is not None else contextlib.nullcontext():
+            if fused:
+                terms = fused_objective_loss(parts.objective, self.scorer, mb, norm)
+            else:
+                lp = self.scorer.logprobs(mb.input_ids, mb.attention_mask, mb.mask)
+                if not bool(torch.isfinite(lp).all()):  # 0 off the mask; else the loss raises
+                    return None
+                mb = self.correction.weigh_micro_batch(mb, lp)  # 5., on-policy
+                terms = policy_loss(parts.objective, mb, lp, norm)
+        if router is not None:  # the config's weight (HPO may mutate it); None: the model's
+            coef = self.config.router_aux_loss_coef
+            coef = router.coef if coef is None else coef
+            aux, mean = router.term(mb.attention_mask, mb.mask, norm.sequences, coef)
+            terms = LossTerms(
+                terms.loss + aux.to(terms.loss.dtype), {**terms.metrics, "aux_loss": mean}
+            )
         if parts.extra_loss is None:
             return terms
         extra = parts.extra_loss(mb, norm)

@@ -224,6 +224,10 @@ class AgentConfig:
     """KL estimator (:func:`rl_losses.kl_estimate`) of the KL loss term; refused without one."""
     skip_nonfinite: bool = False
     """Skip a non-finite step with a warning instead of raising."""
+    router_aux_loss_coef: float | None = None
+    """Weight of a mixture-of-experts policy's load-balancing loss, per sequence
+    (:mod:`rl_algos.router_balance`); None: the model config's ``router_aux_loss_coef`` (TRL's
+    default; 0.001 for Qwen3-MoE), 0.0: off. A value > 0 is refused for a dense model."""
     full_finetune: bool = False
     """Train every weight instead of LoRA adapters."""
     stop_sequences: tuple[str, ...] = ()
@@ -264,6 +268,12 @@ class AgentConfig:
             raise ValueError(
                 f"`micro_batch_tokens` must be None or an int >= 1 (tokens per micro-batch, at "
                 f"least the longest row), got {budget!r}"
+            )
+        aux = self.router_aux_loss_coef
+        if aux is not None and not (isinstance(aux, int | float) and 0 <= aux < math.inf):
+            raise ValueError(
+                f"`router_aux_loss_coef` must be None (the model config's) or a finite float "
+                f">= 0 (0: no load-balancing loss), got {aux!r}"
             )
         if self.lr < 0 or self.beta < 0:
             raise ValueError(f"`lr` and `beta` must be >= 0, got lr={self.lr}, beta={self.beta}")

@@ -293,6 +293,19 @@ class ILQL(LLMAlgorithm):
         broadcast_module(heads)
         self.learner = self.build_learner()
 
+    def _build_router_balance(self) -> None:
+        """ILQL trains its Q heads and the model by its own loss: no load-balancing loss.
+
+        Raises:
+            ValueError: ``router_aux_loss_coef > 0`` (names it).
+        """
+        coef = self.config.router_aux_loss_coef
+        if coef:
+            raise ValueError(
+                f"ILQL(router_aux_loss_coef={coef}): ILQL's loss has no load-balancing term; "
+                "leave router_aux_loss_coef unset"
+            )
+
     @property
     def heads(self) -> ILQLHeads:
         """The Q, target-Q and V heads (:class:`rl_adapters.ILQLHeads`)."""

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from rl_adapters.replay import replayable
 
+from rl_algos.router_balance import RouterBalance
 from rl_algos.shared_prefix import (
     SHARED_PREFIX_IMPLEMENTATIONS,
     SHARED_PREFIX_SDPA,
@@ -187,6 +188,7 @@ def packed_hidden_states(
     scored: torch.Tensor | None = None,
     report: PackingReport | None = None,
     min_saved_work: int = 0,
+    router: RouterBalance | None = None,
 ) -> torch.Tensor:
     """[M, L, H] last hidden states of padded rows, computed as one packed sequence.
 
@@ -210,6 +212,8 @@ def packed_hidden_states(
             batch otherwise) share only when the shared tokens times the model's per-token
             parameters (:func:`rl_algos.shared_prefix.body_parameters`) reach it; other rows
             share wherever a token is saved.
+        router: Recording the forward's router logits: they are laid out per row with the
+            hidden states ([M, L, H + Y * E], :meth:`RouterBalance.attach`).
 
     Raises:
         ValueError: What :func:`packing_blocker` finds (the message names it and the fix).
@@ -235,9 +239,9 @@ def packed_hidden_states(
             if shared is not None:
                 if report is not None:
                     report.shared_forwards += 1
-                return _shared_hidden_states(policy, shared, role)
+                return _shared_hidden_states(policy, shared, role, router)
     if uniform:
-        return _unpadded_hidden_states(policy, input_ids, int(lengths[0]), role)
+        return _unpadded_hidden_states(policy, input_ids, int(lengths[0]), role, router)
     rows = pack_rows(input_ids, attention_mask)
     extra: dict[str, Any] = {
         "cu_seq_lens_q": rows.cu_seqlens,
@@ -256,10 +260,12 @@ def packed_hidden_states(
         hidden: torch.Tensor = policy.hidden_states(
             rows.input_ids, None, role=role, position_ids=rows.position_ids, **extra
         )
-    return unpack(hidden, rows)
+    return unpack(hidden if router is None else router.attach(hidden), rows)
 
 
-def _shared_hidden_states(policy: Any, rows: SharedPrefixRows, role: str) -> torch.Tensor:
+def _shared_hidden_states(
+    policy: Any, rows: SharedPrefixRows, role: str, router: RouterBalance | None
+) -> torch.Tensor:
     """[M, L, H] of :func:`packed_hidden_states`, each shared prefix computed once."""
     register_attention(SHARED_PREFIX_SDPA, shared_prefix_attention)
     model = policy.reference_model if role == "reference" else None
@@ -270,11 +276,11 @@ def _shared_hidden_states(policy: Any, rows: SharedPrefixRows, role: str) -> tor
         hidden: torch.Tensor = policy.hidden_states(
             rows.input_ids, None, role=role, position_ids=rows.position_ids, rl_shared_prefix=rows
         )
-    return unshare(hidden, rows)
+    return unshare(hidden if router is None else router.attach(hidden), rows)
 
 
 def _unpadded_hidden_states(
-    policy: Any, input_ids: torch.Tensor, length: int, role: str
+    policy: Any, input_ids: torch.Tensor, length: int, role: str, router: RouterBalance | None
 ) -> torch.Tensor:
     """[M, L, H]: rows that all hold ``length`` real tokens need no packing.
 
@@ -286,6 +292,8 @@ def _unpadded_hidden_states(
     # no padding left: no mask either (what transformers assumes without one, exactly;
     # it skips the mask's inspection)
     hidden: torch.Tensor = policy.hidden_states(input_ids[:, :length], None, role=role)
+    if router is not None:
+        hidden = router.attach(hidden)
     pad = input_ids.shape[1] - length
     return torch.nn.functional.pad(hidden, (0, 0, 0, pad)) if pad else hidden
 

@@ -8,7 +8,6 @@ from rl_algos.config import AgentConfig
 
 __all__ = [
     "refuse_agilerl_only",
-    "refuse_router_aux_loss",
     "refuse_unbuildable",
     "refuse_unknown",
     "refuse_unused",
@@ -94,28 +93,3 @@ def refuse_unbuildable(
         )
     if config.full_finetune and critic_adapter:
         raise ValueError("full_finetune=True is not supported with a critic (LLMPPO): use LoRA")
-
-
-def refuse_router_aux_loss(model: Any) -> None:
-    """Refuse a mixture-of-experts model whose config asks for its load-balancing loss.
-
-    ``output_router_logits=True`` makes a transformers MoE model return the router logits and
-    add ``router_aux_loss_coef`` times the auxiliary load-balancing loss of Switch Transformers
-    (Fedus et al., 2021) to its language-modelling loss. The agents score hidden states and
-    train their own objective, which does not include that loss; rather than leave the setting
-    without effect, it is refused. Released MoE checkpoints (Qwen3-MoE, Mixtral, OLMoE) ship
-    with it off.
-
-    Raises:
-        ValueError: The config sets ``output_router_logits=True`` (names the fix).
-    """
-    config: Any = getattr(model, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if getattr(text, "output_router_logits", False) is True:
-        coef = getattr(text, "router_aux_loss_coef", None)
-        raise ValueError(
-            f"the model's config sets output_router_logits=True (a load-balancing loss weighted "
-            f"router_aux_loss_coef={coef}): the agents train their objective without that "
-            "auxiliary loss; set model.config.output_router_logits = False "
-            "(docs/tutorials/coming-from-trl.md, mixture-of-experts models)"
-        )

@@ -19,6 +19,7 @@ from rl_algos.batch import Batch, Scores
 from rl_algos.distributed import gathered
 from rl_algos.microbatch import RowSplit, split_rows
 from rl_algos.packing import PackingReport, packed_hidden_states
+from rl_algos.router_balance import RouterBalance
 from rl_algos.shared_prefix import MIN_SAVED_WORK, SHARED_PREFIX_IMPLEMENTATIONS, shares_previous
 from rl_algos.varlen_attention import attention_implementation
 
@@ -50,6 +51,10 @@ class Scorer:
     token, but in a forward whose rows all have one length only where the work it saves
     reaches :data:`~rl_algos.shared_prefix.MIN_SAVED_WORK`; True wherever it saves a token
     (raises under another attention implementation); False never."""
+    router: RouterBalance | None = None
+    """A mixture-of-experts policy's load-balancing loss (None: off): inside its
+    :meth:`~rl_algos.router_balance.RouterBalance.training`, the actor's forwards record their
+    router logits, laid out per row like the hidden states."""
 
     def hidden_states(
         self,
@@ -66,6 +71,22 @@ class Scorer:
         rows with the same tokens before their first scored one share them
         (:attr:`share_prefix`).
         """
+        router = self.router if self.router is not None and self.router.reads else None
+        if router is None or role != "actor":
+            return self._hidden_states(input_ids, attention_mask, role, scored, None)
+        with router.recording():
+            hidden = self._hidden_states(input_ids, attention_mask, role, scored, router)
+        return router.detach(hidden)[:, :-1]
+
+    def _hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        role: str,
+        scored: torch.Tensor | None,
+        router: RouterBalance | None,
+    ) -> torch.Tensor:
+        """:meth:`hidden_states`; with ``router`` all ``L`` positions, router logits appended."""
         packing = self.packing
         if packing is None:
             packing = self.report.choose(self.policy.causal_lm, attention_mask)
@@ -83,11 +104,12 @@ class Scorer:
             # the default: rows of one length share where it saves more than the layout costs
             work = 0 if self.share_prefix else MIN_SAVED_WORK
             packed = packed_hidden_states(
-                self.policy, input_ids, attention_mask, role, checked, scored, self.report, work
-            )
-            return packed[:, :-1]
+                self.policy, input_ids, attention_mask, role, checked, scored, self.report, work,
+                router,
+            )  # fmt: skip
+            return packed if router is not None else packed[:, :-1]
         hidden: torch.Tensor = self.policy.hidden_states(input_ids, attention_mask, role=role)
-        return hidden[:, :-1]
+        return router.attach(hidden) if router is not None else hidden[:, :-1]
 
     def row_groups(
         self,

@@ -15,7 +15,6 @@ config's, :data:`TRL_OVERRIDES` holds TRL's values. The mapping of every field i
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,10 +135,9 @@ class GRPOConfig:
     vllm_importance_sampling_cap: float = 2.0
     disable_tqdm: bool = False
     router_aux_loss_coef: float | None = None
-    """TRL's weight of a mixture-of-experts model's load-balancing loss (None: the model
-    config's). rl-stack trains without that loss: 0.0 (TRL's "off") is accepted, any other
-    value refused; None on an MoE model whose config weights it warns that TRL would add it
-    (pass 0.0 to say you expect that)."""
+    """Weight of a mixture-of-experts model's load-balancing loss (None: the model config's;
+    0.0: off; refused for a dense model), as in TRL; computed per sequence
+    (:mod:`rl_algos.router_balance`), TRL's over each forward's tokens."""
     extra_agent_kwargs: dict[str, Any] = field(default_factory=dict)
     """Not TRL's: any further rl-algos agent setting (e.g. ``micro_batch_tokens``)."""
     max_tool_calling_iterations: int | None = None
@@ -176,12 +174,6 @@ class GRPOConfig:
             raise ValueError(
                 f"GRPOConfig.multi_objective_aggregation={self.multi_objective_aggregation!r} "
                 f"is not one of TRL's: {sorted(MULTI_OBJECTIVE)}"
-            )
-        if self.router_aux_loss_coef not in (None, 0.0):
-            raise ValueError(
-                f"GRPOConfig.router_aux_loss_coef={self.router_aux_loss_coef} is not supported "
-                "here: rl-stack trains mixture-of-experts models without the load-balancing "
-                "loss; pass 0.0 (TRL's off) or leave it unset"
             )
         total = self.per_device_train_batch_size * self.gradient_accumulation_steps
         if self.num_generations < 2 or total % self.num_generations:
@@ -283,7 +275,6 @@ class GRPOTrainer:
         if processing_class.pad_token_id is None:
             processing_class.pad_token = processing_class.eos_token
         self.model, self.processing_class = model, processing_class
-        self._warn_router_aux_loss(model)
         self.reward_funcs = funcs
         test = eval_dataset
         if test is None:
@@ -302,23 +293,6 @@ class GRPOTrainer:
         env = built.env
         assert env is not None  # the facade's config has no env: section
         self.env, self.agent = env, built.agent
-
-    def _warn_router_aux_loss(self, model: Any) -> None:
-        """TRL adds an MoE model's load-balancing loss by default; rl-stack does not: say so."""
-        if self.args.router_aux_loss_coef is not None:
-            return
-        config: Any = getattr(model, "config", None)
-        text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        coef = getattr(text, "router_aux_loss_coef", 0.0)
-        if hasattr(text, "output_router_logits") and coef:
-            warnings.warn(
-                f"{type(model).__name__} is a mixture-of-experts model: TRL's GRPOTrainer adds "
-                f"its load-balancing loss (router_aux_loss_coef={coef}, the config's) to the "
-                "loss, rl-stack trains without it; pass GRPOConfig(router_aux_loss_coef=0.0) "
-                "to say you expect that",
-                UserWarning,
-                stacklevel=3,
-            )
 
     def run_config(self, model_name: str = "", *, full_finetune: bool = True) -> RunConfig:
         """The :class:`~rl_train.config.RunConfig` of :attr:`args` (what ``build`` reads).
@@ -352,6 +326,7 @@ class GRPOTrainer:
             "adv_norm": SCALE_REWARDS[a.scale_rewards],
             "max_grad_norm": a.max_grad_norm,
             "gradient_checkpointing": a.gradient_checkpointing,
+            "router_aux_loss_coef": a.router_aux_loss_coef,
             "vllm_importance_sampling_correction": a.vllm_importance_sampling_correction,
             "vllm_importance_sampling_cap": a.vllm_importance_sampling_cap,
             **extra,
