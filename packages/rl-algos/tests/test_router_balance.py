@@ -15,6 +15,7 @@ import pytest
 import torch
 from rl_algos import GRPO, ILQL
 from rl_algos.router_balance import router_module_class, sequence_balance_loss
+from rl_testing.devices import DEVICES
 from rl_testing.models import tiny_causal_lm
 from rl_testing.tolerance import assert_close
 from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
@@ -49,16 +50,48 @@ def test_each_row_is_transformers_load_balancing_loss_of_that_row(seed: int) -> 
     assert_close(flat, torch.tensor([float(k)]), reduction=4 * Y)
 
 
-def test_the_update_adds_transformers_aux_loss_of_each_row_with_its_gradient() -> None:
+def _moe(family: str) -> torch.nn.Module:
+    """A tiny random MoE model of ``family`` (2 layers of 4 experts, 2 per token), float32."""
+    if family == "qwen3_moe":
+        return tiny_causal_lm("qwen3_moe", seed=0)[0]
+    import transformers
+
+    size = {
+        "vocab_size": 64, "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64,
+        "tie_word_embeddings": True, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2,
+        "num_experts_per_tok": 2,
+    }  # fmt: skip
+    experts = {
+        "mixtral": {"num_local_experts": 4},
+        "olmoe": {"num_experts": 4},
+        # with a shared expert beside the routed ones
+        "qwen2_moe": {"num_experts": 4, "moe_intermediate_size": 32,
+                      "shared_expert_intermediate_size": 32},
+    }[family]  # fmt: skip
+    name = {"mixtral": "Mixtral", "olmoe": "Olmoe", "qwen2_moe": "Qwen2Moe"}[family]
+    config = getattr(transformers, f"{name}Config")(**size, **experts)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model: torch.nn.Module = getattr(transformers, f"{name}ForCausalLM")(config)
+    return model.float().eval()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "olmoe", "qwen2_moe"])
+def test_the_update_adds_transformers_aux_loss_of_each_row_with_its_gradient(
+    family: str, device: str
+) -> None:
     """Advantages 0 (equal rewards) leave the balance loss alone in the update: the gradient of
     every weight (experts and router included, full fine-tuning) is ``coef`` times the mean over
-    the rows of the gradient of the model's own ``aux_loss`` on each row alone."""
-    model, _ = tiny_causal_lm("qwen3_moe", seed=0)
+    the rows of the gradient of the model's own ``aux_loss`` on each row alone (on the CPU)."""
+    model = _moe(family)
     reference = copy.deepcopy(model)
     coef = 0.5
     agent = GRPO(
         actor_network=model, pad_token_id=0, pad_token="<pad>", group_size=3, batch_size=3,
         full_finetune=True, beta=0.0, lr=0.0, max_grad_norm=None, router_aux_loss_coef=coef,
+        device=device,
     )  # fmt: skip
     ids, mask = _batch()
     metrics = agent.learn((ids, mask, torch.ones(3)))
@@ -77,10 +110,10 @@ def test_the_update_adds_transformers_aux_loss_of_each_row_with_its_gradient() -
     for name, p in agent.policy.causal_lm.named_parameters():
         expected = theirs[name].grad
         if expected is None or not bool(expected.any()):
-            assert p.grad is None or not bool(p.grad.any()), name  # the head: no aux gradient
+            assert p.grad is None or not bool(p.grad.any()), name  # no aux gradient there
             continue
-        assert p.grad is not None, name
-        assert_close(p.grad, expected, reduction=128, stages=8, msg=name)
+        assert p.grad is not None and p.grad.device.type == torch.device(device).type, name
+        assert_close(p.grad.cpu(), expected, reduction=128, stages=8, msg=name)
         checked += 1
     assert checked >= 2 * 6  # every layer's router, experts, attention and norms
 
