@@ -148,6 +148,19 @@ def test_zero3_gradient_checkpointing_equals_one_plain_process(tmp_path: Path) -
     assert_matches_one_process(tmp_path)
 
 
+def test_zero3_mixture_of_experts_with_its_balance_loss_equals_one_plain_process(
+    tmp_path: Path,
+) -> None:
+    """A tiny Qwen3-MoE under ZeRO-3 (its experts partitioned), with the load-balancing loss
+    over the rows of both ranks and checkpointed layers, equals one process without
+    checkpointing: the router logits read under ZeRO-3 carry their gradient."""
+    from ddp_common import MOE_AGENT
+
+    launch(tmp_path, 3, "moe")
+    single = {k: v for k, v in MOE_AGENT.items() if k != "gradient_checkpointing"}
+    assert_matches_one_process(tmp_path, **single)
+
+
 @pytest.mark.parametrize("stage", [2, 3])
 def test_packed_token_budget_equals_one_padded_process(tmp_path: Path, stage: int) -> None:
     """Padding-free training under DeepSpeed (issue 20): packed rows in token-budget

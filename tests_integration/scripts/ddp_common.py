@@ -18,6 +18,9 @@ DS_AGENT = {"micro_batch_size_per_gpu": 4, "max_output_tokens": 6}
 #: Padding-free training (issue 20): packed rows in micro-batches of at most 20 tokens, so the
 #: ranks' rows (lengths 6..14) need different numbers of micro-batches.
 PACKED_AGENT = {"use_sequence_packing": True, "micro_batch_tokens": 20}
+#: A mixture of experts (LoRA on its attention) with its load-balancing loss weighted 1 (as
+#: large as the policy loss), gradient-checkpointed (the non-reentrant checkpoint then).
+MOE_AGENT = {"arch": "qwen3_moe", "router_aux_loss_coef": 1.0, "gradient_checkpointing": True}
 
 
 def make_agent(arch: str = "qwen2", **kw: Any) -> GRPO:

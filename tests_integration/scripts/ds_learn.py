@@ -1,6 +1,6 @@
 """Run by ``torch.distributed.run`` (2 CPU processes, gloo): GRPO ``learn()`` under DeepSpeed.
 
-Usage: ``ds_learn.py OUT STAGE [nan|full|packed|checkpointed]``. The agent gets an
+Usage: ``ds_learn.py OUT STAGE [nan|full|packed|checkpointed|moe]``. The agent gets an
 ``Accelerator`` with a DeepSpeed ZeRO-``STAGE`` plugin (the way users configure it). Each rank takes its share of the prompts of
 fixed global batches; after every step it writes its trainable weights (gathered under ZeRO-3)
 and its loss to ``OUT/rank<r>_step<k>.safetensors``; at the end the agent saves a checkpoint to
@@ -8,7 +8,8 @@ and its loss to ``OUT/rank<r>_step<k>.safetensors``; at the end the agent saves 
 rank 1's hidden states turn NaN at step 1: the step must be refused on both ranks. With
 ``full``, full fine-tuning (ZeRO-3 then partitions the trainable lm_head too). With ``packed``,
 padding-free training in token-budget micro-batches (:data:`ddp_common.PACKED_AGENT`). With
-``checkpointed``, gradient checkpointing.
+``checkpointed``, gradient checkpointing. With ``moe``, the tiny Qwen3-MoE with its
+load-balancing loss, checkpointed (:data:`ddp_common.MOE_AGENT`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ddp_common import DS_AGENT, PACKED_AGENT, STEPS, global_batches, make_agent
+from ddp_common import DS_AGENT, MOE_AGENT, PACKED_AGENT, STEPS, global_batches, make_agent
 from ds_cpu import skip_shm_comm_op
 from rl_algos.distributed import gathered
 
@@ -38,6 +39,8 @@ def main() -> None:
         full = dict(PACKED_AGENT)
     if mode == "checkpointed":  # gradient checkpointing (issue 37)
         full = {"gradient_checkpointing": True}
+    if mode == "moe":  # a mixture of experts with its load-balancing loss, checkpointed
+        full = dict(MOE_AGENT)
     config = {
         "zero_optimization": {"stage": stage},
         "train_micro_batch_size_per_gpu": "auto",
