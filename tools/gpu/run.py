@@ -13,7 +13,8 @@ metadata). Steps:
 1. ``pytest -m cuda`` over :data:`CUDA_TESTS` (``rl_testing.devices``' ``cuda`` cases: fused
    kernels in float32, bfloat16 and float16, the lean forwards, the engine, GRPO's ``learn()``
    padded, packed, checkpointed and offloaded, and LLMPPO's (critic and value head),
-   LLMREINFORCE's and ILQL's (its heads), each against a float64 CPU reference;
+   LLMREINFORCE's and ILQL's (its heads), each against a float64 CPU reference; a
+   mixture of experts' load-balancing loss and its gradient against transformers' own on CPU;
    ``rl-train run`` on the device: training, evaluation, a checkpoint and resuming from it).
 2. ``tools/bench/bench_gpu.py``: the fused head against the full logits and Liger, and a GRPO
    step of a Qwen2.5-0.5B-shaped model (JSON rows under ``--out``).
@@ -44,6 +45,7 @@ CUDA_TESTS = [
     "packages/rl-adapters/tests/test_devices.py",
     "packages/rl-rollout/tests/test_devices.py",
     "packages/rl-algos/tests/test_devices.py",
+    "packages/rl-algos/tests/test_router_balance.py",
     "packages/rl-train/tests/test_devices.py",
 ]
 #: Each test folder imports its ``*_testlib`` by name (the conftests put the folder on the path).
