@@ -9,7 +9,7 @@ import math
 import pytest
 import rl_advantages as ra
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from rl_testing import tolerance
 
@@ -121,13 +121,15 @@ def test_linear_in_weights_and_blind_to_a_reward_scale(
 
 @settings(max_examples=60, deadline=None)
 @given(a=COLUMN, b=COLUMN, unbiased=st.booleans())
+# the sums are equal with the Bessel-corrected group std and not with the population one
+@example(a=[0.0, 0.1, 0.1, 1.0], b=[1.0, 0.1, 0.1, 0.0], unbiased=False)
 def test_batch_scale_with_eps_zero_is_never_nan(a: list[float], b: list[float], unbiased: bool):
     """eps = 0 divides by the batch std only where it is positive: a batch whose sums are all
     equal (every group degenerate) gives 0, as ``group_relative`` and ``whiten`` do."""
     r = torch.tensor([a, b], dtype=F64).T
     got = ra.gdpo(r, 2, eps=0.0, unbiased=unbiased, batch_scale=True)
     assert torch.isfinite(got).all()
-    total = ra.gdpo(r, 2, eps=0.0)
+    total = ra.gdpo(r, 2, eps=0.0, unbiased=unbiased)  # the sums that batch_scale standardises
     if bool((total == total[0]).all()):
         assert got.tolist() == [0.0] * 4
 
