@@ -38,19 +38,25 @@ def _log(run_dir: Path, report_to: list[str], **kwargs: object) -> MetricsLogger
     return logger
 
 
+def _only_mlflow_run(db: Path) -> tuple[Any, Any]:
+    """``(client, run)`` of the SQLite store ``db``, whose experiment holds exactly one run."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    experiment = client.get_experiment_by_name("rl-train-test")
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])
+    return client, run
+
+
 def test_mlflow_run_read_back_with_mlflow_client(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mlflow.tracking import MlflowClient
-
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     run_dir = tmp_path / "run-mlflow"
     _log(run_dir, ["mlflow"])
     assert not (run_dir / "tensorboard").exists()  # report_to without tensorboard: none
-    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("rl-train-test")
-    assert experiment is not None
-    (run,) = client.search_runs([experiment.experiment_id])
+    client, run = _only_mlflow_run(run_dir / "mlflow.db")
     assert run.info.run_name == "run-mlflow" and run.info.status == "FINISHED"
     history = client.get_metric_history(run.info.run_id, "mean_reward")
     assert [(m.step, m.value) for m in history] == [(0, 0.25), (1, 0.5), (2, 1.0)]
@@ -318,26 +324,18 @@ def _resume(run_dir: Path, report_to: list[Any]) -> MetricsLogger:
 def test_a_resumed_run_continues_the_mlflow_run_and_sends_each_step_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mlflow.tracking import MlflowClient
-
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     run_dir = tmp_path / "run-mlflow"
     _log(run_dir, ["mlflow"])
     _resume(run_dir, ["mlflow"])
-    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("rl-train-test")
-    assert experiment is not None
-    (run,) = client.search_runs([experiment.experiment_id])  # one run, not one per start
+    client, run = _only_mlflow_run(run_dir / "mlflow.db")  # one run, not one per start
     assert run.info.status == "FINISHED"
     history = client.get_metric_history(run.info.run_id, "mean_reward")
     assert [(m.step, m.value) for m in history] == [(0, 0.25), (1, 0.5), (2, 1.0), (3, 0.75)]
     # another tracking store: the remembered run is not there, so a new run (and a warning)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'other.db'}")
     _resume(run_dir, ["mlflow"])
-    other = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'other.db'}")
-    experiment = other.get_experiment_by_name("rl-train-test")
-    assert experiment is not None
-    (run,) = other.search_runs([experiment.experiment_id])
+    other, run = _only_mlflow_run(tmp_path / "other.db")
     history = other.get_metric_history(run.info.run_id, "mean_reward")
     # a new run gets the rows kept at the resume first (the second resume kept steps 0-1)
     assert [(m.step, m.value) for m in history] == [(0, 0.25), (1, 0.5), (2, 9.0), (3, 0.75)]
