@@ -72,6 +72,14 @@ def _grpo(**kw: Any) -> Any:
     return GRPO(actor_network=model, pad_token_id=0, pad_token="<pad>", **kw)
 
 
+def _moe_grpo(**kw: Any) -> Any:
+    from rl_algos import GRPO
+    from rl_testing.models import tiny_causal_lm
+
+    model, _ = tiny_causal_lm("qwen3_moe", seed=0)
+    return GRPO(actor_network=model, pad_token_id=0, pad_token="<pad>", group_size=2, **kw)
+
+
 def _moe_ilql(**kw: Any) -> Any:
     from rl_algos import ILQL
     from rl_testing.models import tiny_causal_lm
@@ -241,6 +249,16 @@ def cases() -> list[Case]:
              lambda: _grpo(router_aux_loss_coef=0.01)),
         Case("rl-algos", "ILQL(router_aux_loss_coef=0.01) on an MoE model", ValueError, "router_aux_loss_coef",
              lambda: _moe_ilql(router_aux_loss_coef=0.01)),
+        Case("rl-algos", "GRPO(router_replay='R2') on a dense model", ValueError, "router_replay",
+             lambda: _grpo(router_replay="R2")),
+        Case("rl-algos", "GRPO(router_replay='R3')", ValueError, "router_replay='R2'",
+             lambda: _moe_grpo(router_replay="R3")),
+        Case("rl-algos", "GRPO(router_replay='R2', share_prompt_prefix=True)", ValueError, "share_prompt_prefix",
+             lambda: _moe_grpo(router_replay="R2", share_prompt_prefix=True)),
+        Case("rl-algos", "GRPO(router_replay='R2', clip_against_sampler=True)", ValueError, "clip_against_sampler",
+             lambda: _moe_grpo(router_replay="R2", clip_against_sampler=True)),
+        Case("rl-algos", "ILQL(router_replay='R2') on an MoE model", ValueError, "router_replay",
+             lambda: _moe_ilql(router_replay="R2")),
         Case("rl-algos", "GRPO(loss_type='cispo', clip_coef_high=0.3)", ValueError, "clip_coef_high",
              lambda: _grpo(loss_type="cispo", clip_coef_high=0.3)),
         Case("rl-algos", "GRPO(max_length_norm=8) (token_mean / seq_mean_token_mean)", ValueError, "max_length_norm",

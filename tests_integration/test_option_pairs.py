@@ -10,7 +10,7 @@ family (DAPO, CISPO, Dr. GRPO, RLOO, REINFORCE++), REINFORCE,
 PPO with a critic adapter or a shared value head, ILQL; a KL term with a reference adapter,
 ``update_epochs > 1``, full fine-tuning, the base model as reference, sampling log-probs with
 the mismatch correction or with ``clip_against_sampler``; a mixture-of-experts model, LoRA and
-full fine-tuning), one ``learn()`` on a ragged batch
+full fine-tuning, and routing replay over two epochs), one ``learn()`` on a ragged batch
 with a neutral option or a pair of them must give the base's loss and every trainable gradient
 (the last optimizer step's, accumulated over the micro-batches), in float32, or the agent must
 refuse the pair when it is built, with an error that names the option and what it conflicts
@@ -147,6 +147,18 @@ BASES: dict[str, Base] = {
     ),
     "grpo-moe-full": Base("GRPO", {"group_size": GROUP_SIZE, "full_finetune": True}, moe=True),
     "ppo-moe": Base("LLMPPO", {"whiten_advantages": False, "router_aux_loss_coef": 1.0}, moe=True),
+    # routing replay: the second epoch's forwards force the first epoch's old-forward routes,
+    # recorded and replayed in whatever layout each forward has
+    "grpo-moe-r2": Base(
+        "GRPO",
+        {
+            "group_size": GROUP_SIZE,
+            "full_finetune": True,
+            "update_epochs": 2,
+            "router_replay": "R2",
+        },
+        moe=True,
+    ),
 }
 
 #: (base, neutral option) -> the words its construction error must contain: the option and the
@@ -400,6 +412,6 @@ def test_the_matrix_covers_every_base_and_option() -> None:
     """The size of the matrix (reported in the issue's closing note)."""
     run = [(b, c) for b, base in BASES.items() for c in combinations(base)]
     refused = [key for key in run if refusal(*key) is not None]
-    assert len(BASES) == 19 and len(NEUTRAL) == 8
-    assert len(run) == 3 * (8 + 28) + 16 * (8 + 7)  # 348
+    assert len(BASES) == 20 and len(NEUTRAL) == 8
+    assert len(run) == 3 * (8 + 28) + 17 * (8 + 7)  # 363
     assert len(refused) == 4  # the fused loss on GSPO and ILQL, alone and with checkpointing

@@ -57,6 +57,7 @@ from rl_algos.microbatch import RowSplit, split_rows
 from rl_algos.objectives import LossTerms, PolicyObjective, fused_objective_loss, policy_loss
 from rl_algos.packing import PackingReport
 from rl_algos.router_balance import RouterBalance, build_router_balance
+from rl_algos.router_replay import RouterReplay, build_router_replay, replaying
 from rl_algos.scoring import Scorer, score_batch
 
 __all__ = ["AgentParts", "Batch", "LLMAlgorithm"]
@@ -174,7 +175,7 @@ class LLMAlgorithm:
         self.logit_mask = logit_mask
         self.device = torch.device(accelerator.device if accelerator is not None else device)
         self.policy = self._build_policy(model_name, actor_network, model_config, lora_config)
-        self.router_balance = self._build_router_balance()
+        self.router_balance, self.router_replay = self._build_routers()
         self.extra_modules: dict[str, torch.nn.Module] = {}
         eos_ids = model_eos_ids(self.policy.causal_lm)
         self.eos_token_id = eos_ids[0] if eos_ids else self.pad_token_id
@@ -224,10 +225,13 @@ class LLMAlgorithm:
         policy.eval()
         return policy
 
-    def _build_router_balance(self) -> RouterBalance | None:
-        """A mixture-of-experts policy's load-balancing loss (``router_aux_loss_coef``)."""
-        coef = self.config.router_aux_loss_coef
-        return build_router_balance(type(self).__name__, coef, self.policy.causal_lm)
+    def _build_routers(self) -> tuple[RouterBalance | None, RouterReplay | None]:
+        """A mixture-of-experts policy's load-balancing loss and routing replay (or None)."""
+        cfg, agent, model = self.config, type(self).__name__, self.policy.causal_lm
+        return (
+            build_router_balance(agent, cfg.router_aux_loss_coef, model),
+            build_router_replay(agent, cfg.router_replay, model),
+        )
 
     def make_engine(self, policy: PolicyModel) -> HFEngine:
         """The Hugging Face generation engine over ``policy``'s model."""
@@ -284,7 +288,7 @@ class LLMAlgorithm:
         share = cfg.share_prompt_prefix
         return Scorer(
             self.policy, cfg.temperature, chunk, zero, packing, split, report,
-            router=self.router_balance, share_prefix=share,
+            router=self.router_balance, share_prefix=share, replay=self.router_replay,
         )  # fmt: skip
 
     # -- generation ------------------------------------------------------------------------------
@@ -459,8 +463,11 @@ class LLMAlgorithm:
         self, mb: MicroBatch, norm: Normalizers, parts: AgentParts, fused: bool
     ) -> LossTerms | None:
         """One micro-batch's loss: the objective (plain or fused) plus the extra term."""
-        router = self.router_balance
-        with router.training() if router is not None else contextlib.nullcontext():
+        router, replay = self.router_balance, self.router_replay
+        with (
+            router.training() if router is not None else contextlib.nullcontext(),
+            replaying(replay, mb.routes),  # R2: the old forward's routes
+        ):
             if fused:
                 terms = fused_objective_loss(parts.objective, self.scorer, mb, norm)
             else:
@@ -472,10 +479,12 @@ class LLMAlgorithm:
         if router is not None:  # the config's weight (HPO may mutate it); None: the model's
             coef = self.config.router_aux_loss_coef
             coef = router.coef if coef is None else coef
-            aux, mean = router.term(mb.attention_mask, mb.mask, norm.sequences, coef)
+            aux, mean = router.term(mb.attention_mask, mb.mask, norm.sequences, coef, mb.routes)
             terms = LossTerms(
                 terms.loss + aux.to(terms.loss.dtype), {**terms.metrics, "aux_loss": mean}
             )
+        if replay is not None and (flips := replay.flips()) is not None:
+            terms = LossTerms(terms.loss, {**terms.metrics, "route_flips": flips})
         if parts.extra_loss is None:
             return terms
         extra = parts.extra_loss(mb, norm)

@@ -255,6 +255,11 @@ class Scores:
     """[N, T] ``sum_v pi(v)^2`` of the actor's distribution at each action position
     (shifted by one, 0 off the mask), from the forward that scores the old log-probs; None
     unless the estimator reads it (``AgentParts.needs_sum_pi_squared``)."""
+    routes: torch.Tensor | None = None
+    """[N, L, Y, k] int16: the experts each token went to in each of the ``Y`` MoE layers of
+    the forward that scored :attr:`old_logprobs` (not shifted: position ``t`` is token ``t``;
+    -1 off the attention mask), which the update replays (``router_replay="R2"``,
+    :mod:`rl_algos.router_replay`); None otherwise."""
 
     def old(self) -> torch.Tensor:
         """:attr:`old_logprobs`, which must have been scored."""
@@ -336,6 +341,8 @@ class MicroBatch:
     """[M, K] or None."""
     token_rewards: torch.Tensor | None
     """[M, T] or None."""
+    routes: torch.Tensor | None = None
+    """[M, L, Y, k] the routes the update replays (:attr:`Scores.routes`), or None."""
 
     @property
     def targets(self) -> torch.Tensor:
@@ -370,6 +377,7 @@ class MicroBatch:
             old_values=pick(estimates.old_values),
             turn_mask=pick(estimates.turn_mask),
             token_rewards=pick(estimates.token_rewards),
+            routes=None if scores is None else pick(scores.routes),
         )
 
 

@@ -228,6 +228,11 @@ class AgentConfig:
     """Weight of a mixture-of-experts policy's load-balancing loss, per sequence
     (:mod:`rl_algos.router_balance`); None: the model config's ``router_aux_loss_coef`` (TRL's
     default; 0.001 for Qwen3-MoE), 0.0: off. A value > 0 is refused for a dense model."""
+    router_replay: str | None = None
+    """Routing replay of a mixture-of-experts policy (:mod:`rl_algos.router_replay`):
+    ``"R2"`` forces, in the update's forwards, the experts each token was routed to in the
+    forward that scored its old log-prob (verl's and ms-swift's ``R2``); None: every forward
+    routes afresh. Refused for a dense model."""
     full_finetune: bool = False
     """Train every weight instead of LoRA adapters."""
     stop_sequences: tuple[str, ...] = ()
@@ -275,6 +280,7 @@ class AgentConfig:
                 f"`router_aux_loss_coef` must be None (the model config's) or a finite float "
                 f">= 0 (0: no load-balancing loss), got {aux!r}"
             )
+        self._check_router_replay()
         if self.lr < 0 or self.beta < 0:
             raise ValueError(f"`lr` and `beta` must be >= 0, got lr={self.lr}, beta={self.beta}")
         if self.temperature <= 0:
@@ -398,6 +404,32 @@ class AgentConfig:
     def _no_kl_reason(self) -> str:
         """Why :meth:`kl_term` is False (for the messages)."""
         return "beta=0"
+
+    def _check_router_replay(self) -> None:
+        """Check ``router_replay`` (alone and with the options it cannot serve)."""
+        mode = self.router_replay
+        if mode == "R3":
+            raise ValueError(
+                "`router_replay='R3'` replays the sampler's routes, and the generation engines "
+                "do not return them: pass router_replay='R2' (the routes of the forward that "
+                "scores the old log-probs) or None"
+            )
+        if mode not in (None, "R2"):
+            raise ValueError(f"`router_replay` must be None or 'R2', got {mode!r}")
+        if mode is None:
+            return
+        if self.share_prompt_prefix is True:
+            raise ValueError(
+                "router_replay='R2' replays each row's own routes, and share_prompt_prefix=True "
+                "computes a shared prompt once for several rows: pass share_prompt_prefix=None "
+                "(which does not share while routes are replayed) or False, or router_replay=None"
+            )
+        if self.clip_against_sampler:
+            raise ValueError(
+                "router_replay='R2' replays the routes of the trainer's forward that scores the "
+                "old log-probs, and clip_against_sampler=True takes them from the sampler, with "
+                "no such forward: pass clip_against_sampler=False, or router_replay=None"
+            )
 
     def _check_packing(self) -> None:
         """Check ``use_sequence_packing`` and ``share_prompt_prefix`` (alone and together)."""

@@ -293,18 +293,25 @@ class ILQL(LLMAlgorithm):
         broadcast_module(heads)
         self.learner = self.build_learner()
 
-    def _build_router_balance(self) -> None:
-        """ILQL trains its Q heads and the model by its own loss: no load-balancing loss.
+    def _build_routers(self) -> tuple[None, None]:
+        """ILQL trains its Q heads and the model by its own loss, with no old log-probs: no
+        load-balancing loss, and no routes to replay.
 
         Raises:
-            ValueError: ``router_aux_loss_coef > 0`` (names it).
-        """
-        coef = self.config.router_aux_loss_coef
+            ValueError: ``router_aux_loss_coef > 0`` or ``router_replay`` set (names it).
+        """  # noqa: D205
+        coef, mode = self.config.router_aux_loss_coef, self.config.router_replay
         if coef:
             raise ValueError(
                 f"ILQL(router_aux_loss_coef={coef}): ILQL's loss has no load-balancing term; "
                 "leave router_aux_loss_coef unset"
             )
+        if mode is not None:
+            raise ValueError(
+                f"ILQL(router_replay={mode!r}): ILQL has no forward that scores old log-probs, "
+                "whose routes the update would replay; leave router_replay unset"
+            )
+        return None, None
 
     @property
     def heads(self) -> ILQLHeads:

@@ -36,6 +36,7 @@ import torch
 from rl_adapters.replay import replayable
 
 from rl_algos.router_balance import RouterBalance
+from rl_algos.router_replay import RouterReplay, laid_out
 from rl_algos.shared_prefix import (
     SHARED_PREFIX_IMPLEMENTATIONS,
     SHARED_PREFIX_SDPA,
@@ -189,6 +190,7 @@ def packed_hidden_states(
     report: PackingReport | None = None,
     min_saved_work: int = 0,
     router: RouterBalance | None = None,
+    replay: RouterReplay | None = None,
 ) -> torch.Tensor:
     """[M, L, H] last hidden states of padded rows, computed as one packed sequence.
 
@@ -214,6 +216,8 @@ def packed_hidden_states(
             share wherever a token is saved.
         router: Recording the forward's router logits: they are laid out per row with the
             hidden states ([M, L, H + Y * E], :meth:`RouterBalance.attach`).
+        replay: Recording or replaying the forward's routes: told each flat position's row
+            position (:func:`rl_algos.router_replay.laid_out`); pass ``scored=None`` with it.
 
     Raises:
         ValueError: What :func:`packing_blocker` finds (the message names it and the fix).
@@ -241,7 +245,7 @@ def packed_hidden_states(
                     report.shared_forwards += 1
                 return _shared_hidden_states(policy, shared, role, router)
     if uniform:
-        return _unpadded_hidden_states(policy, input_ids, int(lengths[0]), role, router)
+        return _unpadded_hidden_states(policy, input_ids, int(lengths[0]), role, router, replay)
     rows = pack_rows(input_ids, attention_mask)
     extra: dict[str, Any] = {
         "cu_seq_lens_q": rows.cu_seqlens,
@@ -256,7 +260,7 @@ def packed_hidden_states(
         configs = attention_configs(policy.causal_lm if model is None else model)
         # replayable: a checkpointed layer recomputes with the varlen attention too
         switch = replayable(functools.partial(switched_to, tuple(configs), VARLEN_SDPA))
-    with switch:
+    with switch, laid_out(replay, rows.index):
         hidden: torch.Tensor = policy.hidden_states(
             rows.input_ids, None, role=role, position_ids=rows.position_ids, **extra
         )
@@ -280,7 +284,12 @@ def _shared_hidden_states(
 
 
 def _unpadded_hidden_states(
-    policy: Any, input_ids: torch.Tensor, length: int, role: str, router: RouterBalance | None
+    policy: Any,
+    input_ids: torch.Tensor,
+    length: int,
+    role: str,
+    router: RouterBalance | None,
+    replay: RouterReplay | None = None,
 ) -> torch.Tensor:
     """[M, L, H]: rows that all hold ``length`` real tokens need no packing.
 
@@ -291,7 +300,14 @@ def _unpadded_hidden_states(
     """
     # no padding left: no mask either (what transformers assumes without one, exactly;
     # it skips the mask's inspection)
-    hidden: torch.Tensor = policy.hidden_states(input_ids[:, :length], None, role=role)
+    switch: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+    if replay is not None:  # row m's column t is flat position m * length + t here
+        M, L = input_ids.shape
+        columns = torch.arange(length, device=input_ids.device)
+        rows = torch.arange(M, device=columns.device)[:, None]
+        switch = laid_out(replay, (rows * L + columns).reshape(-1))
+    with switch:
+        hidden: torch.Tensor = policy.hidden_states(input_ids[:, :length], None, role=role)
     if router is not None:
         hidden = router.attach(hidden)
     pad = input_ids.shape[1] - length

@@ -73,7 +73,10 @@ def experts_per_token(model: Any) -> int:
 
 
 def sequence_balance_loss(
-    router_logits: torch.Tensor, attention_mask: torch.Tensor, top_k: int
+    router_logits: torch.Tensor,
+    attention_mask: torch.Tensor,
+    top_k: int,
+    routes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[N] ``aux(S_r)`` of each row (module docstring), 0 for a row without a token.
 
@@ -82,6 +85,10 @@ def sequence_balance_loss(
             layers (not shifted: position ``t`` is token ``t``).
         attention_mask: [N, L], True (or 1) on the row's tokens.
         top_k: Experts routed per token.
+        routes: [N, L, Y, k] the experts the forward routed each token to when they are not
+            the top-k of ``router_logits`` (routing replay, :mod:`rl_algos.router_replay`; -1
+            where a position was not replayed): ``F_i`` counts them, as Megatron-LM counts the
+            replayed routing map. None: the top-k.
     """
     if router_logits.dim() != 4 or router_logits.shape[:2] != attention_mask.shape:
         raise ValueError(
@@ -91,6 +98,13 @@ def sequence_balance_loss(
     E = router_logits.shape[-1]
     probs = torch.softmax(router_logits.float(), dim=-1)  # [N, L, Y, E]
     chosen = torch.topk(probs.detach(), top_k, dim=-1).indices
+    if routes is not None:
+        if routes.shape != chosen.shape:
+            raise ValueError(
+                f"routes {tuple(routes.shape)} must be [N, L, Y, k] = {tuple(chosen.shape)}"
+            )
+        replayed = (routes >= 0).all(dim=-1, keepdim=True)
+        chosen = torch.where(replayed, routes.long(), chosen)
     counts = torch.zeros_like(probs).scatter_(-1, chosen, 1.0)  # [N, L, Y, E], k ones
     weight = attention_mask.to(probs.dtype)[:, :, None, None]
     tokens = (weight.sum(dim=(1, 2, 3)) * probs.shape[2]).clamp(min=1.0)  # |S_r|: L_r * Y
@@ -185,7 +199,12 @@ class RouterBalance:
         return laid_out[..., :hidden_size]
 
     def term(
-        self, attention_mask: torch.Tensor, mask: torch.Tensor, rows: float, coef: float
+        self,
+        attention_mask: torch.Tensor,
+        mask: torch.Tensor,
+        rows: float,
+        coef: float,
+        routes: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, float]:
         """The loss term of the last recorded forward, and its mean per row.
 
@@ -199,13 +218,16 @@ class RouterBalance:
             mask: [N, T] the action mask (shifted by one).
             rows: The minibatch's rows with an action, all processes.
             coef: The weight (``router_aux_loss_coef``).
+            routes: [N, L, Y, k] the replayed routes of the forward, or None
+                (:func:`sequence_balance_loss`).
         """
         if self._rows is None:
             raise RuntimeError("no router logits were recorded in this update's forward")
         logits, self._rows = self._rows, None
         per_row = sequence_balance_loss(
-            logits.reshape(*logits.shape[:2], -1, self._experts), attention_mask, self.top_k
-        )
+            logits.reshape(*logits.shape[:2], -1, self._experts), attention_mask, self.top_k,
+            routes,
+        )  # fmt: skip
         acting = mask.any(dim=1)
         per_row = torch.where(acting, per_row, torch.zeros((), dtype=per_row.dtype))
         mean = float(per_row.detach().sum()) / max(int(acting.sum()), 1)

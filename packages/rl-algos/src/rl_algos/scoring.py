@@ -8,7 +8,10 @@ are empty or not finite.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +23,7 @@ from rl_algos.distributed import gathered
 from rl_algos.microbatch import RowSplit, split_rows
 from rl_algos.packing import PackingReport, packed_hidden_states
 from rl_algos.router_balance import RouterBalance
+from rl_algos.router_replay import RouterReplay, laid_out
 from rl_algos.shared_prefix import MIN_SAVED_WORK, SHARED_PREFIX_IMPLEMENTATIONS, shares_previous
 from rl_algos.varlen_attention import attention_implementation
 
@@ -55,6 +59,11 @@ class Scorer:
     """A mixture-of-experts policy's load-balancing loss (None: off): inside its
     :meth:`~rl_algos.router_balance.RouterBalance.training`, the actor's forwards record their
     router logits, laid out per row like the hidden states."""
+    replay: RouterReplay | None = None
+    """A mixture-of-experts policy's routing replay (None: off): inside its
+    :meth:`~rl_algos.router_replay.RouterReplay.recording` or
+    :meth:`~rl_algos.router_replay.RouterReplay.replaying`, the actor's forwards record or
+    force their routes (and rows do not share a prompt: each row routes its own tokens)."""
 
     def hidden_states(
         self,
@@ -87,6 +96,11 @@ class Scorer:
         router: RouterBalance | None,
     ) -> torch.Tensor:
         """:meth:`hidden_states`; with ``router`` all ``L`` positions, router logits appended."""
+        replay = self.replay if self.replay is not None and self.replay.active else None
+        if replay is not None and role != "actor":
+            replay = None
+        elif replay is not None:
+            scored = None  # each row's own routes: no shared prompt (rl_algos.router_replay)
         packing = self.packing
         if packing is None:
             packing = self.report.choose(self.policy.causal_lm, attention_mask)
@@ -105,10 +119,12 @@ class Scorer:
             work = 0 if self.share_prefix else MIN_SAVED_WORK
             packed = packed_hidden_states(
                 self.policy, input_ids, attention_mask, role, checked, scored, self.report, work,
-                router,
+                router, replay,
             )  # fmt: skip
             return packed if router is not None else packed[:, :-1]
-        hidden: torch.Tensor = self.policy.hidden_states(input_ids, attention_mask, role=role)
+        positions = torch.arange(input_ids.numel(), device=input_ids.device)  # [N * L]
+        with laid_out(replay, positions):
+            hidden: torch.Tensor = self.policy.hidden_states(input_ids, attention_mask, role=role)
         return router.attach(hidden) if router is not None else hidden[:, :-1]
 
     def row_groups(
@@ -287,7 +303,8 @@ def score_batch(
     (the behaviour policy's; no forward). With ``with_sum_pi_squared`` the actor's forward
     also gives :attr:`Scores.sum_pi_squared` for every row (it then runs even when the old
     log-probs come from the sampler: the sampler's full distribution is not returned, so the
-    actor's, equal to it up to the engines' numerics, stands in).
+    actor's, equal to it up to the engines' numerics, stands in). With the scorer's routing
+    replay, the forward that scores the old log-probs records :attr:`Scores.routes`.
     """
     groups = scorer.row_groups(batch.attention_mask, batch.input_ids, batch.mask)
 
@@ -297,21 +314,48 @@ def score_batch(
         with torch.inference_mode(False):
             return torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
 
+    sampler = batch.sampling_logprobs if old_from_sampler else None
+    # routing replay: the actor's forward that scores the old log-probs records its routes
+    routes: torch.Tensor | None = None
+    if scorer.replay is not None and not with_old:
+        warnings.warn(
+            "router_replay='R2' has nothing to replay in an on-policy learn() (one optimizer "
+            "step: update_epochs=1 and batch_size >= the batch's rows), whose forward is the "
+            "old policy's; the routes are recorded and replayed from a second step on",
+            stacklevel=3,
+        )
+    if scorer.replay is not None and with_old and sampler is None:
+        with torch.inference_mode(False):
+            routes = scorer.replay.empty_routes(batch.input_ids.shape, batch.mask.device)
+
+    @contextlib.contextmanager
+    def recording(rows: torch.Tensor, role: str) -> Iterator[None]:
+        """The actor's forward of ``rows`` inside records its routes into ``routes[rows]``."""
+        if routes is None or scorer.replay is None or role != "actor":
+            yield
+            return
+        with torch.inference_mode(False):
+            part = scorer.replay.empty_routes((len(rows), routes.shape[1]), routes.device)
+        with scorer.replay.recording(part):
+            yield
+        routes[rows] = part
+
     def score(role: str) -> torch.Tensor:
         out = zeros()
         for rows in groups:
             ids, attn, mask = batch.input_ids[rows], batch.attention_mask[rows], batch.mask[rows]
-            out[rows] = scorer.logprobs(ids, attn, mask, role)
+            with recording(rows, role):
+                out[rows] = scorer.logprobs(ids, attn, mask, role)
         return out
 
     def score_with_spi() -> tuple[torch.Tensor, torch.Tensor]:
         out, spi = zeros(), zeros()
         for rows in groups:
             ids, attn, mask = batch.input_ids[rows], batch.attention_mask[rows], batch.mask[rows]
-            out[rows], spi[rows] = scorer.logprobs_and_sum_pi_squared(ids, attn, mask)
+            with recording(rows, "actor"):
+                out[rows], spi[rows] = scorer.logprobs_and_sum_pi_squared(ids, attn, mask)
         return out, spi
 
-    sampler = batch.sampling_logprobs if old_from_sampler else None
     # inference mode: no grad, and no view or version tracking either (fewer costs per op);
     # the LoRA layers run the lean forward, as in the update (rl_adapters.PolicyModel.lean_lora)
     with torch.inference_mode(), scorer.policy.lean_lora():
@@ -325,4 +369,6 @@ def score_batch(
         ref = None
         if with_reference and "reference" in scorer.policy.roles:
             ref = score("reference")
-    return Scores(old, ref, spi)
+    if routes is not None:
+        routes.masked_fill_(~batch.attention_mask.bool()[:, :, None, None], -1)
+    return Scores(old, ref, spi, routes)
