@@ -34,7 +34,10 @@ def launch(
 
 #: The options that choose what is trained (the one process trains the same model); the others
 #: change only how the ranks compute, and the one process runs the plain path.
-SINGLE_OPTIONS = ("arch", "full_finetune", "lora_config", "router_aux_loss_coef")
+SINGLE_OPTIONS = (
+    "arch", "full_finetune", "lora_config", "router_aux_loss_coef", "router_replay",
+    "update_epochs",
+)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -45,12 +48,15 @@ SINGLE_OPTIONS = ("arch", "full_finetune", "lora_config", "router_aux_loss_coef"
         {"gradient_checkpointing": True, "use_sequence_packing": False},
         {"gradient_checkpointing": True, "use_sequence_packing": True, "micro_batch_tokens": 16},
         # the experts and the router train: each rank's tokens reach other experts; the
-        # load-balancing loss over the rows of both ranks (weighted 1: as large as the policy's)
+        # load-balancing loss over the rows of both ranks (weighted 1: as large as the policy's);
+        # two epochs, the second replaying each rank's routes of the old forward (R2)
         {
             "arch": "qwen3_moe",
             "full_finetune": True,
             "lora_config": None,
             "router_aux_loss_coef": 1.0,
+            "router_replay": "R2",
+            "update_epochs": 2,
         },
     ],
     ids=["padded", "packed-tokens16", "checkpointed", "checkpointed-packed-tokens16", "moe-full"],
@@ -83,6 +89,8 @@ def test_two_process_grpo_equals_one_process_on_the_global_batch(
         # the summed per-rank losses are the global loss; weights match one process on it
         losses = [float(ranks[0]["loss"]), float(ranks[1]["loss"])]
         assert_step_matches(step, losses, metrics, ranks[0], single)
+        if options.get("router_replay"):  # the second epoch replaced routes: replay mattered
+            assert metrics["route_flips"] > 0, step
     assert step == STEPS - 1
 
 
