@@ -12,6 +12,7 @@ option.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
@@ -132,7 +133,7 @@ def test_a_replayed_forward_is_the_model_with_the_recorded_experts_forced(family
     forced = copy.deepcopy(causal).eval()
     fresh = copy.deepcopy(causal).eval()
     ids, attn = batch.input_ids, batch.attention_mask
-    replay = agent.router_replay
+    replay = agent.router_replayer
     assert replay is not None
     with replay.replaying(routes), laid_out(replay, torch.arange(ids.numel())):
         ours = causal(ids, attention_mask=attn).logits
@@ -169,7 +170,7 @@ def _replayed_grads(**options: Any) -> tuple[dict[str, torch.Tensor], float]:
     routes = score_batch(agent.scorer, batch, with_reference=False).routes
     assert routes is not None
     _move_routers(agent.policy.causal_lm)
-    replay = agent.router_replay
+    replay = agent.router_replayer
     assert replay is not None
     with replay.replaying(routes):
         lp = agent.scorer.logprobs(batch.input_ids, batch.attention_mask, batch.mask)
@@ -219,7 +220,7 @@ def test_the_update_replays_the_old_forwards_routes() -> None:
     )  # fmt: skip
     assert ppo.learn((ids, mask, rewards))["route_flips"] > 0  # the critic forwards pass by
     twin = agent.clone()
-    assert twin.router_replay is not None and twin.router_replay is not agent.router_replay
+    assert twin.router_replayer is not None and twin.router_replayer is not agent.router_replayer
     assert twin.learn((ids, mask, rewards))["route_flips"] > 0
 
 
@@ -241,9 +242,7 @@ def test_settings_and_models_that_cannot_replay_are_refused() -> None:
     dense, _ = tiny_causal_lm("qwen2", seed=0)
     with pytest.raises(ValueError, match=r"router_replay='R2'\): Qwen2ForCausalLM is not a"):
         _agent(dense)
-    with pytest.raises(ValueError, match=r"'R3'.*sampler's routes.*router_replay='R2'"):
-        _agent(_moe("qwen3_moe"), router_replay="R3")
-    with pytest.raises(ValueError, match=r"`router_replay` must be None or 'R2', got 'r2'"):
+    with pytest.raises(ValueError, match=r"`router_replay` must be None, 'R2' or 'R3', got 'r2'"):
         _agent(_moe("qwen3_moe"), router_replay="r2")
     with pytest.raises(ValueError, match=r"router_replay='R2'.*share_prompt_prefix=True"):
         _agent(_moe("qwen3_moe"), share_prompt_prefix=True)
@@ -281,3 +280,96 @@ def test_the_balance_loss_counts_the_replayed_experts() -> None:
         dtype=torch.float32,
     )
     assert float((ours - sequence_balance_loss(logits, attention, 2)).abs().max()) > 1e-3
+
+
+def test_the_config_keeps_the_mode_and_a_checkpoint_round_trips(tmp_path: Any) -> None:
+    """The agent's replay mechanism is its own attribute: ``router_replay`` stays the config's
+    string (agent attributes named like a config field write the config)."""
+    agent = _agent(_moe("qwen3_moe"), update_epochs=2)
+    assert agent.config.router_replay == "R2" and agent.router_replayer is not None
+    path = agent.save_checkpoint(tmp_path / "ckpt")
+    again = GRPO.load(path, actor_network=_moe("qwen3_moe"))
+    assert again.config.router_replay == "R2" and again.router_replayer is not None
+    assert again.router_replayer.mode == "R2"
+
+
+PROMPTS = [[1, 5, 6, 7, 8], [1, 9], [1, 20, 21]]
+
+
+def _r3_agent(**options: Any) -> GRPO:
+    model, tok = tiny_causal_lm("qwen3_moe", seed=0)
+    return _agent(
+        model, tokenizer=tok, group_size=2, batch_size=6, router_replay="R3", temperature=1.0,
+        max_output_tokens=6, **options,
+    )  # fmt: skip
+
+
+def test_r3_lays_out_the_samplers_routes_like_the_rollout() -> None:
+    """``get_action``'s rollout carries the engine's routes laid out like its ``input_ids``:
+    a forward of those rows routes each token as the sampler did (up to near ties)."""
+    agent = _r3_agent()
+    rollout = agent.get_action([{"input_ids": torch.tensor([p])} for p in PROMPTS]).rollout
+    routes = rollout.sampling_routes
+    assert routes is not None and routes.shape == (*rollout.input_ids.shape, 2, 2)
+    model = agent.policy.causal_lm
+    attention = (rollout.input_ids != 0).long()
+    with torch.no_grad():
+        out = model(rollout.input_ids, attention_mask=attention, output_router_logits=True)
+    checked = ran_total = 0
+    for y, logits in enumerate(out.router_logits):
+        probs = torch.softmax(logits.float(), -1).view(*rollout.input_ids.shape, -1)
+        top = probs.sort(-1, descending=True).values
+        clear = (top[..., 1] - top[..., 2]) > 1e-4
+        theirs = torch.topk(probs, 2, dim=-1).indices.sort(-1).values
+        ours = routes[:, :, y].long().sort(-1).values
+        ran = (routes[:, :, y] >= 0).all(-1)
+        assert bool(((ours == theirs).all(-1) | ~clear | ~ran).all()), y
+        checked, ran_total = checked + int((clear & ran).sum()), ran_total + int(ran.sum())
+    # every real token but each row's last one ran in a forward of the sampler
+    assert ran_total == 2 * int(attention.sum() - attention.shape[0])
+    assert checked >= 0.9 * ran_total
+
+
+def test_r3_scores_and_updates_with_the_samplers_routes() -> None:
+    """Whatever routes the rollout carries are forced: the old log-probs are the model's with
+    its routers' choice overwritten by those routes (here a pattern no router would choose,
+    a different pair per position and layer), not the model's own."""
+    agent = _r3_agent()
+    rollout = agent.get_action([{"input_ids": torch.tensor([p])} for p in PROMPTS]).rollout
+    assert rollout.sampling_routes is not None
+    N, L = rollout.input_ids.shape
+    t = torch.arange(L)[None, :, None] + torch.arange(2)[None, None, :]  # [1, L, Y]
+    pattern = torch.stack([t % 4, (t + 1) % 4], dim=-1).expand(N, L, 2, 2).to(torch.int16)
+    forced_routes = torch.where(rollout.sampling_routes >= 0, pattern, -1)
+    rollout = dataclasses.replace(rollout, sampling_routes=forced_routes)
+    batch = agent.parse(rollout.with_rewards(torch.arange(N, dtype=torch.float32)))
+    scores = score_batch(agent.scorer, batch, with_reference=False)
+    real = batch.attention_mask.bool()[:, :, None, None]
+    assert scores.routes is not None
+    assert torch.equal(scores.routes, forced_routes.masked_fill(~real, -1))  # bit-exact: indices
+    causal = agent.policy.causal_lm
+    forced = copy.deepcopy(causal).eval()
+    flat = forced_routes.view(-1, 2, 2)
+    handles = _forced_reference(forced, torch.where(flat >= 0, flat, 0))
+    with torch.no_grad():
+        logits = forced(batch.input_ids, attention_mask=batch.attention_mask).logits
+        own = causal(batch.input_ids, attention_mask=batch.attention_mask).logits
+    for h in handles:
+        h.remove()
+    targets = batch.input_ids[:, 1:, None]
+    theirs = logits[:, :-1].float().log_softmax(-1).gather(-1, targets)[..., 0]
+    afresh = own[:, :-1].float().log_softmax(-1).gather(-1, targets)[..., 0]
+    old = scores.old()
+    assert_close(old[batch.mask], theirs[batch.mask], reduction=128, stages=4)
+    assert float((old[batch.mask] - afresh[batch.mask]).abs().max()) > 1e-3
+    metrics = agent.learn(rollout.with_rewards(torch.arange(N, dtype=torch.float32)))
+    assert metrics["route_flips"] > 0.2  # the update's own choice differs from the pattern
+
+
+def test_r3_needs_the_samplers_routes_and_the_hugging_face_engine() -> None:
+    agent = _r3_agent()
+    ids, mask = _batch()
+    with pytest.raises(ValueError, match=r"router_replay='R3' replays the sampler's routes, and"):
+        agent.learn((ids[:2], mask[:2], torch.tensor([1.0, 0.0])))  # a tuple: no routes
+    with pytest.raises(ValueError, match=r"router_replay='R3'.*use_vllm=True"):
+        _r3_agent(use_vllm=True)

@@ -175,7 +175,7 @@ class LLMAlgorithm:
         self.logit_mask = logit_mask
         self.device = torch.device(accelerator.device if accelerator is not None else device)
         self.policy = self._build_policy(model_name, actor_network, model_config, lora_config)
-        self.router_balance, self.router_replay = self._build_routers()
+        self.router_balance, self.router_replayer = self._build_routers()
         self.extra_modules: dict[str, torch.nn.Module] = {}
         eos_ids = model_eos_ids(self.policy.causal_lm)
         self.eos_token_id = eos_ids[0] if eos_ids else self.pad_token_id
@@ -240,6 +240,7 @@ class LLMAlgorithm:
             self.tokenizer,
             max_model_len=self.config.max_model_len,
             prompts_per_batch=self.config.hf_generate_chunk_size,
+            record_routes=self.config.router_replay == "R3",
         )
 
     @property
@@ -288,7 +289,7 @@ class LLMAlgorithm:
         share = cfg.share_prompt_prefix
         return Scorer(
             self.policy, cfg.temperature, chunk, zero, packing, split, report,
-            router=self.router_balance, share_prefix=share, replay=self.router_replay,
+            router=self.router_balance, share_prefix=share, replay=self.router_replayer,
         )  # fmt: skip
 
     # -- generation ------------------------------------------------------------------------------
@@ -463,7 +464,7 @@ class LLMAlgorithm:
         self, mb: MicroBatch, norm: Normalizers, parts: AgentParts, fused: bool
     ) -> LossTerms | None:
         """One micro-batch's loss: the objective (plain or fused) plus the extra term."""
-        router, replay = self.router_balance, self.router_replay
+        router, replay = self.router_balance, self.router_replayer
         with (
             router.training() if router is not None else contextlib.nullcontext(),
             replaying(replay, mb.routes),  # R2: the old forward's routes

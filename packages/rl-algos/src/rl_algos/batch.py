@@ -65,6 +65,9 @@ class Rollout:
     sum (NaN where a function returned None); None when it reports only the sum. GDPO reads it."""
     reward_weights: torch.Tensor | None = None
     """[R] float32: the weights of the sum that made ``rewards`` from ``reward_components``."""
+    sampling_routes: torch.Tensor | None = None
+    """[N, L, Y, k] int16: the sampler's experts of each token in its ``Y`` MoE layers (-1
+    where none ran), or None (``router_replay="R3"``)."""
 
     def __post_init__(self) -> None:
         ids, mask = self.input_ids, self.mask
@@ -100,6 +103,8 @@ class Rollout:
             )
 
         _check_components(self.reward_components, self.reward_weights, N)
+        if (r := self.sampling_routes) is not None and (r.dim() != 4 or r.shape[:2] != ids.shape):
+            raise ValueError(f"`sampling_routes` {tuple(r.shape)} must be [N, L, Y, k]")
 
     @property
     def num_rows(self) -> int:
@@ -166,7 +171,8 @@ class Rollout:
         comps = None if comps is None else comps.to(ids.device, torch.float32)
         weights = self.reward_weights
         weights = None if weights is None else weights.to(ids.device, torch.float32)
-        return Batch(ids, attention, mask, r, tids, samp, comps, weights)
+        routes = None if self.sampling_routes is None else self.sampling_routes.to(ids.device)
+        return Batch(ids, attention, mask, r, tids, samp, comps, weights, routes)
 
 
 @dataclass(frozen=True)
@@ -234,6 +240,8 @@ class Batch:
     """[N, R] float32 scores of the R reward functions before their weighted sum, or None."""
     reward_weights: torch.Tensor | None = None
     """[R] float32 weights of that sum, or None."""
+    sampling_routes: torch.Tensor | None = None
+    """[N, L, Y, k] the sampler's routes (see :attr:`Rollout.sampling_routes`), or None."""
 
     @property
     def num_rows(self) -> int:
@@ -256,10 +264,8 @@ class Scores:
     (shifted by one, 0 off the mask), from the forward that scores the old log-probs; None
     unless the estimator reads it (``AgentParts.needs_sum_pi_squared``)."""
     routes: torch.Tensor | None = None
-    """[N, L, Y, k] int16: the experts each token went to in each of the ``Y`` MoE layers of
-    the forward that scored :attr:`old_logprobs` (not shifted: position ``t`` is token ``t``;
-    -1 off the attention mask), which the update replays (``router_replay="R2"``,
-    :mod:`rl_algos.router_replay`); None otherwise."""
+    """[N, L, Y, k] int16: the routes the update replays (:mod:`rl_algos.router_replay`; R2:
+    the old forward's, R3: the sampler's; -1 off the attention mask), or None."""
 
     def old(self) -> torch.Tensor:
         """:attr:`old_logprobs`, which must have been scored."""

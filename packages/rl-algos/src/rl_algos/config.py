@@ -231,8 +231,9 @@ class AgentConfig:
     router_replay: str | None = None
     """Routing replay of a mixture-of-experts policy (:mod:`rl_algos.router_replay`):
     ``"R2"`` forces, in the update's forwards, the experts each token was routed to in the
-    forward that scored its old log-prob (verl's and ms-swift's ``R2``); None: every forward
-    routes afresh. Refused for a dense model."""
+    forward that scored its old log-prob; ``"R3"`` forces the experts the sampler routed it
+    to (the Hugging Face engine records them) in that forward and the update's (verl's and
+    ms-swift's names); None: every forward routes afresh. Refused for a dense model."""
     full_finetune: bool = False
     """Train every weight instead of LoRA adapters."""
     stop_sequences: tuple[str, ...] = ()
@@ -408,23 +409,24 @@ class AgentConfig:
     def _check_router_replay(self) -> None:
         """Check ``router_replay`` (alone and with the options it cannot serve)."""
         mode = self.router_replay
-        if mode == "R3":
-            raise ValueError(
-                "`router_replay='R3'` replays the sampler's routes, and the generation engines "
-                "do not return them: pass router_replay='R2' (the routes of the forward that "
-                "scores the old log-probs) or None"
-            )
-        if mode not in (None, "R2"):
-            raise ValueError(f"`router_replay` must be None or 'R2', got {mode!r}")
+        if mode not in (None, "R2", "R3"):
+            raise ValueError(f"`router_replay` must be None, 'R2' or 'R3', got {mode!r}")
         if mode is None:
             return
         if self.share_prompt_prefix is True:
             raise ValueError(
-                "router_replay='R2' replays each row's own routes, and share_prompt_prefix=True "
-                "computes a shared prompt once for several rows: pass share_prompt_prefix=None "
-                "(which does not share while routes are replayed) or False, or router_replay=None"
+                f"router_replay={mode!r} replays each row's own routes, and share_prompt_prefix="
+                "True computes a shared prompt once for several rows: pass share_prompt_prefix="
+                "None (which does not share while routes are replayed) or False, or "
+                "router_replay=None"
             )
-        if self.clip_against_sampler:
+        if mode == "R3" and self.use_vllm:
+            raise ValueError(
+                "router_replay='R3' replays the sampler's routes, which the Hugging Face engine "
+                "records, and use_vllm=True samples with vLLM, which does not return them here: "
+                "pass use_vllm=False, or router_replay='R2'"
+            )
+        if mode == "R2" and self.clip_against_sampler:
             raise ValueError(
                 "router_replay='R2' replays the routes of the trainer's forward that scores the "
                 "old log-probs, and clip_against_sampler=True takes them from the sampler, with "

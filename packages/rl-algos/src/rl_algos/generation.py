@@ -185,7 +185,17 @@ def rollout_of(
     if result.logprobs is not None:
         logps = torch.zeros(N, P + C - 1, device=comp.device)
         logps.scatter_(1, cols - 1, result.logprobs.to(torch.float32))
-    return Rollout(input_ids, mask, lengths, group_size, logps)
+    routes = getattr(result, "routes", None)
+    if routes is not None:  # [N, P' + C, Y, k], prompts left-padded to P': re-laid like the ids
+        width = routes.shape[1] - C
+        t = torch.arange(P + C, device=comp.device)[None]
+        n = lengths[:, None]
+        source = torch.where(t < n, width - n + t, width + t - n)  # [N, P + C]
+        ran = source < routes.shape[1]
+        index = source.clamp(max=routes.shape[1] - 1)[:, :, None, None]
+        routes = routes.to(comp.device).gather(1, index.expand(-1, -1, *routes.shape[2:]))
+        routes = routes.masked_fill(~ran[:, :, None, None], -1)
+    return Rollout(input_ids, mask, lengths, group_size, logps, sampling_routes=routes)
 
 
 def vllm_engine(

@@ -196,8 +196,8 @@ def clone_agent(agent: Any, index: int | None) -> Any:
     twin._torch_rng.set_state(agent._torch_rng.get_state())
     twin.fitness, twin.scores = list(agent.fitness), list(agent.scores)
     twin.mutation_history = list(agent.mutation_history)
-    if agent.router_balance is not None or agent.router_replay is not None:
-        twin.router_balance, twin.router_replay = twin._build_routers()  # the twin's own hooks
+    if agent.router_balance is not None or agent.router_replayer is not None:
+        twin.router_balance, twin.router_replayer = twin._build_routers()  # own hooks
     twin.learner = twin.build_learner()
     twin.optimizer.load_state_dict(agent.optimizer.state_dict())
     if index is not None:

@@ -1,4 +1,4 @@
-"""Routing replay of a mixture-of-experts policy: the old forward's experts in the update (R2).
+"""Routing replay of a mixture-of-experts policy: recorded experts forced in training (R2, R3).
 
 A transformers MoE model routes each token to the ``k`` experts of highest router score in
 every MoE layer. The update's forwards choose again, so after an optimizer step (the second
@@ -10,7 +10,11 @@ and ms-swift's ``R2``) records the top-k expert indices of every token in every 
 the forward that scores ``old_logprobs``, and forces the same indices in the update forwards.
 Only the discrete choice is replayed: the router's scores of the forced experts are computed
 from the current router weights (the value ``torch.topk`` would return at those indices), so
-the router still gets its gradient.
+the router still gets its gradient. ``R3`` (rollout routing replay) forces the experts the
+sampler chose instead (:mod:`rl_rollout.routes`, recorded by ``HFEngine(record_routes=True)``)
+in the forward that scores the old log-probs and in the update's: the trainer then also routes
+as the sampler did, whose numerics (a KV cache, merged LoRA weights, other batch shapes) can
+choose other experts for the same token.
 
 Mechanism: the router modules transformers declares (``_can_record_outputs
 ["router_logits"]``, :func:`rl_algos.router_balance.router_module_class`) choose their experts
@@ -103,6 +107,8 @@ class RouterReplay:
 
     model: torch.nn.Module
     top_k: int
+    mode: str = "R2"
+    """``"R2"``: the old forward records the routes; ``"R3"``: the sampler's are replayed."""
     _layers: int = 0
     _mode: str | None = None
     _routes: torch.Tensor | None = None
@@ -264,7 +270,7 @@ def build_router_replay(
     """The routing replay ``mode`` of ``agent`` (its class name) on ``model``, or None (off).
 
     Raises:
-        ValueError: ``mode`` "R2" on a model that declares no router, or whose routers are not
+        ValueError: a ``mode`` on a model that declares no router, or whose routers are not
             replayable (:meth:`RouterReplay.probe`); the message names the argument.
     """
     if mode is None:
@@ -275,6 +281,6 @@ def build_router_replay(
             "mixture-of-experts model (it declares no router), so there are no routes to "
             "replay; leave router_replay unset"
         )
-    replay = RouterReplay(model, experts_per_token(model))
+    replay = RouterReplay(model, experts_per_token(model), mode)
     replay.probe()
     return replay

@@ -315,24 +315,20 @@ def score_batch(
             return torch.zeros(batch.mask.shape, dtype=torch.float32, device=batch.mask.device)
 
     sampler = batch.sampling_logprobs if old_from_sampler else None
-    # routing replay: the actor's forward that scores the old log-probs records its routes
-    routes: torch.Tensor | None = None
-    if scorer.replay is not None and not with_old:
-        warnings.warn(
-            "router_replay='R2' has nothing to replay in an on-policy learn() (one optimizer "
-            "step: update_epochs=1 and batch_size >= the batch's rows), whose forward is the "
-            "old policy's; the routes are recorded and replayed from a second step on",
-            stacklevel=3,
-        )
-    if scorer.replay is not None and with_old and sampler is None:
-        with torch.inference_mode(False):
-            routes = scorer.replay.empty_routes(batch.input_ids.shape, batch.mask.device)
+    routes = _routes_to_replay(scorer, batch, with_old and sampler is None)
+    r3 = scorer.replay is not None and scorer.replay.mode == "R3"
 
     @contextlib.contextmanager
     def recording(rows: torch.Tensor, role: str) -> Iterator[None]:
-        """The actor's forward of ``rows`` inside records its routes into ``routes[rows]``."""
+        """The actor's forward of ``rows`` inside records its routes into ``routes[rows]``
+        (R2), or replays them (R3: the sampler's).
+        """  # noqa: D205
         if routes is None or scorer.replay is None or role != "actor":
             yield
+            return
+        if r3:
+            with scorer.replay.replaying(routes[rows]):
+                yield
             return
         with torch.inference_mode(False):
             part = scorer.replay.empty_routes((len(rows), routes.shape[1]), routes.device)
@@ -372,3 +368,37 @@ def score_batch(
     if routes is not None:
         routes.masked_fill_(~batch.attention_mask.bool()[:, :, None, None], -1)
     return Scores(old, ref, spi, routes)
+
+
+def _routes_to_replay(scorer: Scorer, batch: Batch, old_forward: bool) -> torch.Tensor | None:
+    """[N, L, Y, k]: the sampler's routes (R3), or the empty routes the forward that scores
+    the old log-probs (``old_forward``) fills (R2); None without routing replay or with
+    nothing to replay.
+
+    Raises:
+        ValueError: R3 and a batch without the sampler's routes.
+    """  # noqa: D205
+    replay = scorer.replay
+    if replay is None:
+        return None
+    if replay.mode == "R3":
+        if batch.sampling_routes is None:
+            raise ValueError(
+                "router_replay='R3' replays the sampler's routes, and this batch has none: "
+                "learn from the Rollout that get_action returns (its sampling_routes; "
+                "multi-turn episodes and (ids, masks, rewards) tuples carry none), or pass "
+                "router_replay='R2'"
+            )
+        with torch.inference_mode(False):
+            real = batch.attention_mask.bool()[:, :, None, None]
+            return batch.sampling_routes.masked_fill(~real, -1)
+    if not old_forward:
+        warnings.warn(
+            "router_replay='R2' has nothing to replay in an on-policy learn() (one optimizer "
+            "step: update_epochs=1 and batch_size >= the batch's rows), whose forward is the "
+            "old policy's; the routes are recorded and replayed from a second step on",
+            stacklevel=4,
+        )
+        return None
+    with torch.inference_mode(False):
+        return replay.empty_routes(batch.input_ids.shape, batch.mask.device)

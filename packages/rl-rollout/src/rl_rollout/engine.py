@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -15,6 +16,7 @@ from rl_rollout.decode import lean_decode, supports_lean_decode
 from rl_rollout.lora_sync import LoraAdapter, merged_weights
 from rl_rollout.params import SamplingParams, process_logits
 from rl_rollout.result import RolloutResult, assemble_result
+from rl_rollout.routes import RouteRecorder, router_modules
 
 __all__ = [
     "Engine",
@@ -198,6 +200,9 @@ class HFEngine:
             model partitioned by DeepSpeed ZeRO-3 (every process must call ``generate``
             the same number of times). Sampling arguments are refused: use
             :class:`SamplingParams`.
+        record_routes: Record the experts a mixture-of-experts model routes each token to
+            (:class:`rl_rollout.routes.RouteRecorder`): :attr:`RolloutResult.routes`. Refused
+            for a dense model.
         decode: ``"lean"`` (the default) samples with :func:`rl_rollout.decode.lean_decode`,
             token for token what ``generate`` gives under the same seed without its per-token
             Python cost, wherever that is exact: a decoder-only model that
@@ -216,6 +221,7 @@ class HFEngine:
         truncation: Literal["error", "left"] = "error",
         generate_kwargs: dict[str, Any] | None = None,
         decode: Literal["lean", "generate"] = "lean",
+        record_routes: bool = False,
     ) -> None:
         if decode not in ("lean", "generate"):
             raise ValueError(f"`decode` must be 'lean' or 'generate', got {decode!r}")
@@ -252,6 +258,12 @@ class HFEngine:
             raise ValueError("the tokenizer needs a pad and an eos token")
         self.pad_id = int(tokenizer.pad_token_id)
         self.eos_id = int(tokenizer.eos_token_id)
+        self.record_routes = bool(record_routes)
+        if self.record_routes and not router_modules(model):
+            raise ValueError(
+                f"record_routes=True: {type(model).__name__} is not a mixture-of-experts model "
+                "(it declares no router), so it has no routes to record"
+            )
         self.adapter: str | None = None
         self.weight_version: int | None = None
         self._base_weights: dict[str, torch.nn.Parameter] = {}
@@ -317,8 +329,32 @@ class HFEngine:
 
     def _generate_chunk(
         self, prompts: list[list[int]], params: SamplingParams
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """[rows, steps] generated tokens and (optionally) their sampling log-probs, on CPU."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """[rows, steps] generated tokens, (optionally) their sampling log-probs, and (with
+        :attr:`record_routes`) the routes [rows, width + steps, Y, k] of the left-padded
+        prompts (width) and the generated tokens (-1 where none ran: padding, the last token),
+        on CPU.
+        """  # noqa: D205
+        recorder = None
+        if self.record_routes:
+            config = self.model.config
+            text = config.get_text_config() if hasattr(config, "get_text_config") else config
+            recorder = RouteRecorder(self.model, int(text.num_experts_per_tok))
+        with recorder if recorder is not None else contextlib.nullcontext():
+            completion, logprobs, mask = self._sample_chunk(prompts, params)
+        if recorder is None:
+            return completion, logprobs, None
+        rows, steps = completion.shape
+        fed = recorder.routes(rows).cpu()  # [rows, width + steps - 1 (or fewer), Y, k]
+        routes = torch.full((rows, mask.shape[1] + steps, *fed.shape[2:]), -1, dtype=fed.dtype)
+        routes[:, : fed.shape[1]] = fed
+        routes[:, : mask.shape[1]][~mask.cpu()] = -1  # the prompts' left padding
+        return completion, logprobs, routes
+
+    def _sample_chunk(
+        self, prompts: list[list[int]], params: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """:meth:`_generate_chunk`'s tokens and log-probs, and the [rows, width] prompt mask."""
         device = next(self.model.parameters()).device
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -375,13 +411,15 @@ class HFEngine:
                     pad_token_id=self.pad_id,
                     record_logprobs=params.return_logprobs,
                 )
-                return completion.cpu(), None if logprobs is None else logprobs.cpu()
+                rows_mask = mask.repeat_interleave(params.n, dim=0)
+                return completion.cpu(), None if logprobs is None else logprobs.cpu(), rows_mask
             with torch.no_grad():
                 out = self.model.generate(**kwargs)
         sequences = out if isinstance(out, torch.Tensor) else out.sequences
         completion = sequences[:, width:]
         logprobs = processor.finish(completion[:, -1]) if params.return_logprobs else None
-        return completion.cpu(), None if logprobs is None else logprobs.cpu()
+        rows_mask = mask.repeat_interleave(params.n, dim=0)
+        return completion.cpu(), None if logprobs is None else logprobs.cpu(), rows_mask
 
     def uses_lean_decode(self, params: SamplingParams) -> bool:
         """Whether ``params`` are sampled with the lean loop (see ``decode``) or ``generate``."""
@@ -404,12 +442,16 @@ class HFEngine:
         self._warn_past_positions(encoded, params)
         completions: list[list[int]] = []
         logprobs: list[list[float]] = []
+        routes: list[tuple[int, torch.Tensor]] = []
         # chunks are contiguous runs of prompts, so the rows stay prompt-major
         for chunk in self._chunks(encoded, params):
-            tokens, lp = self._generate_chunk([encoded[i] for i in chunk], params)
+            prompts_c = [encoded[i] for i in chunk]
+            tokens, lp, chunk_routes = self._generate_chunk(prompts_c, params)
             completions.extend(tokens.tolist())
             if lp is not None:
                 logprobs.extend(lp.tolist())
+            if chunk_routes is not None:
+                routes.append((max(len(p) for p in prompts_c), chunk_routes))
         result = assemble_result(
             encoded,
             completions,
@@ -421,6 +463,8 @@ class HFEngine:
             logprobs=logprobs if params.return_logprobs else None,
         )
         result.weight_version = self.weight_version
+        if routes:
+            result.routes = _laid_out_routes(routes, result)
         return result
 
     def _warn_past_positions(self, encoded: list[list[int]], params: SamplingParams) -> None:
@@ -502,3 +546,21 @@ class HFEngine:
 
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
         """No-op: the model is the trainer's."""
+
+
+def _laid_out_routes(chunks: list[tuple[int, torch.Tensor]], result: RolloutResult) -> torch.Tensor:
+    """[N, P + C, Y, k]: each chunk's routes (``(width_c, [rows, width_c + steps_c, Y, k])``,
+    its prompts left-padded to ``width_c``) aligned with ``result.sequences`` (prompts
+    left-padded to ``P``, completions right-padded to ``C``), -1 where none was recorded.
+    """  # noqa: D205
+    P, C = result.prompt_ids.shape[1], result.completion_ids.shape[1]
+    N = result.completion_ids.shape[0]
+    first = chunks[0][1]
+    out = torch.full((N, P + C, *first.shape[2:]), -1, dtype=first.dtype)
+    row = 0
+    for width, chunk in chunks:
+        rows, steps = chunk.shape[0], chunk.shape[1] - width
+        out[row : row + rows, P - width : P] = chunk[:, :width]
+        out[row : row + rows, P : P + steps] = chunk[:, width:]
+        row += rows
+    return out

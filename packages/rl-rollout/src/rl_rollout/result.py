@@ -33,6 +33,11 @@ class RolloutResult:
     weight_version: int | None = None
     """The version of the adapter the engine sampled with (``Engine.load_adapter``), or None
     when it samples with no version-tagged weights."""
+    routes: torch.Tensor | None = None
+    """[N, P + T, Y, k] int16: the experts a mixture-of-experts model routed each token of
+    :attr:`sequences` to in each of its ``Y`` MoE layers while sampling (``HFEngine(
+    record_routes=True)``, :mod:`rl_rollout.routes`); -1 where no forward ran it (padding,
+    the last generated token); None unless recorded."""
 
     @property
     def sequences(self) -> torch.Tensor:

@@ -1,0 +1,59 @@
+"""The experts a mixture-of-experts model routes each token to while the engine samples.
+
+``HFEngine(record_routes=True)`` records them in every forward of a generation (the prefill,
+then one per fed token, through the lean loop and through ``generate``, in chunks) and lays
+them out like ``RolloutResult.sequences``; a forward of the whole sequences routes the same
+tokens to the same experts (where the 2nd and 3rd choice do not nearly tie: the cached
+forwards round differently).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rl_rollout import HFEngine, SamplingParams
+from rl_rollout.routes import RouteRecorder, router_modules
+from rl_testing.models import tiny_causal_lm
+
+PROMPTS = [[1, 5, 6, 7, 8], [1, 9], [1, 20, 21]]
+
+
+@pytest.mark.parametrize("decode", ["lean", "generate"])
+@pytest.mark.parametrize("chunk", [None, 1])
+def test_recorded_routes_are_a_full_forwards_own_per_token(decode: str, chunk: int | None) -> None:
+    model, tok = tiny_causal_lm("qwen3_moe", seed=0)
+    engine = HFEngine(model, tok, record_routes=True, decode=decode, prompts_per_batch=chunk)
+    result = engine.generate(PROMPTS, SamplingParams(n=2, max_new_tokens=7, seed=3))
+    routes, seq = result.routes, result.sequences
+    assert routes is not None and routes.dtype == torch.int16
+    assert routes.shape == (*seq.shape, 2, 2)  # [N, P + T, Y, k]
+    # nothing ran on the prompts' left padding, nor on each row's last generated token
+    fed = torch.cat([result.prompt_mask, torch.ones_like(result.completion_mask)], dim=1)
+    assert bool((routes[~fed] == -1).all()) and bool((routes[:, -1] == -1).all())
+    with torch.no_grad():
+        out = model(seq, attention_mask=fed.long(), output_router_logits=True)
+    checked = total = 0
+    for y, logits in enumerate(out.router_logits):
+        probs = torch.softmax(logits.float(), -1).view(*seq.shape, -1)
+        top = probs.sort(-1, descending=True).values
+        clear = (top[..., 1] - top[..., 2]) > 1e-4
+        theirs = torch.topk(probs, 2, dim=-1).indices.sort(-1).values
+        ours = routes[:, :, y].long().sort(-1).values
+        ran = (routes[:, :, y] >= 0).all(-1)
+        assert bool(((ours == theirs).all(-1) | ~clear | ~ran).all()), y
+        checked, total = checked + int((clear & ran).sum()), total + int(ran.sum())
+    assert total > 0 and checked >= 0.9 * total
+
+
+def test_a_dense_model_has_no_routes_and_a_router_of_several_topk_is_refused() -> None:
+    dense, tok = tiny_causal_lm("qwen2", seed=0)
+    assert router_modules(dense) == []
+    with pytest.raises(ValueError, match=r"record_routes=True: Qwen2ForCausalLM is not a mixture"):
+        HFEngine(dense, tok, record_routes=True)
+    model, _ = tiny_causal_lm("qwen3_moe", seed=0)
+    recorder = RouteRecorder(model, top_k=3)  # the model routes 2 per token
+    with (
+        pytest.raises(RuntimeError, match=r"Qwen3MoeTopKRouter chose its experts with a torch"),
+        recorder,
+    ):
+        model(torch.tensor([[1, 5]]))
