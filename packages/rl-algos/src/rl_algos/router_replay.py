@@ -91,7 +91,7 @@ class _TopK(TorchFunctionMode):
         known = (forced >= 0).all(dim=-1)  # padding was not recorded: its own choice
         chosen = torch.where(known[:, None], forced, live.indices)
         flipped = (chosen.sort(-1).values != live.indices.sort(-1).values).any(-1) & known
-        r._flips[self.layer] = (int(flipped.sum()), int(known.sum()))
+        r._flips[self.layer] = (flipped.sum(), known.sum())  # read by flips(): no sync here
         return torch.return_types.topk((scores.gather(-1, chosen), chosen))
 
 
@@ -113,7 +113,7 @@ class RouterReplay:
     _mode: str | None = None
     _routes: torch.Tensor | None = None
     _index: torch.Tensor | None = None
-    _flips: dict[int, tuple[int, int]] = field(default_factory=dict)
+    _flips: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     _handles: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -229,8 +229,10 @@ class RouterReplay:
         """Of the last replayed forward's (token, layer) pairs with a recorded route, the
         fraction whose own top-k would have chosen other experts (None: nothing replayed).
         """  # noqa: D205
-        counted = sum(c for _, c in self._flips.values())
-        return sum(f for f, _ in self._flips.values()) / counted if counted else None
+        if not self._flips:
+            return None
+        counted = int(sum(c for _, c in self._flips.values()))
+        return int(sum(f for f, _ in self._flips.values())) / counted if counted else None
 
     def close(self) -> None:
         """Remove the hooks."""
