@@ -122,8 +122,10 @@ class Scorer:
                 router, replay,
             )  # fmt: skip
             return packed if router is not None else packed[:, :-1]
-        positions = torch.arange(input_ids.numel(), device=input_ids.device)  # [N * L]
-        with laid_out(replay, positions):
+        layout: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if replay is not None:  # flat position s is row position s of the [N, L] rows
+            layout = laid_out(replay, torch.arange(input_ids.numel(), device=input_ids.device))
+        with layout:
             hidden: torch.Tensor = self.policy.hidden_states(input_ids, attention_mask, role=role)
         return router.attach(hidden) if router is not None else hidden[:, :-1]
 

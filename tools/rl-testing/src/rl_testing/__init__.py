@@ -12,6 +12,8 @@ Import the submodules explicitly; this package module imports nothing, so
 * :mod:`rl_testing.packaging`: package metadata checks used by every package's tests.
 * :mod:`rl_testing.tolerance`: the one tolerance for comparisons of different kernels or
   reduction orders, derived from the dtype and the size of the reduction (torch only).
+* :mod:`rl_testing.routing`: recorded mixture-of-experts routes against a model's own top-k,
+  near ties excepted (torch only).
 
 Neither :mod:`rl_testing` nor :mod:`rl_testing.strategies` imports transformers or tokenizers, so
 packages without the ``models`` extra (rl-advantages, rl-losses, rl-kernels) can use them.
