@@ -21,6 +21,8 @@ from rl_algos import GRPO, ILQL, LLMPPO, parse_experiences
 from rl_algos.router_balance import sequence_balance_loss
 from rl_algos.router_replay import laid_out
 from rl_algos.scoring import score_batch
+from rl_algos.server_sync import use_server
+from rl_rollout import HFEngine, RolloutServer
 from rl_testing.models import tiny_causal_lm
 from rl_testing.routing import assert_own_top_k, tie_gap
 from rl_testing.tolerance import assert_close
@@ -359,3 +361,30 @@ def test_r3_needs_the_samplers_routes_and_the_hugging_face_engine() -> None:
         agent.learn((ids[:2], mask[:2], torch.tensor([1.0, 0.0])))  # a tuple: no routes
     with pytest.raises(ValueError, match=r"router_replay='R3'.*use_vllm=True"):
         _r3_agent(use_vllm=True)
+
+
+def test_r3_on_a_rollout_server_gets_the_servers_routes_and_refuses_one_without() -> None:
+    """``use_server``: the server's ``HFEngine(record_routes=True)`` (``rl-rollout-server
+    --record-routes``) samples with the pushed weights, and its routes come back over the wire
+    into the rollout, row for row the local engine's; a server that does not record them is
+    refused when the agent is pointed at it, naming the flag."""
+    local, served = _r3_agent(), _r3_agent()
+    other, tok = tiny_causal_lm("qwen3_moe", seed=5)  # other weights: the first push replaces them
+    chunk = served.config.hf_generate_chunk_size
+    prompts = [{"input_ids": torch.tensor([p])} for p in PROMPTS]
+    with RolloutServer(HFEngine(other, tok, prompts_per_batch=chunk, record_routes=True)) as server:
+        use_server(served, server.url, timeout=60.0)
+        theirs = served.get_action(prompts).rollout
+    ours = local.get_action(prompts).rollout
+    assert theirs.sampling_routes is not None and ours.sampling_routes is not None
+    assert torch.equal(theirs.input_ids, ours.input_ids)  # bit-exact: the same sampling program
+    assert torch.equal(theirs.sampling_routes, ours.sampling_routes)  # bit-exact: indices
+    assert bool((theirs.sampling_routes >= 0).any())
+    N = theirs.input_ids.shape[0]
+    metrics = served.learn(theirs.with_rewards(torch.arange(N, dtype=torch.float32)))
+    assert 0.0 <= metrics["route_flips"] <= 1.0  # learn() replayed the server's routes
+    unrecorded, unrecorded_tok = tiny_causal_lm("qwen3_moe", seed=0)
+    with RolloutServer(HFEngine(unrecorded, unrecorded_tok)) as server:
+        with pytest.raises(ValueError, match=r"does not return them: start it with --record-rou"):
+            use_server(_r3_agent(), server.url, timeout=60.0)
+        use_server(_agent(tiny_causal_lm("qwen3_moe", seed=0)[0], router_replay="R2"), server.url)

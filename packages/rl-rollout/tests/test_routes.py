@@ -9,10 +9,14 @@ forwards round differently).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
-from rl_rollout import HFEngine, SamplingParams
+from rl_rollout import HFEngine, RemoteEngine, RolloutServer, SamplingParams
+from rl_rollout._wire import result_from_json, result_to_json
 from rl_rollout.routes import RouteRecorder, router_modules
+from rl_rollout.server import main as server_main
 from rl_testing.models import tiny_causal_lm
 from rl_testing.routing import assert_own_top_k, tie_gap
 
@@ -48,3 +52,46 @@ def test_a_dense_model_has_no_routes_and_a_router_of_several_topk_is_refused() -
         recorder,
     ):
         model(torch.tensor([[1, 5]]))
+
+
+def test_a_rollout_server_returns_the_routes_it_records() -> None:
+    """``RolloutServer`` over ``HFEngine(record_routes=True)`` (``rl-rollout-server
+    --record-routes``): ``/health`` says so, and each ``/generate`` answer carries the routes
+    (a base64 safetensors payload), the engine's own, bit for bit."""
+    model, tok = tiny_causal_lm("qwen3_moe", seed=0)
+    engine = HFEngine(model, tok, record_routes=True)
+    params = SamplingParams(n=2, max_new_tokens=5, seed=4)
+    local = engine.generate(PROMPTS, params)
+    with RolloutServer(engine) as server:
+        remote = RemoteEngine(server.url, timeout=60.0)
+        assert remote.health()["record_routes"] is True
+        result = remote.generate(PROMPTS, params)
+    assert local.routes is not None and result.routes is not None
+    assert result.routes.dtype == torch.int16
+    assert torch.equal(result.sequences, local.sequences)  # bit-exact: the same program
+    assert torch.equal(result.routes, local.routes)  # bit-exact: indices
+
+
+def test_routes_that_do_not_fit_the_result_are_refused_on_the_wire() -> None:
+    model, tok = tiny_causal_lm("qwen3_moe", seed=0)
+    result = HFEngine(model, tok, record_routes=True).generate(
+        PROMPTS[:1], SamplingParams(max_new_tokens=3, seed=0)
+    )
+    assert result.routes is not None
+    short = result_to_json(dataclasses.replace(result, routes=result.routes[:, :-1]))
+    with pytest.raises(ValueError, match=r"`routes` torch.int16 \(1, 7, 2, 2\) must be int16 \[ro"):
+        result_from_json(short)
+    garbled = {**result_to_json(result), "routes": "not base64!"}
+    with pytest.raises(ValueError, match=r"`routes` must be a base64 safetensors payload"):
+        result_from_json(garbled)
+    back = result_from_json(result_to_json(result))
+    assert back.routes is not None
+    assert torch.equal(back.routes, result.routes)  # bit-exact: indices
+
+
+def test_the_command_line_records_routes_with_the_hugging_face_engine_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        server_main(["--engine", "vllm", "--model", "m", "--record-routes"])
+    assert "--record-routes needs --engine hf" in capsys.readouterr().err

@@ -48,7 +48,7 @@ def test_remote_is_an_engine(served: tuple[HFEngine, RemoteEngine]) -> None:
     for name in Engine.__dict__:  # every method of the Protocol rl-algos programs against
         if not name.startswith("_"):
             assert callable(getattr(remote, name, None)), name
-    assert remote.health() == {"status": "ok", "engine": "HFEngine"}
+    assert remote.health() == {"status": "ok", "engine": "HFEngine", "record_routes": False}
 
 
 @pytest.mark.parametrize(

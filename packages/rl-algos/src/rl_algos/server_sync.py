@@ -201,8 +201,21 @@ def use_server(agent: Any, url: str, accelerator: Any = None, timeout: float = 6
         url: ``http://host:port`` of an ``rl-rollout-server`` serving the policy's base model.
         accelerator: Under DDP, the run's accelerator.
         timeout: Seconds any call (generation, each weight-sync try) may take.
+
+    Raises:
+        ValueError: the agent replays the sampler's routes (``router_replay="R3"``) and the
+            server does not record them.
     """
     from rl_algos.generation import remote_engine
 
-    agent.engine = ServerEngine(remote_engine(url, timeout), agent.policy, accelerator)
+    remote = remote_engine(url, timeout)
+    if getattr(agent.config, "router_replay", None) == "R3" and not remote.health().get(
+        "record_routes"
+    ):
+        raise ValueError(
+            f"router_replay='R3' replays the experts the sampler routed each token to, and the "
+            f"rollout server at {url} does not return them: start it with --record-routes "
+            "(rl-rollout-server --engine hf --record-routes), or use router_replay='R2'"
+        )
+    agent.engine = ServerEngine(remote, agent.policy, accelerator)
     agent.config.merge_lora_for_generation = False

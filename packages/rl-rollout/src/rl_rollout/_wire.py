@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
 import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
 
 from rl_rollout._prompts import Prompts
 from rl_rollout.params import SamplingParams
@@ -114,7 +117,32 @@ def result_to_json(result: RolloutResult) -> dict[str, Any]:
         "logprobs": None if result.logprobs is None else result.logprobs.tolist(),
         "logprobs_dtype": None if result.logprobs is None else str(result.logprobs.dtype),
         "weight_version": result.weight_version,
+        "routes": None if result.routes is None else _routes_to_json(result.routes),
     }
+
+
+def _routes_to_json(routes: torch.Tensor) -> str:
+    """[N, P + T, Y, k] int16 routes as a safetensors payload in base64 (a JSON list of lists
+    would be about 3x the bytes for a real model's layers and experts).
+    """  # noqa: D205
+    payload = save_safetensors({"routes": routes.to(torch.int16).contiguous().cpu()})
+    return base64.b64encode(payload).decode()
+
+
+def _routes_from_json(data: Any, rows: int, width: int) -> torch.Tensor:
+    """Inverse of :func:`_routes_to_json`, checked to be ``[rows, width, Y, k]`` int16."""
+    try:
+        routes = load_safetensors(base64.b64decode(str(data), validate=True))["routes"]
+    except Exception as exc:  # binascii's, safetensors' or a missing key: a bad reply
+        raise ValueError(
+            f"`routes` must be a base64 safetensors payload of one int16 tensor 'routes' ({exc})"
+        ) from exc
+    if routes.dtype != torch.int16 or routes.dim() != 4 or tuple(routes.shape[:2]) != (rows, width):
+        raise ValueError(
+            f"`routes` {routes.dtype} {tuple(routes.shape)} must be int16 [rows, prompt + "
+            f"completion length, layers, k] = [{rows}, {width}, Y, k]"
+        )
+    return routes
 
 
 _RESULT_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask",
@@ -151,6 +179,9 @@ def result_from_json(data: dict[str, Any]) -> RolloutResult:
         weight_version=data.get("weight_version"),
     )
     _check_shapes(result)
+    if data.get("routes") is not None:
+        rows, width = result.completion_ids.shape[0], result.sequences.shape[1]
+        result.routes = _routes_from_json(data["routes"], rows, width)
     return result
 
 

@@ -9,8 +9,9 @@ sync).
 
 Endpoints (JSON unless noted; no pickle anywhere):
 
-- ``GET /health`` -> ``{"status": "ok", "engine": <class name>}``
-- ``POST /generate`` ``{"prompts": [[ids...]] | [str], "params": {...}}`` -> the result
+- ``GET /health`` -> ``{"status": "ok", "engine": <class name>, "record_routes": bool}``
+- ``POST /generate`` ``{"prompts": [[ids...]] | [str], "params": {...}}`` -> the result (with
+  ``--record-routes``, a mixture-of-experts model's routes as a base64 safetensors payload)
 - ``POST /update_weights`` (body: safetensors bytes) -> ``{"updated": <count>}``
 - ``POST /load_lora`` ``{"name": str, "path": str}`` (a peft adapter directory the server can
   read, e.g. on a shared filesystem)
@@ -136,7 +137,7 @@ class RolloutServer:
                 if self.path != "/health":
                     self._reply(404, {"error": "NotFound", "message": f"no route {self.path}"})
                     return
-                self._reply(200, {"status": "ok", "engine": type(server.engine).__name__})
+                self._reply(200, server.health())
 
             def do_POST(self) -> None:
                 try:
@@ -196,6 +197,18 @@ class RolloutServer:
 
         self._httpd = ThreadingHTTPServer((host, port), Handler)
         self._httpd.daemon_threads = True
+
+    def health(self) -> dict[str, Any]:
+        """``GET /health``: the engine's class, and whether its results carry routes.
+
+        ``record_routes``: the engine records the experts a mixture-of-experts model routes
+        each token to (``HFEngine(record_routes=True)``, ``--record-routes``).
+        """
+        return {
+            "status": "ok",
+            "engine": type(self.engine).__name__,
+            "record_routes": bool(getattr(self.engine, "record_routes", False)),
+        }
 
     @property
     def url(self) -> str:
@@ -314,7 +327,9 @@ def _build_engine(args: argparse.Namespace) -> Engine:
     if torch.cuda.is_available():
         model.to(torch.device("cuda"))  # type: ignore[arg-type]
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-    return HFEngine(model, tokenizer, max_model_len=args.max_model_len)
+    return HFEngine(
+        model, tokenizer, max_model_len=args.max_model_len, record_routes=args.record_routes
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -346,7 +361,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=None,
         help="read tool calls out of chat replies into message.tool_calls",
     )
+    parser.add_argument(
+        "--record-routes",
+        action="store_true",
+        help="return the experts a mixture-of-experts model routes each token to while "
+        "sampling (--engine hf; for a trainer's router_replay='R3')",
+    )
     args = parser.parse_args(argv)
+    if args.record_routes and args.engine != "hf":
+        parser.error("--record-routes needs --engine hf (the vLLM engine returns no routes)")
     name = args.served_model_name or args.model
     server = RolloutServer(
         _build_engine(args), args.host, args.port, model_name=name, tool_parser=args.tool_parser
