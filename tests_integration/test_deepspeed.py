@@ -49,7 +49,7 @@ def launch(out: Path, stage: int, *extra: str, timeout: float = 420) -> None:
 def rank_files(out: Path, step: int) -> list[dict[str, torch.Tensor]]:
     ranks = [load_file(str(out / f"rank{r}_step{step}.safetensors")) for r in (0, 1)]
     assert ranks[0].keys() == ranks[1].keys()
-    for name in ranks[0].keys() - {"loss", "grad_norm"}:
+    for name in ranks[0].keys() - {"loss", "grad_norm", "route_flips"}:
         # bit-exact: the ranks' replicas take the same all-reduced gradient, the same step
         assert torch.equal(ranks[0][name], ranks[1][name]), (step, name)
     return ranks
@@ -153,12 +153,16 @@ def test_zero3_mixture_of_experts_with_its_balance_loss_equals_one_plain_process
 ) -> None:
     """A tiny Qwen3-MoE under ZeRO-3 (its experts partitioned), with the load-balancing loss
     over the rows of both ranks and checkpointed layers, equals one process without
-    checkpointing: the router logits read under ZeRO-3 carry their gradient."""
-    from ddp_common import MOE_AGENT
+    checkpointing: the router logits read under ZeRO-3 carry their gradient. Two epochs, the
+    second replaying the routes of the old forward (R2) inside ZeRO-3's gathered layers and
+    their recomputation."""
+    from ddp_common import MOE_AGENT, STEPS
 
     launch(tmp_path, 3, "moe")
     single = {k: v for k, v in MOE_AGENT.items() if k != "gradient_checkpointing"}
     assert_matches_one_process(tmp_path, **single)
+    for step in range(STEPS):  # the second epoch's routes moved: the replay forced the old ones
+        assert all(float(rank["route_flips"]) > 0 for rank in rank_files(tmp_path, step)), step
 
 
 @pytest.mark.parametrize("stage", [2, 3])

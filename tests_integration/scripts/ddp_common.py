@@ -19,8 +19,15 @@ DS_AGENT = {"micro_batch_size_per_gpu": 4, "max_output_tokens": 6}
 #: ranks' rows (lengths 6..14) need different numbers of micro-batches.
 PACKED_AGENT = {"use_sequence_packing": True, "micro_batch_tokens": 20}
 #: A mixture of experts (LoRA on its attention) with its load-balancing loss weighted 1 (as
-#: large as the policy loss), gradient-checkpointed (the non-reentrant checkpoint then).
-MOE_AGENT = {"arch": "qwen3_moe", "router_aux_loss_coef": 1.0, "gradient_checkpointing": True}
+#: large as the policy loss), gradient-checkpointed, in two epochs whose second replays the
+#: routes the old forward recorded (R2).
+MOE_AGENT = {
+    "arch": "qwen3_moe",
+    "router_aux_loss_coef": 1.0,
+    "gradient_checkpointing": True,
+    "router_replay": "R2",
+    "update_epochs": 2,
+}
 
 
 def make_agent(arch: str = "qwen2", **kw: Any) -> GRPO:

@@ -9,7 +9,8 @@ rank 1's hidden states turn NaN at step 1: the step must be refused on both rank
 ``full``, full fine-tuning (ZeRO-3 then partitions the trainable lm_head too). With ``packed``,
 padding-free training in token-budget micro-batches (:data:`ddp_common.PACKED_AGENT`). With
 ``checkpointed``, gradient checkpointing. With ``moe``, the tiny Qwen3-MoE with its
-load-balancing loss, checkpointed (:data:`ddp_common.MOE_AGENT`).
+load-balancing loss, checkpointed, replaying its routes in a second epoch
+(:data:`ddp_common.MOE_AGENT`; each step's ``route_flips`` is written too).
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ def main() -> None:
         weights["loss"] = torch.tensor([metrics.get("loss", float("nan"))])
         weights["skipped"] = torch.tensor([float(skipped)])
         weights["grad_norm"] = torch.tensor([metrics.get("grad_norm", float("nan"))])
+        if "route_flips" in metrics:
+            weights["route_flips"] = torch.tensor([metrics["route_flips"]])
         save_file(weights, str(out / f"rank{rank}_step{step}.safetensors"))
     assert step == STEPS - 1
     with warnings.catch_warnings():

@@ -325,12 +325,16 @@ def test_trickling_headers_end_at_the_deadline() -> None:
     assert f"no reply from {url}/health within 0.5 s (`timeout`)" in str(error)
 
 
-def raw_post(url: str, path: str, head: bytes, body: bytes) -> tuple[int, dict[str, object]]:
-    """Send ``head`` (request line and headers) and ``body``, close the sending side, read."""
+def raw_post(
+    url: str, path: str, head: bytes, body: bytes, *, died: bool = False
+) -> tuple[int, dict[str, object]]:
+    """Send ``head`` (request line and headers) and ``body`` and read the answer; ``died``: close
+    the sending side first (a client that died mid-upload; the server reads end-of-stream)."""
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=60.0) as conn:
         conn.sendall(head.replace(b"PATH", path.encode()) + b"\r\n\r\n" + body)
-        conn.shutdown(socket.SHUT_WR)  # a client that died mid-upload
+        if died:
+            conn.shutdown(socket.SHUT_WR)
         data = b""
         while chunk := conn.recv(65536):
             data += chunk
@@ -362,7 +366,7 @@ def test_malformed_requests_to_the_native_routes_are_400_naming_the_field(
     # a truncated upload: half the body, then the client is gone
     before = dict(local.model.named_parameters())["model.norm.weight"].detach().clone()
     status, answer = raw_post(remote.base_url, "/update_weights", head % len(weights),
-                              weights[: len(weights) // 2])  # fmt: skip
+                              weights[: len(weights) // 2], died=True)  # fmt: skip
     assert status == 400, answer
     assert f"the request body ended after {len(weights) // 2} of its {len(weights)} bytes" in str(
         answer["message"]

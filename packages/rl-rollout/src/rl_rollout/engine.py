@@ -12,6 +12,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from rl_rollout._prompts import Prompts, encode_prompts
+from rl_rollout.cancel import raise_if_cancelled
 from rl_rollout.decode import lean_decode, supports_lean_decode
 from rl_rollout.lora_sync import LoraAdapter, merged_weights
 from rl_rollout.params import SamplingParams, process_logits
@@ -156,7 +157,13 @@ class _Processor(LogitsProcessor):
         return processed
 
     def process(self, input_ids: torch.Tensor, scores: torch.Tensor, step: int) -> torch.Tensor:
-        """:func:`process_logits` of [rows, V] ``scores`` after context [rows, t] at ``step``."""
+        """:func:`process_logits` of [rows, V] ``scores`` after context [rows, t] at ``step``.
+
+        Raises:
+            GenerationCancelledError: the caller left (:mod:`rl_rollout.cancel`): before a token
+                is sampled, in the lean loop and in ``generate`` alike.
+        """
+        raise_if_cancelled()
         mask = None  # only the repetition penalty reads which context tokens are padding
         if self.params.repetition_penalty != 1.0:
             generated = torch.ones(

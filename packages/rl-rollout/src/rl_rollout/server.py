@@ -29,6 +29,10 @@ and the OpenAI-compatible routes of :mod:`rl_rollout.openai_api`: ``GET /v1/mode
 what was sampled and record each call of an episode (``X-Episode-Id`` header or ``user``) in
 :attr:`RolloutServer.traces`, from which :mod:`rl_rollout.openai_trace` builds training rows.
 
+A generation whose client closes its connection before the answer stops before its next
+token, and a request still queued when its client leaves never starts
+(:mod:`rl_rollout.cancel`, ``cancel_on_disconnect``).
+
 Start one with ``rl-rollout-server --engine vllm --model PATH --port 8000``.
 """
 
@@ -47,10 +51,12 @@ import torch
 from safetensors.torch import load as load_safetensors
 
 from rl_rollout._arrival import ArrivalOrderLock
+from rl_rollout._disconnect import ClientWatch
 from rl_rollout._wire import (
     params_from_json,
     result_to_json,
 )
+from rl_rollout.cancel import GenerationCancelledError, cancelled_when, raise_if_cancelled
 from rl_rollout.engine import Engine
 from rl_rollout.lora_sync import adapter_from_bytes
 from rl_rollout.openai_api import OpenAIError, OpenAIRoutes
@@ -87,6 +93,10 @@ class RolloutServer:
             :class:`~rl_rollout.openai_trace.TraceRecorder`, :attr:`traces`).
         tool_parser: How the chat route reads tool calls out of a reply (``"hermes"`` or a
             callable, see :mod:`rl_rollout.openai_tools`); None answers with text only.
+        cancel_on_disconnect: Stop a generation whose client closed its connection, at its
+            next token, and skip a queued one (:mod:`rl_rollout.cancel`; HFEngine stops within a
+            token, other engines only while queued). Counted in :attr:`disconnects` and
+            :attr:`cancelled`, one ``INFO`` line each.
     """
 
     def __init__(
@@ -99,8 +109,15 @@ class RolloutServer:
         model_name: str = "policy",
         traces: TraceRecorder | None = None,
         tool_parser: ToolParser | str | None = None,
+        cancel_on_disconnect: bool = True,
     ) -> None:
         self.engine = engine
+        self.cancel_on_disconnect = cancel_on_disconnect
+        self.disconnects = 0
+        """Requests whose client closed its connection before the answer (watched ones)."""
+        self.cancelled = 0
+        """Generations stopped (or never started) because their client left."""
+        self._counts = threading.Lock()
         self.openai = OpenAIRoutes(
             engine, tokenizer, model_name=model_name, traces=traces, tool_parser=tool_parser
         )
@@ -150,11 +167,24 @@ class RolloutServer:
                             f"the request body ended after {len(body)} of its {length} bytes "
                             "(Content-Length): the upload was cut off; send it again"
                         )
-                    if self.path.startswith(("/v1/", "/inference/")):
-                        payload = server._openai(self.path, body, dict(self.headers.items()))
-                    else:
-                        with server._lock:
-                            payload = server._dispatch(self.path, body)
+                    watch = ClientWatch(
+                        self.connection,
+                        on_left=server._client_left,
+                        enabled=server.cancel_on_disconnect,
+                    )
+                    with watch, cancelled_when(watch.left):
+                        if self.path.startswith(("/v1/", "/inference/")):
+                            headers = dict(self.headers.items())
+                            payload = server._openai(self.path, body, headers)
+                        else:
+                            with server._lock:
+                                payload = server._dispatch(self.path, body)
+                except GenerationCancelledError:
+                    with server._counts:
+                        server.cancelled += 1
+                    _LOG.info("the client of POST %s left: its generation was cancelled", self.path)
+                    self.close_connection = True
+                    return
                 except OpenAIError as exc:  # OpenAI's error body, `param` naming the field
                     self._reply(exc.status, exc.to_json())
                     return
@@ -216,14 +246,19 @@ class RolloutServer:
         host, port = self._httpd.server_address[:2]
         return f"http://{host!s}:{port}"
 
+    def _client_left(self) -> None:
+        with self._counts:
+            self.disconnects += 1
+
     def _openai(
         self, path: str, body: bytes, headers: dict[str, str]
     ) -> dict[str, Any] | StreamedResponse:
         headers = {k.lower(): v for k, v in headers.items()}
         try:
             with self._lock:
+                raise_if_cancelled()  # its client left while it waited
                 return self.openai.handle(path, body, headers)
-        except OpenAIError:
+        except (OpenAIError, GenerationCancelledError):
             raise
         except Exception as exc:  # an engine failure: OpenAI's error body, HTTP 500
             raise OpenAIError(f"{type(exc).__name__}: {exc}", status=500) from exc
@@ -257,7 +292,9 @@ class RolloutServer:
 
         if path == "/generate":
             params = params_from_json(request.get("params", {}))
-            result = self.engine.generate(required("prompts"), params)
+            prompts = required("prompts")
+            raise_if_cancelled()  # its client left while it waited
+            result = self.engine.generate(prompts, params)
             return result_to_json(result)
         if path == "/load_lora":
             self.engine.load_lora(str(required("name")), str(required("path")))
@@ -362,6 +399,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="read tool calls out of chat replies into message.tool_calls",
     )
     parser.add_argument(
+        "--no-cancel-on-disconnect",
+        action="store_true",
+        help="sample every request to its end even when its client has left",
+    )
+    parser.add_argument(
         "--record-routes",
         action="store_true",
         help="return the experts a mixture-of-experts model routes each token to while "
@@ -372,7 +414,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error("--record-routes needs --engine hf (the vLLM engine returns no routes)")
     name = args.served_model_name or args.model
     server = RolloutServer(
-        _build_engine(args), args.host, args.port, model_name=name, tool_parser=args.tool_parser
+        _build_engine(args),
+        args.host,
+        args.port,
+        model_name=name,
+        tool_parser=args.tool_parser,
+        cancel_on_disconnect=not args.no_cancel_on_disconnect,
     )
     print(f"rl-rollout server ({args.engine}) on {server.url}", flush=True)
     try:
