@@ -80,6 +80,16 @@ def _moe_grpo(**kw: Any) -> Any:
     return GRPO(actor_network=model, pad_token_id=0, pad_token="<pad>", group_size=2, **kw)
 
 
+def _r3_on_a_server_without_routes() -> None:
+    from rl_algos.server_sync import use_server
+    from rl_rollout import HFEngine, RolloutServer
+    from rl_testing.models import tiny_causal_lm
+
+    agent = _moe_grpo(router_replay="R3")
+    with RolloutServer(HFEngine(*tiny_causal_lm("qwen3_moe", seed=0))) as server:
+        use_server(agent, server.url, timeout=60.0)
+
+
 def _moe_ilql(**kw: Any) -> Any:
     from rl_algos import ILQL
     from rl_testing.models import tiny_causal_lm
@@ -257,6 +267,8 @@ def cases() -> list[Case]:
              "sampling_routes", lambda: _moe_grpo(router_replay="R3").learn(
                  (torch.tensor([[1, 5, 6], [1, 7, 8]]), torch.tensor([[False, True], [False, True]]),
                   torch.tensor([1.0, 0.0])))),
+        Case("rl-algos", "use_server(GRPO(router_replay='R3'), url): a server without routes", ValueError,
+             "--record-routes", _r3_on_a_server_without_routes),
         Case("rl-rollout", "HFEngine(record_routes=True) on a dense model", ValueError, "record_routes",
              lambda: HFEngine(*_tiny(), record_routes=True)),
         Case("rl-algos", "GRPO(router_replay='R2', share_prompt_prefix=True)", ValueError, "share_prompt_prefix",
