@@ -23,9 +23,11 @@ __all__ = ["ClientWatch"]
 class ClientWatch:
     """Sets :attr:`left` once the peer of ``connection`` closes it (a context manager).
 
+    The watching thread waits in ``select`` on the connection and on a socket pair of its own,
+    written on leaving the context, so it costs no polling and leaving returns at once.
+
     Args:
         connection: The request's socket (the handler's ``connection``).
-        interval: Seconds between polls (also how long leaving the context may take).
         on_left: Called (in the watching thread) when the client is found gone.
         enabled: False: watch nothing (:attr:`left` is never set).
     """
@@ -33,27 +35,27 @@ class ClientWatch:
     def __init__(
         self,
         connection: socket.socket,
-        interval: float = 0.05,
         on_left: Callable[[], None] | None = None,
         *,
         enabled: bool = True,
     ) -> None:
         self.connection = connection
-        self.interval = interval
         self.on_left = on_left
         self.enabled = enabled
         self.left = threading.Event()
         """Set once the client closed the connection."""
-        self._done = threading.Event()
+        self._wake: tuple[socket.socket, socket.socket] | None = None
         self._thread = threading.Thread(target=self._watch, name="rl-rollout-client-watch")
         self._thread.daemon = True
 
     def _watch(self) -> None:
-        while not self._done.is_set():
+        assert self._wake is not None
+        wake = self._wake[0]
+        while True:
             try:
-                readable, _, _ = select.select([self.connection], [], [], self.interval)
-                if not readable:
-                    continue
+                readable, _, _ = select.select([self.connection, wake], [], [])
+                if wake in readable:  # the request is answered: stop watching
+                    return
                 data = self.connection.recv(1, socket.MSG_PEEK)
             except (BlockingIOError, InterruptedError, TimeoutError):
                 continue
@@ -71,6 +73,7 @@ class ClientWatch:
 
     def __enter__(self) -> ClientWatch:
         if self.enabled:
+            self._wake = socket.socketpair()
             self._thread.start()
         return self
 
@@ -80,6 +83,10 @@ class ClientWatch:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._done.set()
-        if self.enabled:
-            self._thread.join()
+        if self._wake is None:
+            return
+        self._wake[1].send(b"x")
+        self._thread.join()
+        for end in self._wake:
+            end.close()
+        self._wake = None
