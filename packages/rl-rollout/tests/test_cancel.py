@@ -32,7 +32,9 @@ from test_engine import assert_same_result
 HANG_GUARD_S = 120.0
 
 PROMPT = [1, 5, 6, 7]
-PARAMS = {"max_new_tokens": 40, "seed": 0}
+#: Never an early EOS (the random model's EOS chance differs across transformers versions): the
+#: held forward is always reached.
+PARAMS = {"max_new_tokens": 40, "min_new_tokens": 40, "seed": 0}
 
 
 def _wait(condition: Callable[[], bool], what: str) -> None:
@@ -78,7 +80,13 @@ def engine() -> tuple[HFEngine, Forwards]:
 
 ROUTES = {
     "/generate": {"prompts": [PROMPT], "params": PARAMS},
-    "/v1/completions": {"model": "policy", "prompt": PROMPT, "max_tokens": 40, "seed": 0},
+    "/v1/completions": {
+        "model": "policy",
+        "prompt": PROMPT,
+        "max_tokens": 40,
+        "min_tokens": 40,
+        "seed": 0,
+    },
 }
 
 
@@ -117,7 +125,7 @@ def test_a_queued_request_whose_client_left_samples_nothing(
     with RolloutServer(hf) as server:
         remote = RemoteEngine(server.url, timeout=HANG_GUARD_S)
         first: list[Any] = []
-        params = SamplingParams(max_new_tokens=5, seed=1)
+        params = SamplingParams(max_new_tokens=5, min_new_tokens=5, seed=1)
         thread = threading.Thread(target=lambda: first.append(remote.generate([PROMPT], params)))
         thread.start()
         assert forwards.reached.wait(HANG_GUARD_S), "the first generation never started"
