@@ -17,6 +17,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,14 @@ sys.path.insert(0, str(SCRIPTS))
 pytestmark = pytest.mark.slow
 
 
-def launch(out: Path, stage: int, *extra: str, timeout: float = 420) -> None:
+#: The modes of ``scripts/ds_learn.py`` each ZeRO stage runs, all in one launch (one process
+#: start per rank: importing DeepSpeed, peft and transformers is most of a launch's time on a
+#: small CPU). The tests of a launch share it (one xdist group, one module fixture); each checks
+#: its mode's files.
+LAUNCHES = {2: ["lora", "packed"], 3: ["lora", "nan", "full", "checkpointed", "moe", "packed"]}
+
+
+def launch(out: Path, stage: int, modes: list[str]) -> None:
     env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}  # it drops DeepSpeed
     env["OMP_NUM_THREADS"] = "1"
     with socket.socket() as s:
@@ -39,11 +47,44 @@ def launch(out: Path, stage: int, *extra: str, timeout: float = 420) -> None:
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
            "--master_addr", "127.0.0.1", "--master_port", str(port),
-           str(SCRIPTS / "ds_learn.py"), str(out), str(stage), *extra]  # fmt: skip
+           str(SCRIPTS / "ds_learn.py"), str(out), str(stage), ",".join(modes)]  # fmt: skip
+    # a hang guard: a start, then each mode (about 20 s each on 2 busy cores)
+    timeout = 240 + 120 * len(modes)
     proc = subprocess.run(
         cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+#: Each stage's launch in this process: its output directory, or the launch's failure.
+_LAUNCHED: dict[int, Path | AssertionError] = {}
+
+
+@pytest.fixture
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int, str], Path]:
+    """``(stage, mode) -> the mode's output directory``: launches each stage's modes once per
+    process (:data:`LAUNCHES`; kept at module level: xdist tears fixtures of any scope down
+    whenever a worker has no next test queued); a failed launch fails every test of it with its
+    output."""
+
+    def get(stage: int, mode: str) -> Path:
+        if stage not in _LAUNCHED:
+            out = tmp_path_factory.mktemp(f"zero{stage}")
+            try:
+                launch(out, stage, LAUNCHES[stage])
+                _LAUNCHED[stage] = out
+            except AssertionError as exc:
+                _LAUNCHED[stage] = exc
+        result = _LAUNCHED[stage]
+        if isinstance(result, AssertionError):
+            raise AssertionError(f"the ZeRO-{stage} launch failed: {result}")
+        return result / mode
+
+    return get
+
+
+ZERO2 = pytest.mark.xdist_group("zero2")
+ZERO3 = pytest.mark.xdist_group("zero3")
 
 
 def rank_files(out: Path, step: int) -> list[dict[str, torch.Tensor]]:
@@ -84,16 +125,17 @@ def assert_matches_one_process(out: Path, skip: tuple[int, ...] = (), **agent: A
     assert step == STEPS - 1
 
 
-def test_zero2_two_processes_equal_one_process(tmp_path: Path) -> None:
-    launch(tmp_path, 2)
-    assert_matches_one_process(tmp_path)
+@ZERO2
+def test_zero2_two_processes_equal_one_process(launched: Callable[[int, str], Path]) -> None:
+    assert_matches_one_process(launched(2, "lora"))
 
 
+@ZERO3
 def test_zero3_lora_equals_one_process_and_its_checkpoint_loads_in_one_process(
-    tmp_path: Path,
+    launched: Callable[[int, str], Path],
 ) -> None:
-    launch(tmp_path, 3)
-    assert_matches_one_process(tmp_path)
+    out = launched(3, "lora")
+    assert_matches_one_process(out)
 
     from ddp_common import global_batches, make_agent
     from rl_algos import GRPO
@@ -102,7 +144,7 @@ def test_zero3_lora_equals_one_process_and_its_checkpoint_loads_in_one_process(
     reference = make_agent()  # supplies the LoRA config and a fresh base
     model, _ = tiny_causal_lm("qwen2", seed=0)
     loaded = GRPO.load(
-        tmp_path / "ckpt",
+        out / "ckpt",
         actor_network=model,
         lora_config=reference.policy.peft.peft_config["actor"],
     )
@@ -110,7 +152,7 @@ def test_zero3_lora_equals_one_process_and_its_checkpoint_loads_in_one_process(
     ids = global_batches()[0][0][:4]
     with torch.no_grad():
         logits = loaded.policy.causal_lm(input_ids=ids).logits
-    saved = load_file(str(tmp_path / "logits.safetensors"))["logits"]
+    saved = load_file(str(out / "logits.safetensors"))["logits"]
     # the ZeRO-3 run's forward (partitioned modules) against one process's on the loaded
     # weights: 2 decoder layers and the head, the longest sum the MLP's 128
     assert_close(logits, saved, reduction=128, stages=3, msg="logits")
@@ -120,36 +162,41 @@ def test_zero3_lora_equals_one_process_and_its_checkpoint_loads_in_one_process(
     assert float((untrained - saved).abs().max()) > 1e-3
 
 
-def test_zero3_nan_on_one_rank_mid_accumulation_never_reaches_the_weights(tmp_path: Path) -> None:
+@ZERO3
+def test_zero3_nan_on_one_rank_mid_accumulation_never_reaches_the_weights(
+    launched: Callable[[int, str], Path],
+) -> None:
     """Rank 1's second micro-batch of step 1 turns NaN after the first was back-propagated.
 
     Both ranks skip the step (skip_nonfinite), the partial gradient is discarded, and the run
     continues exactly like one process that never saw batch 1.
     """
-    launch(tmp_path, 3, "nan")
-    assert_matches_one_process(tmp_path, skip=(1,))
+    assert_matches_one_process(launched(3, "nan"), skip=(1,))
 
 
-def test_zero3_full_finetuning_equals_one_process(tmp_path: Path) -> None:
+@ZERO3
+def test_zero3_full_finetuning_equals_one_process(launched: Callable[[int, str], Path]) -> None:
     """Full fine-tuning: ZeRO-3 partitions the trainable (tied) lm_head, which then goes through
     the module's own forward instead of the fused kernel."""
-    launch(tmp_path, 3, "full")
     # The largest weight difference (1.7e-5 after 3 steps here, 5.9e-5 on an AVX2 machine) is
     # in k_proj.bias, whose exact gradient is 0 (softmax ignores a shift shared by all keys):
     # Adam scales its float32 rounding noise up to a step of its own, bounded by lr per step.
-    assert_matches_one_process(tmp_path, full_finetune=True, lora_config=None)
+    assert_matches_one_process(launched(3, "full"), full_finetune=True, lora_config=None)
 
 
-def test_zero3_gradient_checkpointing_equals_one_plain_process(tmp_path: Path) -> None:
+@ZERO3
+def test_zero3_gradient_checkpointing_equals_one_plain_process(
+    launched: Callable[[int, str], Path],
+) -> None:
     """Checkpointed layers under ZeRO-3 (issue 37): the recomputation gathers the partitioned
     weights again inside the backward, and the update equals one process without
     checkpointing."""
-    launch(tmp_path, 3, "checkpointed")
-    assert_matches_one_process(tmp_path)
+    assert_matches_one_process(launched(3, "checkpointed"))
 
 
+@ZERO3
 def test_zero3_mixture_of_experts_with_its_balance_loss_equals_one_plain_process(
-    tmp_path: Path,
+    launched: Callable[[int, str], Path],
 ) -> None:
     """A tiny Qwen3-MoE under ZeRO-3 (its experts partitioned), with the load-balancing loss
     over the rows of both ranks and checkpointed layers, equals one process without
@@ -158,21 +205,22 @@ def test_zero3_mixture_of_experts_with_its_balance_loss_equals_one_plain_process
     their recomputation."""
     from ddp_common import MOE_AGENT, STEPS
 
-    launch(tmp_path, 3, "moe")
+    out = launched(3, "moe")
     single = {k: v for k, v in MOE_AGENT.items() if k != "gradient_checkpointing"}
-    assert_matches_one_process(tmp_path, **single)
+    assert_matches_one_process(out, **single)
     for step in range(STEPS):  # the second epoch's routes moved: the replay forced the old ones
-        assert all(float(rank["route_flips"]) > 0 for rank in rank_files(tmp_path, step)), step
+        assert all(float(rank["route_flips"]) > 0 for rank in rank_files(out, step)), step
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_packed_token_budget_equals_one_padded_process(tmp_path: Path, stage: int) -> None:
+@pytest.mark.parametrize("stage", [pytest.param(2, marks=ZERO2), pytest.param(3, marks=ZERO3)])
+def test_packed_token_budget_equals_one_padded_process(
+    launched: Callable[[int, str], Path], stage: int
+) -> None:
     """Padding-free training under DeepSpeed (issue 20): packed rows in token-budget
     micro-batches (the ranks need different numbers of them; every rank runs as many as the one
     that needs the most, which ZeRO-3's collective forwards require) equal one padded process
     on the global batch."""
-    launch(tmp_path, stage, "packed")
-    assert_matches_one_process(tmp_path)
+    assert_matches_one_process(launched(stage, "packed"))
 
 
 def test_rl_train_run_with_a_deepspeed_config_under_torchrun(tmp_path: Path) -> None:

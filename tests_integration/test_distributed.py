@@ -18,9 +18,13 @@ sys.path.insert(0, str(SCRIPTS))
 
 
 def launch(
-    out: Path, *extra: str, timeout: float = 300, script: str = "ddp_learn.py"
+    out: Path,
+    *extra: str,
+    timeout: float = 300,
+    script: str = "ddp_learn.py",
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", **(env or {})}
     with socket.socket() as s:  # torchrun's --master_port 0 hangs: pick a free port
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -40,52 +44,67 @@ SINGLE_OPTIONS = (
 )  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "options",
-    [
-        {},
-        {"use_sequence_packing": True, "micro_batch_tokens": 16},
-        {"gradient_checkpointing": True, "use_sequence_packing": False},
-        {"gradient_checkpointing": True, "use_sequence_packing": True, "micro_batch_tokens": 16},
-        # the experts and the router train: each rank's tokens reach other experts; the
-        # load-balancing loss over the rows of both ranks (weighted 1: as large as the policy's);
-        # two epochs, the second replaying each rank's routes of the old forward (R2)
-        {
-            "arch": "qwen3_moe",
-            "full_finetune": True,
-            "lora_config": None,
-            "router_aux_loss_coef": 1.0,
-            "router_replay": "R2",
-            "update_epochs": 2,
-        },
-    ],
-    ids=["padded", "packed-tokens16", "checkpointed", "checkpointed-packed-tokens16", "moe-full"],
-)
-def test_two_process_grpo_equals_one_process_on_the_global_batch(
-    tmp_path: Path, options: dict[str, object]
-) -> None:
+#: The agent options of the two-process runs, all run in one launch (``ddp_learn.py``'s
+#: ``DDP_RUNS``): one process start per rank instead of one per case.
+OPTIONS = {
+    "padded": {},
+    "packed-tokens16": {"use_sequence_packing": True, "micro_batch_tokens": 16},
+    "checkpointed": {"gradient_checkpointing": True, "use_sequence_packing": False},
+    "checkpointed-packed-tokens16": {
+        "gradient_checkpointing": True,
+        "use_sequence_packing": True,
+        "micro_batch_tokens": 16,
+    },
+    # the experts and the router train: each rank's tokens reach other experts; the
+    # load-balancing loss over the rows of both ranks (weighted 1: as large as the policy's);
+    # two epochs, the second replaying each rank's routes of the old forward (R2)
+    "moe-full": {
+        "arch": "qwen3_moe",
+        "full_finetune": True,
+        "lora_config": None,
+        "router_aux_loss_coef": 1.0,
+        "router_replay": "R2",
+        "update_epochs": 2,
+    },
+}
+#: The launch of :data:`OPTIONS` in this process: its output directory, or its failure (kept at
+#: module level: xdist tears fixtures of any scope down whenever a worker has no next test).
+_LAUNCHED: list[Path | AssertionError] = []
+
+
+@pytest.fixture
+def launched(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The output directory of the one launch of :data:`OPTIONS` (launched on first use)."""
+    if not _LAUNCHED:
+        out = tmp_path_factory.mktemp("ddp-options")
+        # a hang guard: a start, then each run (about 10 s each on 2 busy cores)
+        proc = launch(out, timeout=240 + 60 * len(OPTIONS), env={"DDP_RUNS": json.dumps(OPTIONS)})
+        ok = proc.returncode == 0
+        _LAUNCHED.append(out if ok else AssertionError(proc.stdout[-3000:] + proc.stderr[-3000:]))
+    if isinstance(_LAUNCHED[0], AssertionError):
+        raise AssertionError(f"the launch of every option failed: {_LAUNCHED[0]}")
+    return _LAUNCHED[0]
+
+
+@pytest.mark.xdist_group("ddp-options")  # the tests share one launch
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_two_process_grpo_equals_one_process_on_the_global_batch(launched: Path, name: str) -> None:
     """Also packed, in token-budget micro-batches (issue 20): the ranks' rows need different
     numbers of micro-batches, every rank runs as many as the one that needs the most, and the
     weights still match one padded process on the global batch. Also with gradient
     checkpointing (issue 37): DDP's gradient hooks fire inside the checkpoints' recomputation."""
     from ddp_common import STEPS, assert_step_matches, global_batches, make_agent
 
-    os.environ["DDP_AGENT_OPTIONS"] = json.dumps(options)
-    try:
-        proc = launch(tmp_path)
-    finally:
-        del os.environ["DDP_AGENT_OPTIONS"]
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
+    options, out = OPTIONS[name], launched / name
     torch.set_num_threads(1)
     single = make_agent(**{k: v for k, v in options.items() if k in SINGLE_OPTIONS})
     for step, (ids, masks, rewards, _) in enumerate(global_batches()):
         metrics = single.learn((ids, masks, rewards))
-        ranks = [load_file(str(tmp_path / f"rank{r}_step{step}.safetensors")) for r in (0, 1)]
+        ranks = [load_file(str(out / f"rank{r}_step{step}.safetensors")) for r in (0, 1)]
         assert ranks[0].keys() == ranks[1].keys()
-        for name in ranks[0].keys() - {"loss"}:
+        for key in ranks[0].keys() - {"loss"}:
             # bit-exact: DDP replicas take the same all-reduced gradient, the same step
-            assert torch.equal(ranks[0][name], ranks[1][name]), (step, name)
+            assert torch.equal(ranks[0][key], ranks[1][key]), (step, key)
         # the summed per-rank losses are the global loss; weights match one process on it
         losses = [float(ranks[0]["loss"]), float(ranks[1]["loss"])]
         assert_step_matches(step, losses, metrics, ranks[0], single)

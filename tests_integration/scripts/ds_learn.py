@@ -1,11 +1,15 @@
 """Run by ``torch.distributed.run`` (2 CPU processes, gloo): GRPO ``learn()`` under DeepSpeed.
 
-Usage: ``ds_learn.py OUT STAGE [nan|full|packed|checkpointed|moe]``. The agent gets an
-``Accelerator`` with a DeepSpeed ZeRO-``STAGE`` plugin (the way users configure it). Each rank takes its share of the prompts of
-fixed global batches; after every step it writes its trainable weights (gathered under ZeRO-3)
-and its loss to ``OUT/rank<r>_step<k>.safetensors``; at the end the agent saves a checkpoint to
-``OUT/ckpt`` and rank 0 writes the checkpointed model's logits on a probe batch. With ``nan``,
-rank 1's hidden states turn NaN at step 1: the step must be refused on both ranks. With
+Usage: ``ds_learn.py OUT STAGE MODE[,MODE...]``, each mode one of ``lora`` (the default agent:
+LoRA), ``nan``, ``full``, ``packed``, ``checkpointed``, ``moe``. The modes run one after the
+other in the same two processes (one launch: each process start imports DeepSpeed, peft and
+transformers, most of a launch's time on a small CPU), each with an ``Accelerator`` of its own
+with a DeepSpeed ZeRO-``STAGE`` plugin (the way users configure it) and its results in
+``OUT/MODE``. Each rank takes its share of the prompts of fixed global batches; after every step
+it writes its trainable weights (gathered under ZeRO-3) and its loss to
+``OUT/MODE/rank<r>_step<k>.safetensors``; at the end the agent saves a checkpoint to
+``OUT/MODE/ckpt`` and rank 0 writes the checkpointed model's logits on a probe batch. With
+``nan``, rank 1's hidden states turn NaN at step 1: the step must be refused on both ranks. With
 ``full``, full fine-tuning (ZeRO-3 then partitions the trainable lm_head too). With ``packed``,
 padding-free training in token-budget micro-batches (:data:`ddp_common.PACKED_AGENT`). With
 ``checkpointed``, gradient checkpointing. With ``moe``, the tiny Qwen3-MoE with its
@@ -18,9 +22,11 @@ from __future__ import annotations
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
 from safetensors.torch import save_file
 
@@ -29,19 +35,40 @@ from ddp_common import DS_AGENT, MOE_AGENT, PACKED_AGENT, STEPS, global_batches,
 from ds_cpu import skip_shm_comm_op
 from rl_algos.distributed import gathered
 
+#: What each mode changes in the agent (:func:`ddp_common.make_agent`'s keywords).
+MODES: dict[str, dict[str, Any]] = {
+    "lora": {},
+    "nan": {"skip_nonfinite": True},
+    "full": {"full_finetune": True, "lora_config": None},
+    "packed": dict(PACKED_AGENT),  # padding-free, token-budget micro-batches (issue 20)
+    "checkpointed": {"gradient_checkpointing": True},  # issue 37
+    "moe": dict(MOE_AGENT),  # a mixture of experts with its load-balancing loss, checkpointed
+}
+
 
 def main() -> None:
     skip_shm_comm_op()  # an inference-only op DeepSpeed would JIT-build (ds_cpu.py)
-    out, stage = Path(sys.argv[1]), int(sys.argv[2])
-    mode = sys.argv[3] if len(sys.argv) > 3 else ""
+    out, stage, modes = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3].split(",")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise SystemExit(f"ds_learn.py: unknown modes {unknown}; known: {list(MODES)}")
+    accelerator = None
+    for mode in modes:
+        if accelerator is not None:  # the next mode's Accelerator, in the same process group
+            AcceleratorState._reset_state(reset_partial_state=True)
+            GradientState._reset_state()
+        accelerator = learn(out / mode, stage, mode)
+    assert accelerator is not None
+    # destroy the process group before exit, as ddp_learn.py does: left to interpreter
+    # shutdown, gloo's threads sometimes aborted a rank ("terminate called without an active
+    # exception", SIGABRT) after every result was written
+    accelerator.end_training()
+
+
+def learn(out: Path, stage: int, mode: str) -> Accelerator:
+    """One mode: 3 steps, the checkpoint, the probe logits, a generation; returns the
+    mode's ``Accelerator``."""
     inject_nan = mode == "nan"
-    full = {"full_finetune": True, "lora_config": None} if mode == "full" else {}
-    if mode == "packed":  # padding-free, token-budget micro-batches (issue 20)
-        full = dict(PACKED_AGENT)
-    if mode == "checkpointed":  # gradient checkpointing (issue 37)
-        full = {"gradient_checkpointing": True}
-    if mode == "moe":  # a mixture of experts with its load-balancing loss, checkpointed
-        full = dict(MOE_AGENT)
     config = {
         "zero_optimization": {"stage": stage},
         "train_micro_batch_size_per_gpu": "auto",
@@ -53,9 +80,12 @@ def main() -> None:
         # without an explicit backend accelerate sees one CPU process (platform-notes.md)
         kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")],
     )
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
     rank, world = accelerator.process_index, accelerator.num_processes
     assert world == 2, f"expected 2 processes, got {world} (not really distributed)"
-    agent = make_agent(accelerator=accelerator, skip_nonfinite=inject_nan, **DS_AGENT, **full)
+    agent = make_agent(accelerator=accelerator, **DS_AGENT, **MODES[mode])
     assert agent.learner.zero_stage == stage, "DeepSpeed was not enabled"
     for step, (ids, masks, rewards, prompts_per_rank) in enumerate(global_batches()):
         rows = slice(rank * prompts_per_rank, (rank + 1) * prompts_per_rank)
@@ -99,10 +129,7 @@ def main() -> None:
     result = agent.get_action([{"input_ids": ids[rank : rank + 1, :5]}], training=False)
     assert result.completion_ids[0].shape[0] == 1
     accelerator.wait_for_everyone()
-    # destroy the process group before exit, as ddp_learn.py does: left to interpreter
-    # shutdown, gloo's threads sometimes aborted a rank ("terminate called without an active
-    # exception", SIGABRT) after every result was written
-    accelerator.end_training()
+    return accelerator
 
 
 def poison_after(calls: int):
