@@ -14,7 +14,8 @@ it writes its trainable weights (gathered under ZeRO-3) and its loss to
 padding-free training in token-budget micro-batches (:data:`ddp_common.PACKED_AGENT`). With
 ``checkpointed``, gradient checkpointing. With ``moe``, the tiny Qwen3-MoE with its
 load-balancing loss, checkpointed, replaying its routes in a second epoch
-(:data:`ddp_common.MOE_AGENT`; each step's ``route_flips`` is written too).
+(:data:`ddp_common.MOE_AGENT`; each step's ``route_flips`` is written too); where the installed
+DeepSpeed cannot run it, the agent's refusal goes to ``OUT/moe/refused.txt`` instead.
 """
 
 from __future__ import annotations
@@ -85,7 +86,15 @@ def learn(out: Path, stage: int, mode: str) -> Accelerator:
     accelerator.wait_for_everyone()
     rank, world = accelerator.process_index, accelerator.num_processes
     assert world == 2, f"expected 2 processes, got {world} (not really distributed)"
-    agent = make_agent(accelerator=accelerator, **DS_AGENT, **MODES[mode])
+    try:
+        agent = make_agent(accelerator=accelerator, **DS_AGENT, **MODES[mode])
+    except ValueError as exc:  # refused with this DeepSpeed (rl_algos.refusals): say so
+        if mode != "moe" or "needs deepspeed>=" not in str(exc):
+            raise
+        if accelerator.is_main_process:
+            (out / "refused.txt").write_text(str(exc))
+        accelerator.wait_for_everyone()
+        return accelerator
     assert agent.learner.zero_stage == stage, "DeepSpeed was not enabled"
     for step, (ids, masks, rewards, prompts_per_rank) in enumerate(global_batches()):
         rows = slice(rank * prompts_per_rank, (rank + 1) * prompts_per_rank)

@@ -161,3 +161,27 @@ def test_a_clone_records_its_own_routers() -> None:
     assert twin.router_balance is not None and twin.router_balance is not agent.router_balance
     ids, mask = _batch()
     assert twin.learn((ids, mask, torch.tensor([1.0, 0.0, 0.5])))["aux_loss"] > 0
+
+
+def test_zero3_checkpointing_of_experts_is_refused_below_the_deepspeed_that_gathers_them() -> None:
+    """DeepSpeed 0.16.4 to 0.19.2 recompute a checkpointed mixture-of-experts layer under ZeRO-3
+    with its weights still partitioned (tests_integration/test_deepspeed.py at the floor):
+    such an agent is refused when built, naming the option, the stage and both versions."""
+    from rl_algos.grpo import GRPOConfig
+    from rl_algos.refusals import DEEPSPEED_ZERO3_MOE_CHECKPOINTING, refuse_with_deepspeed
+
+    moe, dense = _moe("qwen3_moe"), tiny_causal_lm("qwen2", seed=0)[0]
+    checkpointed, plain = GRPOConfig(gradient_checkpointing=True), GRPOConfig()
+    assert DEEPSPEED_ZERO3_MOE_CHECKPOINTING == "0.19.3"
+    with pytest.raises(ValueError, match=r"gradient_checkpointing=True on a mixture of experts "
+                       r"\(Qwen3MoeForCausalLM\) under DeepSpeed ZeRO-3 needs deepspeed>=0\.19\.3 "
+                       r"\(installed: 0\.19\.2\)"):  # fmt: skip
+        refuse_with_deepspeed(checkpointed, moe, 3, "0.19.2")
+    with pytest.raises(ValueError, match=r"installed: 0\.16\.4\b"):
+        refuse_with_deepspeed(checkpointed, moe, 3, "0.16.4")
+    refuse_with_deepspeed(checkpointed, moe, 3, "0.19.3")  # the release that gathers them
+    refuse_with_deepspeed(checkpointed, moe, 3, "0.20.0rc1")
+    refuse_with_deepspeed(checkpointed, moe, 2, "0.16.4")  # ZeRO-2 does not partition weights
+    refuse_with_deepspeed(plain, moe, 3, "0.16.4")  # nothing is recomputed
+    refuse_with_deepspeed(checkpointed, dense, 3, "0.16.4")  # a dense model recomputes fine
+    refuse_with_deepspeed(checkpointed, moe, 0)  # no DeepSpeed: its version is never read

@@ -40,7 +40,7 @@ from rl_algos.config import (
     config_fields,
 )
 from rl_algos.correction import SamplerCorrection
-from rl_algos.distributed import ensure_deepspeed
+from rl_algos.distributed import ensure_deepspeed, zero_stage
 from rl_algos.generation import (
     ActionResult,
     IdsTokenizer,
@@ -176,6 +176,7 @@ class LLMAlgorithm:
         self.device = torch.device(accelerator.device if accelerator is not None else device)
         self.policy = self._build_policy(model_name, actor_network, model_config, lora_config)
         self.router_balance, self.router_replayer = self._build_routers()
+        refusals.refuse_with_deepspeed(cfg, self.policy.causal_lm, zero_stage(accelerator))
         self.extra_modules: dict[str, torch.nn.Module] = {}
         eos_ids = model_eos_ids(self.policy.causal_lm)
         self.eos_token_id = eos_ids[0] if eos_ids else self.pad_token_id

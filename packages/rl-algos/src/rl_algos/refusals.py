@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
 from typing import Any
 
+import torch
+
 from rl_algos.config import AgentConfig
+from rl_algos.router_balance import router_module_class
 
 __all__ = [
+    "DEEPSPEED_ZERO3_MOE_CHECKPOINTING",
     "refuse_agilerl_only",
     "refuse_unbuildable",
     "refuse_unknown",
     "refuse_unused",
+    "refuse_with_deepspeed",
 ]
+
+#: The first DeepSpeed release whose ZeRO-3 gathers a checkpointed mixture-of-experts layer's
+#: partitioned weights again when autograd recomputes the layer (0.16.4 to 0.19.2 recompute it
+#: with them partitioned; docs/versions.md).
+DEEPSPEED_ZERO3_MOE_CHECKPOINTING = "0.19.3"
 
 # Constructor arguments of AgileRL without a field here: name -> (the values that do what this
 # library always does, accepted so AgileRL's examples run; why another value is refused).
@@ -93,3 +105,36 @@ def refuse_unbuildable(
         )
     if config.full_finetune and critic_adapter:
         raise ValueError("full_finetune=True is not supported with a critic (LLMPPO): use LoRA")
+
+
+def _release(version: str) -> tuple[int, int, int] | None:
+    """``(major, minor, patch)`` of a version string, or None when it has no such prefix."""
+    found = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    return None if found is None else (int(found[1]), int(found[2]), int(found[3]))
+
+
+def refuse_with_deepspeed(
+    config: AgentConfig, model: torch.nn.Module, zero_stage: int, deepspeed: str | None = None
+) -> None:
+    """Refuse what the installed DeepSpeed cannot run.
+
+    Gradient checkpointing of a mixture-of-experts model under ZeRO-3 needs DeepSpeed
+    :data:`DEEPSPEED_ZERO3_MOE_CHECKPOINTING` or later. ``deepspeed`` is the installed version
+    (None: read from the installed distribution, only when the check needs it).
+
+    Raises:
+        ValueError: naming ``gradient_checkpointing``, ZeRO-3, the installed and the needed
+            DeepSpeed.
+    """
+    if zero_stage != 3 or not config.gradient_checkpointing or router_module_class(model) is None:
+        return
+    installed = deepspeed or importlib.metadata.version("deepspeed")
+    release, needed = _release(installed), _release(DEEPSPEED_ZERO3_MOE_CHECKPOINTING)
+    if release is not None and needed is not None and release < needed:
+        raise ValueError(
+            f"gradient_checkpointing=True on a mixture of experts ({type(model).__name__}) "
+            f"under DeepSpeed ZeRO-3 needs deepspeed>={DEEPSPEED_ZERO3_MOE_CHECKPOINTING} "
+            f"(installed: {installed}): older releases recompute a checkpointed layer with its "
+            "weights still partitioned (a CheckpointError or a size mismatch in the backward); "
+            f"upgrade deepspeed, or set gradient_checkpointing=False"
+        )
