@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -38,6 +39,24 @@ def make_agent(arch: str = "qwen2", **kw: Any) -> GRPO:
         group_size=GROUP, batch_size=64, lr=1e-2, beta=0.05, max_grad_norm=1.0, seed=3,
         **{"lora_config": LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0), **kw},
     )  # fmt: skip
+
+
+def one_after_another(runs: Iterable[Any], learn: Callable[[Any], Any]) -> None:
+    """``learn(run)`` for each run in the same processes, each building its own ``Accelerator``
+    (``learn`` returns it) in the one process group; the group is destroyed at the end."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    accelerator = None
+    for run in runs:
+        if accelerator is not None:  # the next run's Accelerator, in the same process group
+            AcceleratorState._reset_state(reset_partial_state=True)
+            GradientState._reset_state()
+        accelerator = learn(run)
+    assert accelerator is not None, "no run"
+    # destroy the process group before exit: left to interpreter shutdown, gloo's threads
+    # sometimes aborted a rank ("terminate called without an active exception", twice in
+    # about twenty runs here) after every result was written
+    accelerator.end_training()
 
 
 def global_batches() -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]]:

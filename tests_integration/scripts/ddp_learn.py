@@ -19,28 +19,17 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState, GradientState
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ddp_common import STEPS, global_batches, make_agent
+from ddp_common import STEPS, global_batches, make_agent, one_after_another
 
 
 def main() -> None:
     out = Path(sys.argv[1])
     fail_rank = int(sys.argv[2]) if len(sys.argv) > 2 else -1
     runs = json.loads(os.environ.get("DDP_RUNS", '{"": {}}'))
-    accelerator = None
-    for name, options in runs.items():
-        if accelerator is not None:  # the next run's Accelerator, in the same process group
-            AcceleratorState._reset_state(reset_partial_state=True)
-            GradientState._reset_state()
-        accelerator = learn(out / name, options, fail_rank)
-    assert accelerator is not None
-    # destroy the process group before exit: left to interpreter shutdown, gloo's threads
-    # sometimes aborted a rank ("terminate called without an active exception", twice in
-    # about twenty runs here) after every result was written
-    accelerator.end_training()
+    one_after_another(runs.items(), lambda run: learn(out / run[0], run[1], fail_rank))
 
 
 def learn(out: Path, options: dict[str, Any], fail_rank: int) -> Accelerator:

@@ -27,12 +27,19 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ddp_common import DS_AGENT, MOE_AGENT, PACKED_AGENT, STEPS, global_batches, make_agent
+from ddp_common import (
+    DS_AGENT,
+    MOE_AGENT,
+    PACKED_AGENT,
+    STEPS,
+    global_batches,
+    make_agent,
+    one_after_another,
+)
 from ds_cpu import skip_shm_comm_op
 from rl_algos.distributed import gathered
 
@@ -53,17 +60,7 @@ def main() -> None:
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise SystemExit(f"ds_learn.py: unknown modes {unknown}; known: {list(MODES)}")
-    accelerator = None
-    for mode in modes:
-        if accelerator is not None:  # the next mode's Accelerator, in the same process group
-            AcceleratorState._reset_state(reset_partial_state=True)
-            GradientState._reset_state()
-        accelerator = learn(out / mode, stage, mode)
-    assert accelerator is not None
-    # destroy the process group before exit, as ddp_learn.py does: left to interpreter
-    # shutdown, gloo's threads sometimes aborted a rank ("terminate called without an active
-    # exception", SIGABRT) after every result was written
-    accelerator.end_training()
+    one_after_another(modes, lambda mode: learn(out / mode, stage, mode))
 
 
 def learn(out: Path, stage: int, mode: str) -> Accelerator:
